@@ -1,0 +1,190 @@
+"""Reading and writing files the way Moses pipelines use them.
+
+* Inputs are plain text or gzip, told apart by the file's magic bytes (``1f 8b``), not by its name;
+  ``-`` is standard input. Lines are decoded as strict UTF-8 and every decoding or decompression
+  problem becomes an :class:`~phrasescore.errors.InputError` naming the file and 1-based line.
+* Outputs are written to a temporary file next to the target and renamed into place only when the
+  whole output was written (:class:`AtomicOutput`); a name ending in ``.gz`` is written as gzip with
+  a fixed header (no name, mtime 0), so the same content always gives the same bytes. ``-`` is
+  standard output.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import sys
+import tempfile
+import zlib
+from collections.abc import Iterator
+from typing import BinaryIO
+
+from phrasescore.errors import InputError
+
+GZIP_MAGIC = b"\x1f\x8b"
+GZIP_LEVEL = 6
+_READ_BUFFER = 1 << 20
+
+
+def display_name(path: str) -> str:
+    """The name used in messages: ``<stdin>``/``<stdout>`` for ``-``."""
+    return "<stdin>" if path == "-" else path
+
+
+def is_gzip(path: str) -> bool:
+    """True when the file starts with the gzip magic bytes."""
+    with open(path, "rb") as handle:
+        return handle.read(2) == GZIP_MAGIC
+
+
+def open_binary_input(path: str) -> BinaryIO:
+    """Open ``path`` (or ``-``) for reading bytes, decompressing gzip when the magic says so."""
+    if path == "-":
+        raw: BinaryIO = sys.stdin.buffer
+        peekable = raw if hasattr(raw, "peek") else io.BufferedReader(raw)  # type: ignore[arg-type]
+        magic = peekable.peek(2)[:2]  # type: ignore[attr-defined]
+        if magic == GZIP_MAGIC:
+            return gzip.GzipFile(fileobj=peekable, mode="rb")  # type: ignore[return-value]
+        return peekable  # type: ignore[return-value]
+    try:
+        handle = open(path, "rb", buffering=_READ_BUFFER)
+    except FileNotFoundError:
+        raise InputError("no such file", path) from None
+    except IsADirectoryError:
+        raise InputError("is a directory, not a file", path) from None
+    except PermissionError:
+        raise InputError("permission denied", path) from None
+    if handle.peek(2)[:2] == GZIP_MAGIC:
+        return gzip.GzipFile(fileobj=handle, mode="rb")  # type: ignore[return-value]
+    return handle
+
+
+def iter_raw_lines(path: str) -> Iterator[bytes]:
+    """Yield the lines of ``path`` as bytes, line endings included.
+
+    A truncated or corrupt gzip stream raises :class:`InputError` with the number of the line at
+    which reading failed.
+    """
+    name = display_name(path)
+    handle = open_binary_input(path)
+    lineno = 0
+    try:
+        while True:
+            try:
+                line = handle.readline()
+            except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as exc:
+                raise InputError(
+                    f"corrupt or truncated gzip stream ({exc})", name, lineno + 1
+                ) from None
+            if not line:
+                return
+            lineno += 1
+            yield line
+    finally:
+        if path != "-":
+            handle.close()
+
+
+def iter_lines(path: str, keep_ends: bool = False) -> Iterator[str]:
+    """Yield the lines of ``path`` decoded as strict UTF-8.
+
+    Without ``keep_ends`` the line ending (``\\n`` or ``\\r\\n``) is removed.
+    """
+    name = display_name(path)
+    for lineno, raw in enumerate(iter_raw_lines(path), 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputError(f"invalid UTF-8 at byte {exc.start}", name, lineno) from None
+        if not keep_ends:
+            if line.endswith("\n"):
+                line = line[:-1]
+                if line.endswith("\r"):
+                    line = line[:-1]
+        yield line
+
+
+def count_lines(path: str) -> int:
+    """Number of lines in ``path`` (a final line without newline counts)."""
+    return sum(1 for _ in iter_raw_lines(path))
+
+
+def gzip_writer(raw: BinaryIO) -> gzip.GzipFile:
+    """A gzip stream with a fixed header, so that equal content gives equal bytes."""
+    return gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=GZIP_LEVEL, mtime=0)
+
+
+class AtomicOutput:
+    """Write a file so that it appears under its final name complete or not at all.
+
+    ``with AtomicOutput(path) as out: out.write(...)`` writes text (or bytes with
+    ``binary=True``) to a hidden temporary file in the target's directory; on success the file is
+    flushed, synced and renamed to ``path``; on any exception the temporary file is removed and an
+    existing ``path`` is left untouched. ``-`` writes to standard output (no atomicity possible).
+    A ``.gz`` name is written gzip-compressed.
+    """
+
+    def __init__(self, path: str, binary: bool = False, compress: bool | None = None):
+        self.path = path
+        self.binary = binary
+        self.compress = path.endswith(".gz") if compress is None else compress
+        self._tmp: str | None = None
+        self._raw: BinaryIO | None = None
+        self._gz: gzip.GzipFile | None = None
+        self._text: io.TextIOWrapper | None = None
+
+    def __enter__(self):
+        if self.path == "-":
+            raw: BinaryIO = sys.stdout.buffer
+        else:
+            directory = os.path.dirname(os.path.abspath(self.path))
+            if not os.path.isdir(directory):
+                raise InputError("output directory does not exist", self.path)
+            fd, self._tmp = tempfile.mkstemp(
+                prefix=f".{os.path.basename(self.path)}.", suffix=".tmp", dir=directory
+            )
+            raw = os.fdopen(fd, "wb", buffering=_READ_BUFFER)
+        self._raw = raw
+        stream: BinaryIO = raw
+        if self.compress:
+            self._gz = gzip_writer(raw)
+            stream = self._gz  # type: ignore[assignment]
+        if self.binary:
+            return stream
+        self._text = io.TextIOWrapper(stream, encoding="utf-8", newline="", write_through=False)
+        return self._text
+
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            if self._text is not None:
+                self._text.flush()
+                self._text.detach()
+            if self._gz is not None:
+                self._gz.close()
+            if self._raw is not None:
+                self._raw.flush()
+                if self._tmp is not None:
+                    if exc_type is None:
+                        os.fsync(self._raw.fileno())
+                    self._raw.close()
+        except BaseException:
+            self._discard()
+            raise
+        if exc_type is not None:
+            self._discard()
+            return False
+        if self._tmp is not None:
+            os.replace(self._tmp, self.path)
+            self._tmp = None
+        return False
+
+    def _discard(self) -> None:
+        if self._tmp is not None:
+            try:
+                if self._raw is not None and not self._raw.closed:
+                    self._raw.close()
+            finally:
+                if os.path.exists(self._tmp):
+                    os.unlink(self._tmp)
+                self._tmp = None
