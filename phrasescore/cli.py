@@ -49,6 +49,99 @@ def cli(verbose: int, quiet: bool) -> None:
     logging.basicConfig(level=level, format="phrasescore: %(message)s", stream=sys.stderr)
 
 
+# ---------------------------------------------------------------------------- train / info
+@cli.command()
+@click.argument("source", required=False)
+@click.argument("target", required=False)
+@click.option("-o", "--output", "model_path", required=True, help="Model file to write (.safetensors).")
+@click.option("--phrase-table", help="Train on the distinct phrase pairs of a Moses table instead.")
+@click.option("--valid", nargs=2, metavar="SRC TGT", help="Validation files (else a held-out slice).")
+@click.option("--preset", type=click.Choice(["default", "paper", "tiny"]), default="default",
+              show_default=True, help="Model and training sizes (see README).")
+@click.option("--src-lang", default="en", show_default=True, help="Source language (tokeniser).")
+@click.option("--tgt-lang", default="fr", show_default=True, help="Target language (tokeniser).")
+@click.option("--tokenize", is_flag=True, help="Raw text: run the Moses tokenizer (sacremoses).")
+@click.option("--lowercase", is_flag=True, help="Lowercase the text.")
+@click.option("--vocab-size", type=int, help="Words per side (default 15000).")
+@click.option("--subwords", type=int, help="Use a sentencepiece vocabulary of N pieces per side.")
+@click.option("--max-length", type=int, help="Skip pairs longer than this (tokens; default 50).")
+@click.option("--optimizer", type=click.Choice(["adam", "adadelta"]), help="Override the preset.")
+@click.option("--lr", type=float, help="Learning rate (Adadelta: 1.0; Adam: 1e-3).")
+@click.option("--batch-tokens", type=int, help="Target tokens per batch.")
+@click.option("--epochs", type=int, help="Maximum epochs.")
+@click.option("--max-steps", type=int, help="Stop after this many updates.")
+@click.option("--max-minutes", type=float, help="Stop after this much training time.")
+@click.option("--valid-every", type=int, help="Validate every N steps.")
+@click.option("--patience", type=int, help="Stop after N validations without improvement.")
+@click.option("--seed", type=int, help="Random seed (same seed, same run).")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda.")
+@click.option("--amp/--no-amp", default=None, help="bf16 autocast (default: on for CUDA).")
+@click.option("--threads", type=int, help="CPU threads for PyTorch.")
+@click.option("--resume", is_flag=True, help="Continue from MODEL.checkpoint exactly.")
+@_fail_cleanly
+def train(source, target, model_path, phrase_table, valid, preset, src_lang, tgt_lang, tokenize,
+          lowercase, vocab_size, subwords, max_length, optimizer, lr, batch_tokens, epochs,
+          max_steps, max_minutes, valid_every, patience, seed, device, amp, threads, resume):
+    """Train the RNN Encoder-Decoder on SOURCE TARGET (parallel files, plain or gzip)."""
+    from phrasescore.jobs import run_training
+
+    result = run_training(
+        model_path=model_path, source=source, target=target, phrase_table=phrase_table,
+        valid=valid, preset=preset, src_lang=src_lang, tgt_lang=tgt_lang, tokenize=tokenize,
+        lowercase=lowercase, device=device, amp=amp, threads=threads, resume=resume,
+        overrides=dict(vocab_size=vocab_size, subwords=subwords, max_length=max_length,
+                       optimizer=optimizer, learning_rate=lr, batch_tokens=batch_tokens,
+                       epochs=epochs, max_steps=max_steps, max_minutes=max_minutes,
+                       valid_every=valid_every, patience=patience, seed=seed),
+    )
+    click.echo(
+        f"{result.model_path}\tvalid_ppl={result.best_valid_ppl:.2f}\t"
+        f"unigram_ppl={result.unigram_valid_ppl:.1f}\tsteps={result.steps}\t"
+        f"signature={result.signature}"
+    )
+
+
+@cli.command()
+@click.argument("model_path", metavar="MODEL")
+@_fail_cleanly
+def info(model_path):
+    """Print what a model file is: architecture, sizes, vocabularies, training, signature."""
+    from phrasescore.model.checkpoint import load_model
+
+    for key, value in load_model(model_path).describe().items():
+        click.echo(f"{key}: {value}")
+
+
 def main() -> None:
     """Console-script entry point."""
     cli(prog_name="phrasescore")
+
+
+# ---------------------------------------------------------------------------- Moses tables
+@cli.command("check-table")
+@click.argument("table")
+@_fail_cleanly
+def check_table(table):
+    """Read and validate a Moses phrase TABLE (plain or gzip, - for stdin) in one pass."""
+    from phrasescore.moses.phrase_table import check_phrase_table
+
+    stats = check_phrase_table(table)
+    logging.getLogger("phrasescore.cli").info(
+        "%s: %d lines, %d source phrases (runs of equal sources), %d scores per line",
+        table, stats.lines, stats.source_groups, stats.num_scores,
+    )
+
+
+@cli.command("copy-table")
+@click.argument("table")
+@click.option("-o", "--output", required=True, help="Table to write (.gz: gzip; -: stdout).")
+@_fail_cleanly
+def copy_table(table, output):
+    """Copy a phrase TABLE through phrasescore's reader and writer (validating it)."""
+    from phrasescore.moses.phrase_table import copy_phrase_table
+
+    stats = copy_phrase_table(table, output)
+    logging.getLogger("phrasescore.cli").info(
+        "%s: %d lines, %d scores per line, written to %s",
+        table, stats.lines, stats.num_scores, output,
+    )

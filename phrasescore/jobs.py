@@ -1,0 +1,74 @@
+"""Jobs the CLI starts: each wires the format, text, model and engine layers for one command."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from phrasescore.errors import InputError
+from phrasescore.model.config import PRESETS, preset as preset_configs
+from phrasescore.scoring import resolve_device
+
+log = logging.getLogger(__name__)
+
+
+def set_threads(threads: int | None) -> None:
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def run_training(
+    model_path: str,
+    source: str | None,
+    target: str | None,
+    phrase_table: str | None,
+    valid,
+    preset: str,
+    src_lang: str,
+    tgt_lang: str,
+    tokenize: bool,
+    lowercase: bool,
+    device: str,
+    amp: bool | None,
+    threads: int | None,
+    resume: bool,
+    overrides: dict,
+):
+    """``phrasescore train``: check the arguments, configure, run :class:`Trainer`."""
+    from phrasescore.train import Trainer, TrainingData
+
+    if phrase_table and (source or target):
+        raise InputError("give either SOURCE TARGET or --phrase-table, not both")
+    if not phrase_table and not (source and target):
+        raise InputError("give SOURCE TARGET files, or --phrase-table TABLE")
+    if preset not in PRESETS:
+        raise InputError(f"unknown preset {preset!r}")
+    for path in [p for p in (source, target, phrase_table) if p] + list(valid or []):
+        if path != "-" and not os.path.isfile(path):
+            raise InputError("no such file", path)
+    set_threads(threads)
+    dev = resolve_device(device)
+    mcfg, tcfg = preset_configs(preset)
+    for key, value in overrides.items():
+        if value is not None:
+            setattr(tcfg, key, value)
+    if overrides.get("optimizer") == "adadelta" and overrides.get("learning_rate") is None:
+        tcfg.learning_rate = 1.0
+    if overrides.get("optimizer") == "adam" and overrides.get("learning_rate") is None:
+        tcfg.learning_rate = 1e-3
+    data = TrainingData(
+        src_path=source,
+        tgt_path=target,
+        phrase_table=phrase_table,
+        valid_src=valid[0] if valid else None,
+        valid_tgt=valid[1] if valid else None,
+        src_lang=src_lang,
+        tgt_lang=tgt_lang,
+        tokenize=tokenize,
+        lowercase=lowercase,
+    )
+    use_amp = dev.type == "cuda" if amp is None else amp
+    trainer = Trainer(model_path, data, mcfg, tcfg, dev, preset=preset, amp=use_amp)
+    return trainer.run(resume=resume)

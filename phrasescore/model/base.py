@@ -1,0 +1,113 @@
+"""The one interface every architecture implements, and what is computed on top of it.
+
+An architecture is a module with four methods; everything else (training loss, scoring, beam
+search, sampling) is written once, here and in ``phrasescore.scoring``/``phrasescore.search``:
+
+``encode(src, src_lengths) -> dict[str, Tensor]``
+    The encoder's summary of each source, every tensor with the batch first, so that rows can be
+    selected or repeated for many targets of one source (:func:`select_rows`).
+``decode_features(enc, tgt_in) -> Tensor [B, T, R]``
+    Teacher-forced decoding: the output-layer features for every target position, given the
+    previous words ``tgt_in`` (BOS first).
+``start(enc) -> dict`` and ``step(state, prev) -> (features [B, R], state)``
+    The same decoder one step at a time, for generation.
+``logits(features) -> Tensor [N, V]``
+    The last (vocabulary) projection; kept separate so that scoring can compute the softmax in
+    row chunks and never hold a [tokens, vocabulary] matrix for a whole batch.
+
+p(y | x) = Π_t p(y_t | y_<t, x) (Cho et al. 2014, eq. 4); log p sums over target tokens including
+the end-of-sequence symbol.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from phrasescore.model.config import ModelConfig
+
+EncoderOutput = dict[str, Tensor]
+
+
+class EncoderDecoder(nn.Module):
+    """Base class of the architectures (see the module docstring for the contract)."""
+
+    config: ModelConfig
+
+    def encode(self, src: Tensor, src_lengths: Tensor) -> EncoderOutput:
+        raise NotImplementedError
+
+    def decode_features(self, enc: EncoderOutput, tgt_in: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def start(self, enc: EncoderOutput) -> dict[str, Tensor]:
+        raise NotImplementedError
+
+    def step(self, state: dict[str, Tensor], prev: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        raise NotImplementedError
+
+    def logits(self, features: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def scoring_flops(self, src_len: float, tgt_len: float, share: float = 1.0) -> float:
+        """Analytic FLOPs to score one pair (for benchmarks); see the architectures."""
+        raise NotImplementedError
+
+    def summary_vector(self, enc: EncoderOutput) -> Tensor:
+        """The fixed-length representation of each source (used by analyses)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ written once for all
+    def loss(
+        self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor, tgt_out: Tensor, tgt_mask: Tensor
+    ) -> Tensor:
+        """Summed negative log-likelihood of the real target tokens (mean is taken by the caller)."""
+        enc = self.encode(src, src_lengths)
+        features = self.decode_features(enc, tgt_in)
+        flat = features[tgt_mask]
+        logits = self.logits(flat).float()
+        return nn.functional.cross_entropy(logits, tgt_out[tgt_mask], reduction="sum")
+
+    @torch.no_grad()
+    def token_logprobs(
+        self,
+        enc: EncoderOutput,
+        tgt_in: Tensor,
+        tgt_out: Tensor,
+        tgt_mask: Tensor | None = None,
+        chunk_rows: int = 4096,
+    ) -> Tensor:
+        """log p(y_t | y_<t, x) for every target position [B, T] (0 where ``tgt_mask`` is False).
+
+        The softmax is computed over row chunks of the real tokens only: for each chunk, the
+        logits, their log-sum-exp (in float32) and the logit of the reference word.
+        """
+        features = self.decode_features(enc, tgt_in)
+        out = torch.zeros(tgt_out.shape, dtype=torch.float32, device=tgt_out.device)
+        if tgt_mask is None:
+            rows = features.reshape(-1, features.shape[-1])
+            gold = tgt_out.reshape(-1)
+        else:
+            rows = features[tgt_mask]
+            gold = tgt_out[tgt_mask]
+        values = torch.empty(rows.shape[0], dtype=torch.float32, device=rows.device)
+        for begin in range(0, rows.shape[0], chunk_rows):
+            end = min(begin + chunk_rows, rows.shape[0])
+            logits = self.logits(rows[begin:end])
+            picked = logits.gather(1, gold[begin:end, None]).squeeze(1).float()
+            values[begin:end] = picked - torch.logsumexp(logits.float(), dim=1)
+        if tgt_mask is None:
+            out.view(-1).copy_(values)
+        else:
+            out[tgt_mask] = values
+        return out
+
+
+def select_rows(enc: EncoderOutput, index: Tensor) -> EncoderOutput:
+    """Rows ``index`` of every tensor of an encoder output (to share one encoding among targets)."""
+    return {key: value.index_select(0, index) for key, value in enc.items()}
+
+
+def maxout(x: Tensor, pool: int = 2) -> Tensor:
+    """Maxout over groups of ``pool`` consecutive units (Goodfellow et al. 2013), as in Cho et al."""
+    return x.unflatten(-1, (x.shape[-1] // pool, pool)).amax(dim=-1)

@@ -1,0 +1,151 @@
+"""The RNN Encoder-Decoder of Cho et al. (2014), §2.2 and Appendix A.
+
+Encoder (§2.2, A.1.1): a GRU (eq. 5-8) over the source embeddings e(x_t); its last state gives the
+summary ``c = tanh(V h_T)``.
+
+Decoder (A.1.1): initial state ``h'_0 = tanh(V' c)``; each step sees the previous word and c::
+
+    r', z' = σ(W e(y_{t-1}) + U h'_{t-1} + C c)
+    h~'    = tanh(W e(y_{t-1}) + r' ⊙ (U h'_{t-1} + C c))
+    h'_t   = z' ⊙ h'_{t-1} + (1 - z') ⊙ h~'
+
+Output (A.1.2): ``s_t = O_h h'_t + O_y e(y_{t-1}) + O_c c`` (2M units), maxout with pools of 2 to M
+units, then the low-rank output matrix ``G = G_r G_l`` (rank R, the embedding size in the paper)
+and a softmax over the target vocabulary: ``p(y_t | y_<t, c) ∝ exp(G_r G_l maxout(s_t))``.
+
+Embeddings are low rank in the same sense (R-dimensional word vectors feeding 3H-wide input
+matrices). Initialisation (§4.1, A.1): weights N(0, 0.01²), recurrent matrices orthogonal, biases 0.
+Dropout (default preset only; 0 in ``--preset paper``) is applied to embeddings and maxout units.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from phrasescore.model.base import EncoderDecoder, EncoderOutput, maxout
+from phrasescore.model.config import ModelConfig
+from phrasescore.model.gru import gru_decoder_step, run_gru_encoder
+from phrasescore.text.vocab import PAD_ID
+
+
+class GRUEncoderDecoder(EncoderDecoder):
+    """Cho et al. (2014) RNN Encoder-Decoder with GRUs and a maxout output layer."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        emb, hid, mx, rank = (
+            config.embedding_dim,
+            config.hidden_dim,
+            config.maxout_units,
+            config.output_rank,
+        )
+        self.src_embed = nn.Embedding(config.src_vocab_size, emb, padding_idx=PAD_ID)
+        self.tgt_embed = nn.Embedding(config.tgt_vocab_size, emb, padding_idx=PAD_ID)
+        # Encoder GRU: input matrices [W_r; W_z; W] (with biases) and recurrent U_r, U_z, U.
+        self.enc_input = nn.Linear(emb, 3 * hid)
+        self.enc_u_rz = nn.Parameter(torch.empty(hid, 2 * hid))
+        self.enc_u_h = nn.Parameter(torch.empty(hid, hid))
+        self.summary = nn.Linear(hid, hid)  # V: c = tanh(V h_T)
+        self.dec_init = nn.Linear(hid, hid)  # V': h'_0 = tanh(V' c)
+        # Decoder GRU: input [W_r; W_z; W], recurrent [U_r U_z U], summary [C_r; C_z; C].
+        self.dec_input = nn.Linear(emb, 3 * hid)
+        self.dec_u = nn.Parameter(torch.empty(hid, 3 * hid))
+        self.dec_context = nn.Linear(hid, 3 * hid, bias=False)
+        # Output layer s_t = O_h h'_t + O_y e(y_{t-1}) + O_c c, maxout, low-rank G_r G_l.
+        self.out_hidden = nn.Linear(hid, 2 * mx)
+        self.out_prev = nn.Linear(emb, 2 * mx, bias=False)
+        self.out_context = nn.Linear(hid, 2 * mx, bias=False)
+        self.out_rank = nn.Linear(mx, rank, bias=False)  # G_l
+        self.out_vocab = nn.Linear(rank, config.tgt_vocab_size)  # G_r (+ bias)
+        self.dropout = nn.Dropout(config.dropout)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """N(0, 0.01²) weights, orthogonal recurrent matrices, zero biases (Cho et al. §4.1)."""
+        std = self.config.init_std
+        hid = self.config.hidden_dim
+        for name, param in self.named_parameters():
+            if name.endswith("bias"):
+                nn.init.zeros_(param)
+            elif name in ("enc_u_rz", "enc_u_h", "dec_u"):
+                for block in range(param.shape[1] // hid):
+                    nn.init.orthogonal_(param.data[:, block * hid : (block + 1) * hid])
+            else:
+                nn.init.normal_(param, 0.0, std)
+        with torch.no_grad():
+            self.src_embed.weight[PAD_ID].zero_()
+            self.tgt_embed.weight[PAD_ID].zero_()
+
+    # ------------------------------------------------------------------------ encoder
+    def encode(self, src: Tensor, src_lengths: Tensor) -> EncoderOutput:
+        """c = tanh(V h_T) for each source (h_T: the GRU state after its last real token)."""
+        x_proj = self.enc_input(self.dropout(self.src_embed(src)))
+        h0 = x_proj.new_zeros(src.shape[0], self.config.hidden_dim)
+        padded = bool((src_lengths != src.shape[1]).any())
+        _, last = run_gru_encoder(
+            x_proj, h0, self.enc_u_rz, self.enc_u_h, src_lengths if padded else None
+        )
+        return {"c": torch.tanh(self.summary(last))}
+
+    def summary_vector(self, enc: EncoderOutput) -> Tensor:
+        return enc["c"]
+
+    # ------------------------------------------------------------------------ decoder
+    def start(self, enc: EncoderOutput) -> dict[str, Tensor]:
+        c = enc["c"]
+        return {
+            "h": torch.tanh(self.dec_init(c)),
+            "ctx_gates": self.dec_context(c),
+            "ctx_out": self.out_context(c),
+        }
+
+    def _output_features(self, h: Tensor, prev_emb: Tensor, ctx_out: Tensor) -> Tensor:
+        """G_l maxout(O_h h' + O_y e(y_{t-1}) + O_c c) (Cho et al. A.1.2)."""
+        s = self.out_hidden(h) + self.out_prev(prev_emb) + ctx_out
+        return self.out_rank(self.dropout(maxout(s)))
+
+    def decode_features(self, enc: EncoderOutput, tgt_in: Tensor) -> Tensor:
+        state = self.start(enc)
+        prev_emb = self.dropout(self.tgt_embed(tgt_in))  # [B, T, E]
+        x_proj = self.dec_input(prev_emb)  # [B, T, 3H], all steps in one product
+        h, ctx_gates = state["h"], state["ctx_gates"]
+        states = []
+        for t in range(tgt_in.shape[1]):
+            h = gru_decoder_step(x_proj[:, t], h, self.dec_u, ctx_gates)
+            states.append(h)
+        hidden = torch.stack(states, dim=1)
+        return self._output_features(hidden, prev_emb, state["ctx_out"].unsqueeze(1))
+
+    def step(self, state: dict[str, Tensor], prev: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        prev_emb = self.tgt_embed(prev)
+        h = gru_decoder_step(self.dec_input(prev_emb), state["h"], self.dec_u, state["ctx_gates"])
+        features = self._output_features(h, prev_emb, state["ctx_out"])
+        return features, {**state, "h": h}
+
+    def logits(self, features: Tensor) -> Tensor:
+        return self.out_vocab(features)
+
+    def scoring_flops(self, src_len: float, tgt_len: float, share: float = 1.0) -> float:
+        """Floating-point operations (2 per multiply-add) to score one pair teacher-forced.
+
+        ``src_len``/``tgt_len`` count tokens with EOS; ``share`` is the fraction of pairs whose
+        source is encoded (1 / targets per source when encodings are shared). SPEC §5.
+        """
+        cfg = self.config
+        emb, hid, mx, rank, vocab = (
+            cfg.embedding_dim,
+            cfg.hidden_dim,
+            cfg.maxout_units,
+            cfg.output_rank,
+            cfg.tgt_vocab_size,
+        )
+        per_src_token = 3 * hid * emb + 3 * hid * hid
+        per_source = hid * hid  # c = tanh(V h_T)
+        per_pair = hid * hid + 3 * hid * hid + 2 * mx * hid  # V' c, C c, O_c c
+        per_tgt_token = 3 * hid * emb + 3 * hid * hid + 2 * mx * (hid + emb) + mx * rank
+        per_tgt_token += rank * vocab
+        macs = share * (src_len * per_src_token + per_source) + per_pair + tgt_len * per_tgt_token
+        return 2.0 * macs
+

@@ -1,0 +1,72 @@
+"""The gated recurrent unit (Cho et al. 2014, §2.3, eq. 5-8), written out.
+
+With input projections ``x_r = W_r x``, ``x_z = W_z x``, ``x_h = W x`` computed for all time steps
+at once (one large matrix product), each step is::
+
+    r   = σ(x_r + U_r h_{t-1})                 (eq. 5, reset gate)
+    z   = σ(x_z + U_z h_{t-1})                 (eq. 6, update gate)
+    h~  = tanh(x_h + U (r ⊙ h_{t-1}))          (eq. 8, candidate)
+    h_t = z ⊙ h_{t-1} + (1 - z) ⊙ h~           (eq. 7)
+
+:func:`gru_encoder_step` is exactly eq. 5-8 (the reset gate applied *before* the product with U).
+:func:`gru_decoder_step` is the decoder of Cho et al. Appendix A.1.1, where the summary c enters the
+gates and the candidate: ``r, z = σ(W e(y) + U h + C c)`` and ``h~ = tanh(W e(y) + r ⊙ (U h + C c))``;
+there the reset gate multiplies the product ``U h + C c`` (the same placement cuDNN uses), which lets
+one matrix product per step serve all three parts.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def gru_encoder_step(x_proj: Tensor, h: Tensor, u_rz: Tensor, u_h: Tensor) -> Tensor:
+    """One GRU step, Cho et al. 2014 eq. 5-8.
+
+    ``x_proj`` [B, 3H] holds ``[W_r x; W_z x; W x]`` (biases included), ``h`` [B, H] the previous
+    state, ``u_rz`` [H, 2H] the recurrent matrices ``[U_r U_z]`` (transposed), ``u_h`` [H, H] U.
+    """
+    hidden = h.shape[-1]
+    x_rz, x_h = x_proj[:, : 2 * hidden], x_proj[:, 2 * hidden :]
+    rz = torch.sigmoid(x_rz + h @ u_rz)
+    r, z = rz[:, :hidden], rz[:, hidden:]
+    candidate = torch.tanh(x_h + (r * h) @ u_h)
+    return z * h + (1.0 - z) * candidate
+
+
+def gru_decoder_step(x_proj: Tensor, h: Tensor, u: Tensor, ctx_proj: Tensor) -> Tensor:
+    """One decoder step of Cho et al. 2014, Appendix A.1.1 (summary c in gates and candidate).
+
+    ``x_proj`` [B, 3H] = ``[W_r e; W_z e; W e]`` of the previous word, ``u`` [H, 3H] the recurrent
+    matrices ``[U_r U_z U]`` (transposed), ``ctx_proj`` [B, 3H] = ``[C_r c; C_z c; C c]``, computed
+    once per sequence.
+    """
+    hidden = h.shape[-1]
+    hh = torch.addmm(ctx_proj, h, u)
+    rz = torch.sigmoid(x_proj[:, : 2 * hidden] + hh[:, : 2 * hidden])
+    r, z = rz[:, :hidden], rz[:, hidden:]
+    candidate = torch.tanh(x_proj[:, 2 * hidden :] + r * hh[:, 2 * hidden :])
+    return z * h + (1.0 - z) * candidate
+
+
+def run_gru_encoder(
+    x_proj: Tensor, h0: Tensor, u_rz: Tensor, u_h: Tensor, lengths: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """Run :func:`gru_encoder_step` over ``x_proj`` [B, S, 3H].
+
+    Returns all states [B, S, H] and the state after each sequence's last real token [B, H]
+    (padded positions, after ``lengths``, leave the state unchanged). ``lengths=None`` means no
+    padding.
+    """
+    steps = x_proj.shape[1]
+    h = h0
+    states = []
+    for t in range(steps):
+        h_new = gru_encoder_step(x_proj[:, t], h, u_rz, u_h)
+        if lengths is not None:
+            keep = (lengths > t).unsqueeze(1)
+            h_new = torch.where(keep, h_new, h)
+        h = h_new
+        states.append(h)
+    return torch.stack(states, dim=1), h

@@ -1,0 +1,343 @@
+"""The rescoring job: stream a phrase table and append the models' scores to every line.
+
+For each input line, exactly one output line in the same order, with only the score field
+changed: the new values are appended after the existing scores (``phrasescore.moses``).
+
+Per model, the new column holds p(target | source) = exp(max(log p, -100)) — a probability,
+because Moses takes ln of every value it loads and floors it at -100. ``normalize`` writes the
+per-token geometric mean exp(log p / n) instead (n target tokens, end-of-sequence included),
+``logprob`` the raw log p for consumers other than Moses. ``unk_column`` appends
+exp(-(unknown source words + unknown target words)), the unknown-word feature of Cho et al. §4.2
+(counted with the first model's vocabularies).
+
+Chunks and resume
+-----------------
+The table is read in chunks of ``chunk_lines`` lines. Each chunk is scored (distinct sources
+encoded once, targets batched by length: ``phrasescore.scoring``), formatted and appended to a
+partial file next to the output (``.NAME.partial``; for a ``.gz`` output every chunk is one
+complete gzip member, and a file of several members is a valid gzip file that zlib, Moses and
+``zcat`` read as one stream). After each chunk the partial file is synced and a small JSON state
+file (``.NAME.partial.json``) records the lines and bytes done. Only when the whole table was
+written is the partial file renamed to the output name. ``resume`` truncates the partial file to
+the last recorded chunk and goes on from the next input line, so the result is byte-identical to
+an uninterrupted run with the same flags.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from itertools import islice
+
+import numpy as np
+from tqdm import tqdm
+
+from phrasescore.errors import InputError
+from phrasescore.files import display_name, gzip_writer
+from phrasescore.model.checkpoint import TrainedModel, load_model
+from phrasescore.moses.phrase_table import (
+    format_entry,
+    format_probability,
+    probability_from_logprob,
+    read_phrase_table,
+)
+from phrasescore.scoring import PairScorer, resolve_device
+
+log = logging.getLogger(__name__)
+
+LOGPROB_FLOOR = -100.0
+
+
+@dataclass
+class RescoreOptions:
+    """Flags of ``phrasescore rescore`` that change the output bytes (kept in the resume state)."""
+
+    normalize: bool = False
+    logprob: bool = False
+    unk_column: bool = False
+    dtype: str = "float32"
+    batch_tokens: int = 8192
+    chunk_lines: int = 50000
+
+    def key(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class RescoreResult:
+    output: str
+    lines: int
+    distinct_sources: int
+    seconds: float
+    new_columns: int
+    column_names: list[str] = field(default_factory=list)
+    signatures: list[str] = field(default_factory=list)
+    resumed_from_line: int = 0
+
+    @property
+    def pairs_per_second(self) -> float:
+        return (self.lines - self.resumed_from_line) / max(self.seconds, 1e-9)
+
+
+def default_output_path(table: str) -> str:
+    """``phrase-table.gz`` -> ``phrase-table.rescored.gz``; ``pt`` -> ``pt.rescored``."""
+    if table == "-":
+        return "-"
+    if table.endswith(".gz"):
+        return table[: -len(".gz")] + ".rescored.gz"
+    return table + ".rescored"
+
+
+def column_values(scored, options: RescoreOptions) -> list[str]:
+    """The formatted values of one model's column for a block of scored pairs."""
+    if options.logprob:
+        return [repr(float(v)) for v in np.maximum(scored.logprob, LOGPROB_FLOOR)]
+    if options.normalize:
+        per_token = np.maximum(scored.logprob, LOGPROB_FLOOR) / scored.n_tokens
+        return [format_probability(probability_from_logprob(float(v))) for v in per_token]
+    return [format_probability(probability_from_logprob(float(v))) for v in scored.logprob]
+
+
+def unknown_values(scored) -> list[str]:
+    counts = scored.src_unknown + scored.tgt_unknown
+    return [format_probability(math.exp(-int(c))) for c in counts]
+
+
+class _PartialOutput:
+    """The partial output file and its JSON state (see the module docstring)."""
+
+    def __init__(self, output: str, identity: dict):
+        directory, name = os.path.split(os.path.abspath(output))
+        self.output = output
+        self.path = os.path.join(directory, f".{name}.partial")
+        self.state_path = self.path + ".json"
+        self.identity = identity
+        self.compress = output.endswith(".gz")
+        self.lines_done = 0
+        self.bytes_done = 0
+        self.handle = None
+
+    def open(self, resume: bool) -> int:
+        if resume:
+            if not os.path.exists(self.state_path) or not os.path.exists(self.path):
+                raise InputError(
+                    "nothing to resume: no partial output of an earlier run", self.output
+                )
+            with open(self.state_path) as fh:
+                state = json.load(fh)
+            if state.get("identity") != self.identity:
+                raise InputError(
+                    "cannot resume: the partial output was made from another input, model or "
+                    "flags (run without --resume to start again)",
+                    self.output,
+                )
+            self.lines_done = int(state["lines"])
+            self.bytes_done = int(state["bytes"])
+            self.handle = open(self.path, "r+b")
+            self.handle.truncate(self.bytes_done)
+            self.handle.seek(self.bytes_done)
+        else:
+            if os.path.exists(self.state_path):
+                log.info("starting again: %s held an earlier partial run", self.path)
+            self.handle = open(self.path, "wb")
+            self._write_state()
+        return self.lines_done
+
+    def append_chunk(self, text: str, n_lines: int) -> None:
+        data = text.encode("utf-8")
+        if self.compress:
+            import io
+
+            buffer = io.BytesIO()
+            with gzip_writer(buffer) as gz:
+                gz.write(data)
+            data = buffer.getvalue()
+        self.handle.write(data)
+        self.handle.flush()
+        os.fsync(self.handle.fileno())
+        self.lines_done += n_lines
+        self.bytes_done += len(data)
+        self._write_state()
+
+    def _write_state(self) -> None:
+        tmp = self.state_path + ".tmp"
+        with open(tmp, "w") as fh:
+            json.dump(
+                {"identity": self.identity, "lines": self.lines_done, "bytes": self.bytes_done}, fh
+            )
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.state_path)
+
+    def finish(self) -> None:
+        if self.compress and self.bytes_done == 0:
+            with gzip_writer(self.handle):
+                pass
+        self.handle.close()
+        os.replace(self.path, self.output)
+        os.unlink(self.state_path)
+
+    def close_incomplete(self) -> None:
+        """Leave the partial file and state for ``--resume`` (never under the final name)."""
+        if self.handle is not None and not self.handle.closed:
+            self.handle.close()
+
+
+class _StdoutOutput:
+    def __init__(self):
+        import sys
+
+        self.stream = sys.stdout.buffer
+
+    def open(self, resume: bool) -> int:
+        if resume:
+            raise InputError("--resume needs an output file, not standard output")
+        return 0
+
+    def append_chunk(self, text: str, n_lines: int) -> None:
+        self.stream.write(text.encode("utf-8"))
+        self.stream.flush()
+
+    def finish(self) -> None:
+        self.stream.flush()
+
+    def close_incomplete(self) -> None:
+        pass
+
+
+def _input_identity(table: str) -> dict:
+    if table == "-":
+        return {"path": "-"}
+    st = os.stat(table)
+    return {"path": os.path.abspath(table), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def rescore_table(
+    table: str,
+    model_paths: list[str],
+    output: str | None = None,
+    options: RescoreOptions | None = None,
+    device: str = "auto",
+    resume: bool = False,
+    progress: bool = True,
+    models: list[TrainedModel] | None = None,
+) -> RescoreResult:
+    """Append one column per model (and optionally the unknown-word column) to ``table``."""
+    options = options or RescoreOptions()
+    output = output or default_output_path(table)
+    if output != "-" and table != "-" and os.path.abspath(output) == os.path.abspath(table):
+        raise InputError("the output would overwrite the input table", output)
+    if table != "-" and not os.path.isfile(table):
+        raise InputError("no such file", table)
+    if options.logprob:
+        log.warning(
+            "--logprob writes log p values: Moses takes ln of every phrase-table value, so this "
+            "table is NOT for Moses (a negative value becomes NaN)"
+        )
+    # Load everything before writing anything: a bad model leaves no output behind.
+    dev = resolve_device(device)
+    if models is None:
+        if not model_paths:
+            raise InputError("give at least one --model")
+        models = [load_model(path, dev) for path in model_paths]
+    scorers = [
+        PairScorer(m, device=dev, dtype=options.dtype, batch_tokens=options.batch_tokens)
+        for m in models
+    ]
+    signatures = [m.signature for m in models]
+    names = [f"phrasescore:{m.signature}" for m in models]
+    if options.unk_column:
+        names.append("unknown-words")
+    for model, path in zip(models, model_paths or [""] * len(models)):
+        log.info("model %s: %s, signature %s", path, model.config.arch, model.signature)
+    identity = {
+        "input": _input_identity(table),
+        "models": signatures,
+        "options": options.key(),
+        "version": 1,
+    }
+    sink = _StdoutOutput() if output == "-" else _PartialOutput(output, identity)
+    start_line = sink.open(resume)
+    entries = read_phrase_table(table)
+    if start_line:
+        log.info("resuming after line %d", start_line)
+        skipped = sum(1 for _ in islice(entries, start_line))
+        if skipped < start_line:
+            raise InputError(
+                f"cannot resume: the input has only {skipped} lines, the partial output {start_line}",
+                table,
+            )
+    started = time.monotonic()
+    lines = start_line
+    distinct_sources = 0
+    last_source = None
+    bar = tqdm(
+        disable=not progress, unit=" lines", unit_scale=True, initial=start_line, dynamic_ncols=True
+    )
+    try:
+        while True:
+            chunk = list(islice(entries, options.chunk_lines))
+            if not chunk:
+                break
+            sources = [e.source for e in chunk]
+            targets = [e.target for e in chunk]
+            for s in sources:
+                if s != last_source:
+                    distinct_sources += 1
+                    last_source = s
+            columns = []
+            first_scored = None
+            for scorer in scorers:
+                scored = scorer.score_phrases(sources, targets)
+                first_scored = first_scored or scored
+                columns.append(column_values(scored, options))
+            if options.unk_column:
+                columns.append(unknown_values(first_scored))
+            text = "".join(
+                format_entry(entry, [col[i] for col in columns]) for i, entry in enumerate(chunk)
+            )
+            sink.append_chunk(text, len(chunk))
+            lines += len(chunk)
+            bar.update(len(chunk))
+            elapsed = time.monotonic() - started
+            bar.set_postfix(pairs_s=f"{(lines - start_line) / max(elapsed, 1e-9):.0f}")
+        sink.finish()
+    except BaseException:
+        sink.close_incomplete()
+        raise
+    finally:
+        bar.close()
+    seconds = time.monotonic() - started
+    result = RescoreResult(
+        output=output,
+        lines=lines,
+        distinct_sources=distinct_sources,
+        seconds=seconds,
+        new_columns=len(names),
+        column_names=names,
+        signatures=signatures,
+        resumed_from_line=start_line,
+    )
+    log.info(
+        "rescored %d lines (%d distinct sources%s) in %.1f s, %.0f pairs/s: %s (+%d column%s, "
+        "models %s)",
+        lines,
+        distinct_sources,
+        f", resumed after line {start_line}" if start_line else "",
+        seconds,
+        result.pairs_per_second,
+        display_name(output) if output != "-" else "<stdout>",
+        len(names),
+        "" if len(names) == 1 else "s",
+        ", ".join(signatures),
+    )
+    return result
+
+
+def model_digest(signatures: list[str]) -> str:
+    return hashlib.sha256(",".join(signatures).encode()).hexdigest()[:16]

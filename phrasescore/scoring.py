@@ -1,0 +1,227 @@
+"""The batched scoring engine: log p(target | source) for many pairs at once.
+
+This is the loop ``rescore``, ``nbest`` and the analyses call. For a block of pairs it
+
+1. encodes every *distinct* source once (a sorted phrase table has ~1.3 targets per source, an
+   n-best list ~100 hypotheses per source), in batches of sources of exactly equal length, so no
+   padding is computed;
+2. sorts the pairs by target length and cuts them into batches of exactly equal target length
+   within a token budget; each batch selects its sources' encodings (rows of one tensor) and is
+   scored teacher-forced;
+3. computes the softmax over the target vocabulary in row chunks (logits, float32 log-sum-exp and
+   the reference logit per chunk), never holding a [tokens x vocabulary] matrix for a whole batch;
+4. scatters the results back to input order.
+
+The batch plan depends only on the pairs and the flags, so the same input and flags give the same
+bytes; different batch sizes change float32 sums only in the last digits (< 1e-4 in log p).
+
+log p(y | x) = Σ_t log p(y_t | y_<t, x) over the target tokens *including* the end-of-sequence
+symbol (Cho et al. 2014, eq. 4).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from phrasescore.model.base import EncoderDecoder, EncoderOutput, select_rows
+from phrasescore.model.checkpoint import TrainedModel
+from phrasescore.text.vocab import BOS_ID, EOS_ID
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` is CUDA when available, else CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        from phrasescore.errors import InputError
+
+        raise InputError("--device cuda was asked for, but PyTorch sees no CUDA device")
+    return torch.device(name)
+
+
+def phrase_tokens(normalizer, phrase: str) -> list[str]:
+    """Tokens of a phrase that is already tokenised (phrase tables, n-best hypotheses).
+
+    Only lowercasing is applied again when the model was trained with ``--lowercase``;
+    tokenising a second time would escape ``&amp;`` into ``&amp;amp;``.
+    """
+    return normalizer.normalize_tokenized(phrase)
+
+
+@dataclass
+class ScoredPairs:
+    """Scores of a block of pairs, in input order."""
+
+    logprob: np.ndarray  # float64 [N]: log p(y | x), EOS included
+    n_tokens: np.ndarray  # int64 [N]: target tokens scored (EOS included)
+    src_unknown: np.ndarray  # int64 [N]: source words the vocabulary does not know
+    tgt_unknown: np.ndarray  # int64 [N]
+    token_logprobs: list[np.ndarray] | None = None
+
+
+class PairScorer:
+    """Scores (source, target) pairs with one resident model on one device and dtype."""
+
+    def __init__(
+        self,
+        model: TrainedModel,
+        device: str | torch.device = "cpu",
+        dtype: str = "float32",
+        batch_tokens: int = 8192,
+        chunk_rows: int = 1024,
+    ):
+        self.model = model
+        self.device = torch.device(device)
+        self.dtype = DTYPES[dtype]
+        self.batch_tokens = batch_tokens
+        self.chunk_rows = chunk_rows
+        network: EncoderDecoder = model.network
+        self.network = network.to(self.device, self.dtype).eval()
+
+    # ------------------------------------------------------------------ text level
+    def score_phrases(
+        self, sources: Sequence[str], targets: Sequence[str], per_token: bool = False
+    ) -> ScoredPairs:
+        """Score already-tokenised phrase pairs (phrase-table or n-best text)."""
+        src_tok = [phrase_tokens(self.model.src_text, s) for s in sources]
+        tgt_tok = [phrase_tokens(self.model.tgt_text, t) for t in targets]
+        return self.score_tokens(src_tok, tgt_tok, per_token=per_token)
+
+    def score_tokens(
+        self,
+        src_tokens: Sequence[list[str]],
+        tgt_tokens: Sequence[list[str]],
+        per_token: bool = False,
+    ) -> ScoredPairs:
+        """Score pairs given as token lists (words; subword models split them here)."""
+        src_vocab, tgt_vocab = self.model.src_vocab, self.model.tgt_vocab
+        src_ids = src_vocab.encode_batch(list(src_tokens))
+        tgt_ids = tgt_vocab.encode_batch(list(tgt_tokens))
+        src_unk = np.array([src_vocab.count_unknown(t) for t in src_tokens], dtype=np.int64)
+        tgt_unk = np.array([tgt_vocab.count_unknown(t) for t in tgt_tokens], dtype=np.int64)
+        logprob, per_tok = self.score_ids(src_ids, tgt_ids, per_token=per_token)
+        n_tokens = np.array([len(t) + 1 for t in tgt_ids], dtype=np.int64)
+        return ScoredPairs(logprob, n_tokens, src_unk, tgt_unk, per_tok)
+
+    # ------------------------------------------------------------------ id level
+    @torch.inference_mode()
+    def score_ids(
+        self,
+        src_ids: Sequence[Sequence[int]],
+        tgt_ids: Sequence[Sequence[int]],
+        per_token: bool = False,
+    ) -> tuple[np.ndarray, list[np.ndarray] | None]:
+        """log p(y | x) for pairs of id lists (EOS is appended here to both sides)."""
+        n = len(src_ids)
+        if n != len(tgt_ids):
+            raise ValueError("src_ids and tgt_ids differ in length")
+        result = np.zeros(n, dtype=np.float64)
+        per_tok: list[np.ndarray] | None = [np.empty(0)] * n if per_token else None
+        if n == 0:
+            return result, per_tok
+        # 1. distinct sources, encoded once each
+        source_index: dict[tuple[int, ...], int] = {}
+        pair_source = np.empty(n, dtype=np.int64)
+        for i, ids in enumerate(src_ids):
+            key = tuple(ids)
+            pair_source[i] = source_index.setdefault(key, len(source_index))
+        distinct = list(source_index)
+        enc_all = self._encode_distinct(distinct)
+        # 2. targets by exact length, token-budget batches
+        tgt_len = np.fromiter((len(t) for t in tgt_ids), dtype=np.int64, count=n)
+        order = np.lexsort((pair_source, tgt_len))
+        start = 0
+        while start < n:
+            length = int(tgt_len[order[start]])
+            rows = max(1, self.batch_tokens // (length + 1))
+            end = start + 1
+            limit = min(n, start + rows)
+            while end < limit and tgt_len[order[end]] == length:
+                end += 1
+            idx = order[start:end]
+            self._score_batch(enc_all, idx, pair_source, tgt_ids, length, result, per_tok)
+            start = end
+        return result, per_tok
+
+    def _encode_distinct(self, sources: list[tuple[int, ...]]) -> EncoderOutput:
+        """Encode each distinct source once; rows in the order of ``sources``."""
+        lengths = np.fromiter((len(s) + 1 for s in sources), dtype=np.int64, count=len(sources))
+        order = np.argsort(lengths, kind="stable")
+        pieces: list[tuple[np.ndarray, EncoderOutput]] = []
+        start = 0
+        while start < len(order):
+            length = int(lengths[order[start]])
+            rows = max(1, self.batch_tokens // length)
+            end = start + 1
+            limit = min(len(order), start + rows)
+            while end < limit and lengths[order[end]] == length:
+                end += 1
+            idx = order[start:end]
+            src = torch.tensor(
+                [list(sources[i]) + [EOS_ID] for i in idx], dtype=torch.long, device=self.device
+            )
+            src_len = torch.full((len(idx),), length, dtype=torch.long, device=self.device)
+            pieces.append((idx, self.network.encode(src, src_len)))
+            start = end
+        positions = torch.from_numpy(np.argsort(np.concatenate([p[0] for p in pieces]))).to(
+            self.device
+        )
+        merged = concat_encodings([p[1] for p in pieces])
+        return select_rows(merged, positions)
+
+    def _score_batch(self, enc_all, idx, pair_source, tgt_ids, length, result, per_tok) -> None:
+        rows = torch.from_numpy(pair_source[idx]).to(self.device)
+        enc = select_rows(enc_all, rows)
+        body = [list(tgt_ids[i]) for i in idx]
+        tgt_in = torch.tensor([[BOS_ID] + t for t in body], dtype=torch.long, device=self.device)
+        tgt_out = torch.tensor([t + [EOS_ID] for t in body], dtype=torch.long, device=self.device)
+        del length
+        token_lp = self.network.token_logprobs(enc, tgt_in, tgt_out, None, self.chunk_rows)
+        token_lp = token_lp.double().cpu().numpy()
+        result[idx] = token_lp.sum(axis=1)
+        if per_tok is not None:
+            for row, i in enumerate(idx):
+                per_tok[i] = token_lp[row]
+
+
+def concat_encodings(encodings: list[EncoderOutput]) -> EncoderOutput:
+    """Concatenate encoder outputs along the batch; source-position tensors ([B, S, ...] with a
+    ``mask`` [B, S] beside them) are padded to the longest source first."""
+    if len(encodings) == 1:
+        return encodings[0]
+    if "mask" not in encodings[0]:
+        return {k: torch.cat([e[k] for e in encodings]) for k in encodings[0]}
+    longest = max(e["mask"].shape[1] for e in encodings)
+    merged: dict[str, list[torch.Tensor]] = {k: [] for k in encodings[0]}
+    for enc in encodings:
+        pad = longest - enc["mask"].shape[1]
+        for key, value in enc.items():
+            if pad and value.dim() >= 2 and value.shape[1] == enc["mask"].shape[1]:
+                shape = list(value.shape)
+                shape[1] = pad
+                value = torch.cat([value, value.new_zeros(shape)], dim=1)
+            merged[key].append(value)
+    return {k: torch.cat(v) for k, v in merged.items()}
+
+
+def score_pairs(
+    model: TrainedModel,
+    sources: Sequence[list[str]],
+    targets: Sequence[list[str]],
+    per_token: bool = False,
+    device: str = "cpu",
+    dtype: str = "float32",
+) -> ScoredPairs:
+    """Convenience wrapper: score token-list pairs with a fresh :class:`PairScorer`."""
+    return PairScorer(model, device=device, dtype=dtype).score_tokens(
+        sources, targets, per_token=per_token
+    )

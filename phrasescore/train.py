@@ -1,0 +1,476 @@
+"""Training a model: data, optimiser, validation, early stopping, checkpoints, exact resume.
+
+Objective (Cho et al. 2014, eq. 3): maximise the mean conditional log-likelihood of the target
+tokens (EOS included), i.e. minimise the summed token NLL divided by the number of target tokens
+of the batch. Batches hold pairs of similar length within a token budget (or a fixed number of
+pairs for ``--preset paper``, as the paper's minibatches of 64).
+
+Files written next to the model ``MODEL``:
+
+``MODEL``              the best model so far (lowest validation perplexity), a safetensors file
+``MODEL.checkpoint``   the full training state (weights, optimiser, RNG, position in the epoch),
+                       written every ``checkpoint_every`` steps, on Ctrl-C and at the end;
+                       ``--resume`` continues from it exactly (same weights as an uninterrupted run)
+``MODEL.log``          the training log
+``MODEL.curve.png``    train/validation perplexity against steps
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from phrasescore import __version__
+from phrasescore.errors import InputError
+from phrasescore.model import build_network
+from phrasescore.model.checkpoint import TrainedModel, save_model
+from phrasescore.model.config import ModelConfig, TrainConfig
+from phrasescore.text.corpus import (
+    ParallelDataset,
+    TokenBudgetBatcher,
+    collate,
+    read_parallel,
+    read_phrase_pairs,
+)
+from phrasescore.text.tokenize import TextNormalizer
+from phrasescore.text.vocab import EOS_ID, SubwordVocabulary, WordVocabulary, vocabulary_from_state
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainingData:
+    """Where the pairs come from: two parallel files, or the distinct pairs of a phrase table."""
+
+    src_path: str | None = None
+    tgt_path: str | None = None
+    phrase_table: str | None = None
+    valid_src: str | None = None
+    valid_tgt: str | None = None
+    src_lang: str = "en"
+    tgt_lang: str = "fr"
+    tokenize: bool = False
+    lowercase: bool = False
+
+    def describe(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+@dataclass
+class TrainResult:
+    model_path: str
+    signature: str
+    steps: int
+    epochs_done: float
+    best_valid_ppl: float
+    unigram_valid_ppl: float
+    stopped: str
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _pairs(data: TrainingData, src_text, tgt_text, max_length):
+    if data.phrase_table:
+        return read_phrase_pairs(data.phrase_table, src_text, tgt_text, max_length)
+    return read_parallel(data.src_path, data.tgt_path, src_text, tgt_text, max_length)
+
+
+def _build_vocab(sentences, tcfg: TrainConfig):
+    if tcfg.subwords:
+        return SubwordVocabulary.build(sentences, tcfg.subwords)
+    return WordVocabulary.build(sentences, tcfg.vocab_size)
+
+
+def prepare_data(data: TrainingData, tcfg: TrainConfig, vocab_states=None):
+    """Vocabularies (built on the training text unless given) and encoded datasets."""
+    src_text = TextNormalizer(data.src_lang, tokenize=data.tokenize, lowercase=data.lowercase)
+    tgt_text = TextNormalizer(data.tgt_lang, tokenize=data.tokenize, lowercase=data.lowercase)
+    if vocab_states is None:
+        log.info("building vocabularies")
+        src_vocab = _build_vocab(
+            (s for s, _ in _pairs(data, src_text, tgt_text, tcfg.max_length)), tcfg
+        )
+        tgt_vocab = _build_vocab(
+            (t for _, t in _pairs(data, src_text, tgt_text, tcfg.max_length)), tcfg
+        )
+    else:
+        src_vocab = vocabulary_from_state(vocab_states[0])
+        tgt_vocab = vocabulary_from_state(vocab_states[1])
+    log.info("vocabularies: source %d, target %d entries", len(src_vocab), len(tgt_vocab))
+    train = ParallelDataset.from_pairs(
+        _pairs(data, src_text, tgt_text, tcfg.max_length), src_vocab, tgt_vocab
+    )
+    if len(train) == 0:
+        raise InputError("no training pairs left after filtering (empty input or --max-length)")
+    if data.valid_src and data.valid_tgt:
+        valid = ParallelDataset.from_pairs(
+            read_parallel(data.valid_src, data.valid_tgt, src_text, tgt_text, None),
+            src_vocab,
+            tgt_vocab,
+        )
+    else:
+        n_valid = min(tcfg.valid_max_pairs, max(1, int(len(train) * tcfg.valid_fraction)))
+        train, valid = train.split_off(n_valid, tcfg.seed)
+        log.info("held out %d training pairs for validation", len(valid))
+    return src_text, tgt_text, src_vocab, tgt_vocab, train, valid
+
+
+def unigram_perplexity(train: ParallelDataset, valid: ParallelDataset, vocab_size: int) -> float:
+    """Perplexity of the validation targets (EOS included) under add-one unigram counts of the
+    training targets: the baseline a model must beat."""
+    counts = Counter()
+    for i in range(len(train)):
+        counts.update(train.tgt(i).tolist())
+    counts[EOS_ID] += len(train)
+    total = sum(counts.values()) + vocab_size
+    nll, n = 0.0, 0
+    for i in range(len(valid)):
+        for tok in list(valid.tgt(i).tolist()) + [EOS_ID]:
+            nll -= math.log((counts.get(tok, 0) + 1) / total)
+            n += 1
+    return math.exp(nll / max(n, 1))
+
+
+def make_optimizer(network: torch.nn.Module, tcfg: TrainConfig) -> torch.optim.Optimizer:
+    if tcfg.optimizer == "adadelta":
+        return torch.optim.Adadelta(
+            network.parameters(), lr=tcfg.learning_rate, rho=tcfg.adadelta_rho, eps=tcfg.adadelta_eps
+        )
+    if tcfg.optimizer == "adam":
+        return torch.optim.Adam(network.parameters(), lr=tcfg.learning_rate)
+    raise InputError(f"unknown optimiser {tcfg.optimizer!r} (adam or adadelta)")
+
+
+@torch.no_grad()
+def evaluate_perplexity(network, dataset: ParallelDataset, device, batch_tokens: int) -> float:
+    """Per-token perplexity (EOS included) of ``dataset`` under ``network``."""
+    was_training = network.training
+    network.eval()
+    batcher = TokenBudgetBatcher(dataset, batch_tokens, shuffle=False, seed=0)
+    nll, tokens = 0.0, 0
+    for idx in batcher.batches(0):
+        batch = collate(dataset, idx, device)
+        mask = batch.tgt_out != 0
+        nll += float(network.loss(batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out, mask))
+        tokens += int(batch.n_tgt_tokens)
+    network.train(was_training)
+    return math.exp(nll / max(tokens, 1))
+
+
+def _plot_curve(path: str, history: list[dict[str, Any]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [h["step"] for h in history]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(steps, [h["train_ppl"] for h in history], label="train")
+    ax.plot(steps, [h["valid_ppl"] for h in history], label="validation")
+    ax.set_xlabel("step")
+    ax.set_ylabel("perplexity per target token")
+    ax.set_yscale("log")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    tmp = path + ".tmp.png"
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+class Trainer:
+    """Runs (or resumes) one training run; see the module docstring for the files it writes."""
+
+    def __init__(
+        self,
+        model_path: str,
+        data: TrainingData,
+        mcfg: ModelConfig,
+        tcfg: TrainConfig,
+        device: torch.device,
+        preset: str = "default",
+        amp: bool = False,
+        progress: bool = True,
+    ):
+        self.model_path = model_path
+        self.data = data
+        self.mcfg = mcfg
+        self.tcfg = tcfg
+        self.device = device
+        self.preset = preset
+        self.amp = amp
+        self.progress = progress
+        self.checkpoint_path = model_path + ".checkpoint"
+        self.log_path = model_path + ".log"
+        self.curve_path = model_path + ".curve.png"
+
+    # ------------------------------------------------------------------ state
+    def _checkpoint_state(self, network, optimizer, position, vocab_states) -> dict[str, Any]:
+        return {
+            "network": network.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "meta": json.dumps(
+                {
+                    "position": position,
+                    "model_config": self.mcfg.to_dict(),
+                    "train_config": self.tcfg.to_dict(),
+                    "data": self.data.describe(),
+                    "preset": self.preset,
+                    "vocab": vocab_states,
+                    "version": __version__,
+                }
+            ),
+        }
+
+    def _save_checkpoint(self, network, optimizer, position, vocab_states) -> None:
+        tmp = self.checkpoint_path + ".tmp"
+        torch.save(self._checkpoint_state(network, optimizer, position, vocab_states), tmp)
+        os.replace(tmp, self.checkpoint_path)
+
+    @staticmethod
+    def read_checkpoint(path: str) -> dict[str, Any]:
+        if not os.path.isfile(path):
+            raise InputError("no checkpoint to resume from", path)
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+            state["meta"] = json.loads(state["meta"])
+        except Exception as exc:  # noqa: BLE001 - any unreadable file is the user's to fix
+            raise InputError(f"not a phrasescore training checkpoint ({exc})", path) from None
+        return state
+
+    # ------------------------------------------------------------------ run
+    def run(self, resume: bool = False) -> TrainResult:
+        file_log = logging.FileHandler(self.log_path, mode="a" if resume else "w")
+        file_log.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        root = logging.getLogger("phrasescore")
+        root.addHandler(file_log)
+        try:
+            return self._run(resume)
+        finally:
+            root.removeHandler(file_log)
+            file_log.close()
+
+    def _run(self, resume: bool) -> TrainResult:
+        ckpt = self.read_checkpoint(self.checkpoint_path) if resume else None
+        if ckpt is not None:
+            meta = ckpt["meta"]
+            self.mcfg = ModelConfig.from_dict(meta["model_config"])
+            saved = TrainConfig.from_dict(meta["train_config"])
+            # budgets may be changed on resume; everything else is the checkpoint's
+            for key in ("epochs", "max_steps", "max_minutes", "patience"):
+                setattr(saved, key, getattr(self.tcfg, key))
+            self.tcfg = saved
+            self.preset = meta["preset"]
+            log.info("resuming from %s at %s", self.checkpoint_path, meta["position"])
+        tcfg = self.tcfg
+        torch.manual_seed(tcfg.seed)
+        src_text, tgt_text, src_vocab, tgt_vocab, train, valid = prepare_data(
+            self.data, tcfg, ckpt["meta"]["vocab"] if ckpt else None
+        )
+        vocab_states = [src_vocab.to_state(), tgt_vocab.to_state()]
+        self.mcfg.src_vocab_size = len(src_vocab)
+        self.mcfg.tgt_vocab_size = len(tgt_vocab)
+        network = build_network(self.mcfg).to(self.device)
+        optimizer = make_optimizer(network, tcfg)
+        position = {"epoch": 0, "batch": 0, "step": 0, "best": math.inf, "bad": 0, "history": []}
+        position["elapsed"] = 0.0
+        if ckpt is not None:
+            network.load_state_dict(ckpt["network"])
+            optimizer.load_state_dict(ckpt["optimizer"])
+            torch.set_rng_state(ckpt["torch_rng"])
+            position.update(ckpt["meta"]["position"])
+        unigram = unigram_perplexity(train, valid, len(tgt_vocab))
+        n_params = sum(p.numel() for p in network.parameters())
+        log.info(
+            "training %s (%s preset, %d parameters) on %d pairs, validating on %d; "
+            "unigram validation perplexity %.1f",
+            self.mcfg.arch,
+            self.preset,
+            n_params,
+            len(train),
+            len(valid),
+            unigram,
+        )
+        batcher = TokenBudgetBatcher(
+            train, tcfg.batch_tokens, shuffle=True, seed=tcfg.seed, max_pairs=tcfg.batch_pairs
+        )
+
+        def trained_model() -> TrainedModel:
+            return TrainedModel(
+                network=network,
+                src_vocab=src_vocab,
+                tgt_vocab=tgt_vocab,
+                src_text=src_text,
+                tgt_text=tgt_text,
+                info={
+                    "preset": self.preset,
+                    "train_config": tcfg.to_dict(),
+                    "data": self.data.describe(),
+                    "steps": position["step"],
+                    "valid_ppl": position["best"],
+                    "unigram_valid_ppl": unigram,
+                    "phrasescore_version": __version__,
+                },
+            )
+
+        network.train()
+        started = time.monotonic() - position["elapsed"]
+        window_nll, window_tokens = 0.0, 0
+        stopped = "epochs"
+        signature = ""
+        use_amp = self.amp
+        amp_dtype = torch.bfloat16
+        bar = tqdm(
+            total=tcfg.max_steps,
+            initial=position["step"],
+            disable=not self.progress,
+            unit="step",
+            dynamic_ncols=True,
+        )
+        tick = time.monotonic()
+        tokens_since = 0
+        try:
+            while position["epoch"] < tcfg.epochs:
+                batches = batcher.batches(position["epoch"])
+                while position["batch"] < len(batches):
+                    idx = batches[position["batch"]]
+                    batch = collate(train, idx, self.device)
+                    mask = batch.tgt_out != 0
+                    with torch.autocast(self.device.type, dtype=amp_dtype, enabled=use_amp):
+                        nll = network.loss(
+                            batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out, mask
+                        )
+                    n_tok = int(batch.n_tgt_tokens)
+                    optimizer.zero_grad(set_to_none=True)
+                    (nll / n_tok).backward()
+                    if tcfg.clip_norm:
+                        torch.nn.utils.clip_grad_norm_(network.parameters(), tcfg.clip_norm)
+                    optimizer.step()
+                    position["batch"] += 1
+                    position["step"] += 1
+                    window_nll += float(nll.detach())
+                    window_tokens += n_tok
+                    tokens_since += n_tok
+                    now = time.monotonic()
+                    if now - tick >= 1.0:
+                        bar.set_postfix(
+                            epoch=position["epoch"] + 1,
+                            loss=f"{window_nll / max(window_tokens, 1):.3f}",
+                            tok_s=f"{tokens_since / (now - tick):.0f}",
+                        )
+                        tick, tokens_since = now, 0
+                    bar.update(1)
+                    step = position["step"]
+                    if step % tcfg.valid_every == 0:
+                        signature = self._validate(
+                            network, valid, position, window_nll, window_tokens, trained_model
+                        )
+                        window_nll, window_tokens = 0.0, 0
+                        if position["bad"] >= tcfg.patience:
+                            stopped = "early stopping"
+                            raise StopIteration
+                    position["elapsed"] = time.monotonic() - started
+                    if step % tcfg.checkpoint_every == 0:
+                        self._save_checkpoint(network, optimizer, position, vocab_states)
+                    if tcfg.max_steps is not None and step >= tcfg.max_steps:
+                        stopped = "max steps"
+                        raise StopIteration
+                    if tcfg.max_minutes is not None and position["elapsed"] >= 60 * tcfg.max_minutes:
+                        stopped = "time limit"
+                        raise StopIteration
+                position["epoch"] += 1
+                position["batch"] = 0
+        except StopIteration:
+            pass
+        except KeyboardInterrupt:
+            position["elapsed"] = time.monotonic() - started
+            self._save_checkpoint(network, optimizer, position, vocab_states)
+            log.warning(
+                "interrupted at step %d; checkpoint saved, continue with --resume",
+                position["step"],
+            )
+            raise
+        finally:
+            bar.close()
+        position["elapsed"] = time.monotonic() - started
+        if window_tokens or not position["history"]:
+            signature = self._validate(
+                network, valid, position, window_nll, window_tokens, trained_model
+            )
+        self._save_checkpoint(network, optimizer, position, vocab_states)
+        if not signature:
+            from phrasescore.model.checkpoint import read_metadata
+
+            signature = read_metadata(self.model_path)["signature"]
+        epochs_done = position["epoch"] + position["batch"] / max(len(batcher.batches(0)), 1)
+        log.info(
+            "stopped (%s) after %d steps, %.2f epochs, %.0f s; best validation perplexity %.2f "
+            "(unigram %.1f); model %s (signature %s)",
+            stopped,
+            position["step"],
+            epochs_done,
+            position["elapsed"],
+            position["best"],
+            unigram,
+            self.model_path,
+            signature,
+        )
+        return TrainResult(
+            model_path=self.model_path,
+            signature=signature,
+            steps=position["step"],
+            epochs_done=epochs_done,
+            best_valid_ppl=position["best"],
+            unigram_valid_ppl=unigram,
+            stopped=stopped,
+            history=position["history"],
+        )
+
+    def _validate(self, network, valid, position, window_nll, window_tokens, trained_model) -> str:
+        ppl = evaluate_perplexity(network, valid, self.device, max(self.tcfg.batch_tokens, 2000))
+        train_ppl = math.exp(window_nll / window_tokens) if window_tokens else float("nan")
+        position["history"].append(
+            {
+                "step": position["step"],
+                "train_ppl": train_ppl,
+                "valid_ppl": ppl,
+                "elapsed": round(position["elapsed"], 1),
+            }
+        )
+        signature = ""
+        if ppl < position["best"]:
+            position["best"] = ppl
+            position["bad"] = 0
+            signature = save_model(self.model_path, trained_model())
+            note = "best so far, saved"
+        else:
+            position["bad"] += 1
+            note = f"no improvement ({position['bad']}/{self.tcfg.patience})"
+        log.info(
+            "step %d: train perplexity %.2f, validation perplexity %.2f (%s)",
+            position["step"],
+            train_ppl,
+            ppl,
+            note,
+        )
+        try:
+            _plot_curve(self.curve_path, position["history"])
+        except Exception as exc:  # noqa: BLE001 - a plot must never stop training
+            log.warning("could not draw %s: %s", self.curve_path, exc)
+        return signature
+
+
+def seed_everything(seed: int) -> None:
+    torch.manual_seed(seed)
+    np.random.seed(seed % (2**32))

@@ -1,0 +1,128 @@
+"""The GRU equations and the Cho encoder-decoder network (no files involved)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from phrasescore.model import build_network
+from phrasescore.model.config import ModelConfig
+from phrasescore.model.gru import gru_decoder_step, gru_encoder_step, run_gru_encoder
+
+
+def reference_gru(x, h, W_r, W_z, W, U_r, U_z, U):
+    """Cho et al. 2014 eq. 5-8, one unit at a time with Python floats."""
+    hidden = len(h)
+
+    def sigmoid(v):
+        return 1.0 / (1.0 + math.exp(-v))
+
+    def dot(row, vec):
+        return sum(a * b for a, b in zip(row, vec))
+
+    r = [sigmoid(dot(W_r[j], x) + dot(U_r[j], h)) for j in range(hidden)]
+    z = [sigmoid(dot(W_z[j], x) + dot(U_z[j], h)) for j in range(hidden)]
+    rh = [r[k] * h[k] for k in range(hidden)]
+    cand = [math.tanh(dot(W[j], x) + dot(U[j], rh)) for j in range(hidden)]
+    return [z[j] * h[j] + (1 - z[j]) * cand[j] for j in range(hidden)]
+
+
+def test_gru_encoder_step_matches_equations_5_to_8():
+    g = torch.Generator().manual_seed(0)
+    n_in, hid, batch = 5, 4, 3
+    mats = {k: torch.randn(hid, n_in, generator=g, dtype=torch.float64) for k in ("Wr", "Wz", "W")}
+    rec = {k: torch.randn(hid, hid, generator=g, dtype=torch.float64) for k in ("Ur", "Uz", "U")}
+    x = torch.randn(batch, n_in, generator=g, dtype=torch.float64)
+    h = torch.randn(batch, hid, generator=g, dtype=torch.float64)
+    x_proj = torch.cat([x @ mats["Wr"].T, x @ mats["Wz"].T, x @ mats["W"].T], dim=1)
+    u_rz = torch.cat([rec["Ur"].T, rec["Uz"].T], dim=1)
+    got = gru_encoder_step(x_proj, h, u_rz, rec["U"].T)
+    for b in range(batch):
+        want = reference_gru(
+            x[b].tolist(),
+            h[b].tolist(),
+            *(mats[k].tolist() for k in ("Wr", "Wz", "W")),
+            *(rec[k].tolist() for k in ("Ur", "Uz", "U")),
+        )
+        assert got[b].tolist() == pytest.approx(want, abs=1e-12)
+
+
+def test_gru_decoder_step_puts_context_in_gates_and_candidate():
+    g = torch.Generator().manual_seed(1)
+    hid, batch = 3, 2
+    x_proj = torch.randn(batch, 3 * hid, generator=g, dtype=torch.float64)
+    h = torch.randn(batch, hid, generator=g, dtype=torch.float64)
+    u = torch.randn(hid, 3 * hid, generator=g, dtype=torch.float64)
+    ctx = torch.randn(batch, 3 * hid, generator=g, dtype=torch.float64)
+    got = gru_decoder_step(x_proj, h, u, ctx)
+    hh = h @ u + ctx
+    r = torch.sigmoid(x_proj[:, :hid] + hh[:, :hid])
+    z = torch.sigmoid(x_proj[:, hid : 2 * hid] + hh[:, hid : 2 * hid])
+    cand = torch.tanh(x_proj[:, 2 * hid :] + r * hh[:, 2 * hid :])
+    assert torch.allclose(got, z * h + (1 - z) * cand)
+
+
+def test_padding_leaves_encoder_state_unchanged():
+    g = torch.Generator().manual_seed(2)
+    hid = 4
+    x_proj = torch.randn(2, 5, 3 * hid, generator=g)
+    u_rz, u_h = torch.randn(hid, 2 * hid, generator=g), torch.randn(hid, hid, generator=g)
+    h0 = torch.zeros(2, hid)
+    _, last_padded = run_gru_encoder(x_proj, h0, u_rz, u_h, torch.tensor([3, 5]))
+    _, last_short = run_gru_encoder(x_proj[:1, :3], h0[:1], u_rz, u_h, None)
+    assert torch.allclose(last_padded[0], last_short[0])
+
+
+def _tiny_network(dropout=0.0):
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        embedding_dim=8,
+        hidden_dim=12,
+        maxout_units=6,
+        output_rank=5,
+        dropout=dropout,
+        src_vocab_size=20,
+        tgt_vocab_size=17,
+    )
+    return build_network(cfg)
+
+
+def test_initialisation_follows_the_paper():
+    net = _tiny_network()
+    u = net.enc_u_h.detach()
+    assert torch.allclose(u @ u.T, torch.eye(u.shape[0]), atol=1e-5)  # orthogonal
+    assert net.out_hidden.bias.abs().max() == 0
+    assert 0.005 < float(net.dec_input.weight.std()) < 0.02  # N(0, 0.01^2)
+
+
+def test_gradients_reach_every_parameter():
+    net = _tiny_network()
+    src = torch.tensor([[4, 5, 6, 3], [7, 8, 3, 0]])
+    src_len = torch.tensor([4, 3])
+    tgt_in = torch.tensor([[2, 9, 10], [2, 11, 0]])
+    tgt_out = torch.tensor([[9, 10, 3], [11, 3, 0]])
+    loss = net.loss(src, src_len, tgt_in, tgt_out, tgt_out != 0)
+    loss.backward()
+    for name, param in net.named_parameters():
+        assert param.grad is not None, name
+        assert float(param.grad.abs().sum()) > 0, name
+
+
+def test_token_logprobs_equal_log_softmax_and_stepwise_decoding():
+    net = _tiny_network().eval()
+    src = torch.tensor([[4, 5, 6, 3]])
+    enc = net.encode(src, torch.tensor([4]))
+    tgt_in = torch.tensor([[2, 9, 10]])
+    tgt_out = torch.tensor([[9, 10, 3]])
+    lp = net.token_logprobs(enc, tgt_in, tgt_out, chunk_rows=2)
+    full = torch.log_softmax(net.logits(net.decode_features(enc, tgt_in)), dim=-1)
+    want = full.gather(2, tgt_out[..., None]).squeeze(-1)
+    assert torch.allclose(lp, want, atol=1e-6)
+    state = net.start(enc)
+    steps = []
+    for t in range(3):
+        features, state = net.step(state, tgt_in[:, t])
+        steps.append(torch.log_softmax(net.logits(features), -1)[0, tgt_out[0, t]])
+    assert torch.allclose(torch.stack(steps), want[0], atol=1e-6)
