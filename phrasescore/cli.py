@@ -53,11 +53,20 @@ def cli(verbose: int, quiet: bool) -> None:
 @cli.command()
 @click.argument("source", required=False)
 @click.argument("target", required=False)
-@click.option("-o", "--output", "model_path", required=True, help="Model file to write (.safetensors).")
+@click.option(
+    "-o", "--output", "model_path", required=True, help="Model file to write (.safetensors)."
+)
 @click.option("--phrase-table", help="Train on the distinct phrase pairs of a Moses table instead.")
-@click.option("--valid", nargs=2, metavar="SRC TGT", help="Validation files (else a held-out slice).")
-@click.option("--preset", type=click.Choice(["default", "paper", "tiny"]), default="default",
-              show_default=True, help="Model and training sizes (see README).")
+@click.option(
+    "--valid", nargs=2, metavar="SRC TGT", help="Validation files (else a held-out slice)."
+)
+@click.option(
+    "--preset",
+    type=click.Choice(["default", "paper", "tiny"]),
+    default="default",
+    show_default=True,
+    help="Model and training sizes (see README).",
+)
 @click.option("--src-lang", default="en", show_default=True, help="Source language (tokeniser).")
 @click.option("--tgt-lang", default="fr", show_default=True, help="Target language (tokeniser).")
 @click.option("--tokenize", is_flag=True, help="Raw text: run the Moses tokenizer (sacremoses).")
@@ -79,20 +88,66 @@ def cli(verbose: int, quiet: bool) -> None:
 @click.option("--threads", type=int, help="CPU threads for PyTorch.")
 @click.option("--resume", is_flag=True, help="Continue from MODEL.checkpoint exactly.")
 @_fail_cleanly
-def train(source, target, model_path, phrase_table, valid, preset, src_lang, tgt_lang, tokenize,
-          lowercase, vocab_size, subwords, max_length, optimizer, lr, batch_tokens, epochs,
-          max_steps, max_minutes, valid_every, patience, seed, device, amp, threads, resume):
+def train(
+    source,
+    target,
+    model_path,
+    phrase_table,
+    valid,
+    preset,
+    src_lang,
+    tgt_lang,
+    tokenize,
+    lowercase,
+    vocab_size,
+    subwords,
+    max_length,
+    optimizer,
+    lr,
+    batch_tokens,
+    epochs,
+    max_steps,
+    max_minutes,
+    valid_every,
+    patience,
+    seed,
+    device,
+    amp,
+    threads,
+    resume,
+):
     """Train the RNN Encoder-Decoder on SOURCE TARGET (parallel files, plain or gzip)."""
     from phrasescore.jobs import run_training
 
     result = run_training(
-        model_path=model_path, source=source, target=target, phrase_table=phrase_table,
-        valid=valid, preset=preset, src_lang=src_lang, tgt_lang=tgt_lang, tokenize=tokenize,
-        lowercase=lowercase, device=device, amp=amp, threads=threads, resume=resume,
-        overrides=dict(vocab_size=vocab_size, subwords=subwords, max_length=max_length,
-                       optimizer=optimizer, learning_rate=lr, batch_tokens=batch_tokens,
-                       epochs=epochs, max_steps=max_steps, max_minutes=max_minutes,
-                       valid_every=valid_every, patience=patience, seed=seed),
+        model_path=model_path,
+        source=source,
+        target=target,
+        phrase_table=phrase_table,
+        valid=valid,
+        preset=preset,
+        src_lang=src_lang,
+        tgt_lang=tgt_lang,
+        tokenize=tokenize,
+        lowercase=lowercase,
+        device=device,
+        amp=amp,
+        threads=threads,
+        resume=resume,
+        overrides=dict(
+            vocab_size=vocab_size,
+            subwords=subwords,
+            max_length=max_length,
+            optimizer=optimizer,
+            learning_rate=lr,
+            batch_tokens=batch_tokens,
+            epochs=epochs,
+            max_steps=max_steps,
+            max_minutes=max_minutes,
+            valid_every=valid_every,
+            patience=patience,
+            seed=seed,
+        ),
     )
     click.echo(
         f"{result.model_path}\tvalid_ppl={result.best_valid_ppl:.2f}\t"
@@ -128,7 +183,10 @@ def check_table(table):
     stats = check_phrase_table(table)
     logging.getLogger("phrasescore.cli").info(
         "%s: %d lines, %d source phrases (runs of equal sources), %d scores per line",
-        table, stats.lines, stats.source_groups, stats.num_scores,
+        table,
+        stats.lines,
+        stats.source_groups,
+        stats.num_scores,
     )
 
 
@@ -143,5 +201,8 @@ def copy_table(table, output):
     stats = copy_phrase_table(table, output)
     logging.getLogger("phrasescore.cli").info(
         "%s: %d lines, %d scores per line, written to %s",
-        table, stats.lines, stats.num_scores, output,
+        table,
+        stats.lines,
+        stats.num_scores,
+        output,
     )

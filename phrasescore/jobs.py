@@ -8,7 +8,8 @@ import os
 import torch
 
 from phrasescore.errors import InputError
-from phrasescore.model.config import PRESETS, preset as preset_configs
+from phrasescore.model.config import PRESETS
+from phrasescore.model.config import preset as preset_configs
 from phrasescore.scoring import resolve_device
 
 log = logging.getLogger(__name__)

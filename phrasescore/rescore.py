@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -105,7 +104,7 @@ def column_values(scored, options: RescoreOptions) -> list[str]:
 
 def unknown_values(scored) -> list[str]:
     counts = scored.src_unknown + scored.tgt_unknown
-    return [format_probability(math.exp(-int(c))) for c in counts]
+    return [format_probability(probability_from_logprob(-float(c))) for c in counts]
 
 
 class _PartialOutput:
@@ -253,7 +252,7 @@ def rescore_table(
     names = [f"phrasescore:{m.signature}" for m in models]
     if options.unk_column:
         names.append("unknown-words")
-    for model, path in zip(models, model_paths or [""] * len(models)):
+    for model, path in zip(models, model_paths or [""] * len(models), strict=False):
         log.info("model %s: %s, signature %s", path, model.config.arch, model.signature)
     identity = {
         "input": _input_identity(table),

@@ -143,7 +143,10 @@ def unigram_perplexity(train: ParallelDataset, valid: ParallelDataset, vocab_siz
 def make_optimizer(network: torch.nn.Module, tcfg: TrainConfig) -> torch.optim.Optimizer:
     if tcfg.optimizer == "adadelta":
         return torch.optim.Adadelta(
-            network.parameters(), lr=tcfg.learning_rate, rho=tcfg.adadelta_rho, eps=tcfg.adadelta_eps
+            network.parameters(),
+            lr=tcfg.learning_rate,
+            rho=tcfg.adadelta_rho,
+            eps=tcfg.adadelta_eps,
         )
     if tcfg.optimizer == "adam":
         return torch.optim.Adam(network.parameters(), lr=tcfg.learning_rate)
@@ -386,7 +389,10 @@ class Trainer:
                     if tcfg.max_steps is not None and step >= tcfg.max_steps:
                         stopped = "max steps"
                         raise StopIteration
-                    if tcfg.max_minutes is not None and position["elapsed"] >= 60 * tcfg.max_minutes:
+                    if (
+                        tcfg.max_minutes is not None
+                        and position["elapsed"] >= 60 * tcfg.max_minutes
+                    ):
                         stopped = "time limit"
                         raise StopIteration
                 position["epoch"] += 1

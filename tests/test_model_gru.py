@@ -20,7 +20,7 @@ def reference_gru(x, h, W_r, W_z, W, U_r, U_z, U):
         return 1.0 / (1.0 + math.exp(-v))
 
     def dot(row, vec):
-        return sum(a * b for a, b in zip(row, vec))
+        return sum(a * b for a, b in zip(row, vec, strict=True))
 
     r = [sigmoid(dot(W_r[j], x) + dot(U_r[j], h)) for j in range(hidden)]
     z = [sigmoid(dot(W_z[j], x) + dot(U_z[j], h)) for j in range(hidden)]

@@ -165,7 +165,9 @@ def load_model(path: str, device: str | torch.device = "cpu") -> TrainedModel:
         raise ModelFileError(f"damaged phrasescore model file ({exc})", path) from None
     core = {k: metadata[k] for k in ("config", "src_vocab", "tgt_vocab", "src_text", "tgt_text")}
     if compute_signature(tensors, core) != metadata.get("signature"):
-        raise ModelFileError("model file is damaged: its signature does not match its content", path)
+        raise ModelFileError(
+            "model file is damaged: its signature does not match its content", path
+        )
     try:
         network.load_state_dict(tensors, strict=True)
     except RuntimeError as exc:

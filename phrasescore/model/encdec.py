@@ -148,4 +148,3 @@ class GRUEncoderDecoder(EncoderDecoder):
         per_tgt_token += rank * vocab
         macs = share * (src_len * per_src_token + per_source) + per_pair + tgt_len * per_tgt_token
         return 2.0 * macs
-

@@ -1,0 +1,287 @@
+"""Moses n-best lists: read them as a stream, add a feature to a line, recompute totals.
+
+A line is ``id ||| hypothesis ||| features ||| total [||| segmentation] [||| alignment]``. The
+Moses facts this module implements:
+
+* **Layout.** Moses writes ``id ||| `` then the hypothesis words each followed by a space, then
+  ``" |||"``, then every feature as ``" Name= v1 v2"``, then ``" ||| "`` and the total. So the
+  feature field reads ``" Name0= v ... Name1= v "`` with one space at each end. Older decoders
+  wrote ``0||| words  ||| d= ... lm= ... tm= ... w= ... ||| total`` (labels ``d lm tm w``), and
+  older still ``d: ... lm: ...``. The parser accepts all three; it keeps every field verbatim.
+* **Adding a feature.** :func:`add_feature` inserts ``" Name= value"`` right after the last
+  feature value, before the field's trailing spaces; every other byte of the line is unchanged.
+  The total is left as it is (MERT recomputes scores from features and weights; use
+  :func:`total_score` to recompute it). The label is always written ``Name=``: MERT's extractor
+  recognises labels by their final ``=`` only.
+* **Feature names.** MERT's extractor takes a name containing ``_`` for a *sparse* feature (it
+  then expects exactly one value and gives it no dense weight), so a dense feature name must not
+  contain ``_`` (use e.g. ``RNNEncDec0``). A name already in the line is refused too.
+* **Values.** Moses prints feature values with C++'s default stream format: ``%g`` with 6
+  significant digits (``-2.3502``, ``-17.852``, ``2.99969``); :func:`format_feature_value` writes
+  new values the same way (``-0`` is written ``0``), deterministic for a given float.
+* **Grouping.** The hypotheses of one sentence id are contiguous; :func:`iter_nbest_groups`
+  yields them together and refuses an id that comes back after another id.
+* **Weights.** :func:`read_weights` reads a moses.ini ``[weight]`` section (``Name= w1 w2 ...``,
+  as written by ``mert-moses.pl``) or the old per-model sections (``[weight-d]``, ``[weight-l]``,
+  ``[weight-t]``, ``[weight-w]``, one weight per line), mapped to the labels of old n-best lists
+  (``d``, ``lm``, ``tm``, ``w``). A moses total is the dot product of features and weights.
+
+Line endings are kept as read; a last line without a newline is written with ``\\n``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Iterator
+from typing import NamedTuple
+
+from phrasescore.errors import InputError
+from phrasescore.files import display_name, iter_lines, iter_raw_lines
+
+DELIMITER = "|||"
+
+OLD_WEIGHT_SECTIONS = {
+    "weight-d": "d",
+    "weight-l": "lm",
+    "weight-t": "tm",
+    "weight-w": "w",
+    "weight-generation": "g",
+    "weight-i": "I",
+}
+"""Old moses.ini weight sections and the labels old decoders print for them in n-best lists."""
+
+_NAME_OK = re.compile(r"[A-Za-z][A-Za-z0-9.\-]*\Z")
+
+
+class NBestEntry(NamedTuple):
+    """One n-best line; the raw fields keep every byte of the line."""
+
+    lineno: int
+    id: int
+    """Sentence id (0-based in Moses)."""
+    hypothesis: str
+    """The translation, spaces around it stripped."""
+    features: str
+    """Raw feature field, between the 2nd and 3rd ``|||`` (e.g. ``" LM0= -22.0 WordPenalty0= -13 "``)."""
+    total: str
+    """Raw total field, between the 3rd and 4th ``|||`` (or to the end)."""
+    rest: str | None
+    """Raw text after the 4th ``|||`` (segmentation, alignment), None if there is none."""
+    newline: str
+    """The line ending as read: ``"\\n"``, ``"\\r\\n"`` or ``""``."""
+    head: str
+    """Raw text up to and including the 2nd ``|||`` (``"0 ||| words |||"``)."""
+    path: str
+    """Display name of the file, for messages."""
+
+    def line(self, features: str | None = None) -> str:
+        """The line as read (or with another feature field), with its line ending."""
+        text = f"{self.head}{self.features if features is None else features}|||{self.total}"
+        if self.rest is not None:
+            text += "|||" + self.rest
+        return text + (self.newline or "\n")
+
+    def parsed_features(self) -> list[tuple[str, list[float]]]:
+        """:func:`parse_features` of this line, errors naming the file and line."""
+        return parse_features(self.features, self.path, self.lineno)
+
+
+def read_nbest(path: str) -> Iterator[NBestEntry]:
+    """Yield the entries of an n-best list (plain or gzip by magic bytes; ``-`` is stdin)."""
+    name = display_name(path)
+    for lineno, raw in enumerate(iter_raw_lines(path), 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputError(f"invalid UTF-8 at byte {exc.start}", name, lineno) from None
+        if line[-1:] == "\n":
+            newline = "\r\n" if line[-2:-1] == "\r" else "\n"
+            body = line[: -len(newline)]
+        else:
+            newline, body = "", line
+        positions = []
+        start = 0
+        while len(positions) < 4:
+            found = body.find(DELIMITER, start)
+            if found < 0:
+                break
+            positions.append(found)
+            start = found + 3
+        if len(positions) < 3:
+            raise InputError(
+                "expected at least 4 fields separated by '|||' "
+                f"(id ||| hypothesis ||| features ||| total), found {len(positions) + 1}",
+                name,
+                lineno,
+            )
+        p1, p2, p3 = positions[:3]
+        id_text = body[:p1].strip()
+        if not (id_text.isascii() and id_text.isdigit()):
+            raise InputError(
+                f"the sentence id must be a non-negative integer, found {id_text!r}", name, lineno
+            )
+        end = positions[3] if len(positions) > 3 else len(body)
+        total = body[p3 + 3 : end]
+        try:
+            float(total)
+        except ValueError:
+            raise InputError(
+                f"the total score is not a number: {total.strip()!r}", name, lineno
+            ) from None
+        yield NBestEntry(
+            lineno=lineno,
+            id=int(id_text),
+            hypothesis=body[p1 + 3 : p2].strip(),
+            features=body[p2 + 3 : p3],
+            total=total,
+            rest=body[end + 3 :] if len(positions) > 3 else None,
+            newline=newline,
+            head=body[: p2 + 3],
+            path=name,
+        )
+
+
+def iter_nbest_groups(entries: Iterable[NBestEntry]) -> Iterator[list[NBestEntry]]:
+    """Yield the hypotheses of each sentence id together (they must be contiguous)."""
+    seen: set[int] = set()
+    group: list[NBestEntry] = []
+    for entry in entries:
+        if group and entry.id != group[0].id:
+            yield group
+            group = []
+        if not group:
+            if entry.id in seen:
+                raise InputError(
+                    f"the hypotheses of sentence {entry.id} are not contiguous "
+                    "(the id comes back after another id)",
+                    entry.path,
+                    entry.lineno,
+                )
+            seen.add(entry.id)
+        group.append(entry)
+    if group:
+        yield group
+
+
+def parse_features(
+    text: str, path: str | None = None, line: int | None = None
+) -> list[tuple[str, list[float]]]:
+    """``" A= 1 2 B= 3"`` -> ``[("A", [1.0, 2.0]), ("B", [3.0])]``, in order of appearance.
+
+    Labels end in ``=`` (or ``:`` in old lists); values before any label get the name ``""``.
+    """
+    features: list[tuple[str, list[float]]] = []
+    values: list[float] | None = None
+    for token in text.split():
+        if token[-1] in "=:":
+            values = []
+            features.append((token[:-1], values))
+            continue
+        if values is None:
+            values = []
+            features.append(("", values))
+        try:
+            values.append(float(token))
+        except ValueError:
+            raise InputError(f"feature value is not a number: {token!r}", path, line) from None
+    return features
+
+
+def check_feature_name(name: str) -> None:
+    """Refuse a name MERT or Moses would misread (InputError)."""
+    if "_" in name:
+        raise InputError(
+            f"feature name {name!r} contains '_': MERT takes such a name for a sparse feature; "
+            "use a name such as 'RNNEncDec0'"
+        )
+    if not _NAME_OK.match(name):
+        raise InputError(
+            f"feature name {name!r} is not valid: it must start with a letter and contain only "
+            "letters, digits, '.' and '-'"
+        )
+
+
+def format_feature_value(value: float) -> str:
+    """A feature value as Moses prints one: ``%g``, 6 significant digits, ``0`` for -0."""
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"a feature value must be finite, got {value!r}")
+    text = f"{number:g}"
+    return "0" if text == "-0" else text
+
+
+def add_feature(entry: NBestEntry, name: str, value: float) -> str:
+    """The line of ``entry`` with ``name= value`` added after its last feature value.
+
+    Everything else is byte-identical, the total included. Raises InputError for a name with
+    ``_`` or a name already in the line.
+    """
+    check_feature_name(name)
+    labels = {token[:-1] for token in entry.features.split() if token[-1] in "=:"}
+    if name in labels:
+        raise InputError(f"feature {name!r} is already in this line", entry.path, entry.lineno)
+    features = entry.features
+    end = len(features.rstrip())
+    features = f"{features[:end]} {name}= {format_feature_value(value)}{features[end:]}"
+    return entry.line(features)
+
+
+def read_weights(path: str) -> dict[str, list[float]]:
+    """Weights by feature name from a moses.ini (or a file of ``Name= w1 w2`` lines).
+
+    ``[weight]`` lines give ``Name -> [w1, w2, ...]``; the old sections ``[weight-d]``,
+    ``[weight-l]``, ``[weight-t]``, ``[weight-w]`` (one weight per line) give ``d``, ``lm``,
+    ``tm``, ``w`` (the labels of old n-best lists); other ``[weight-x]`` sections give ``x``.
+    As in Moses, ``#`` starts a comment and blank lines are ignored.
+    """
+    name = display_name(path)
+    weights: dict[str, list[float]] = {}
+    section = "weight"
+    for lineno, raw in enumerate(iter_lines(path), 1):
+        text = raw.split("#", 1)[0].strip()
+        if not text:
+            continue
+        if text.startswith("["):
+            section = text[1:].split("]", 1)[0].strip()
+            continue
+        tokens = text.split()
+        try:
+            if section == "weight":
+                if not tokens[0].endswith("=") or len(tokens) < 2:
+                    raise ValueError
+                weights[tokens[0][:-1]] = [float(t) for t in tokens[1:]]
+            elif section.startswith("weight-") and section != "weight-file":
+                label = OLD_WEIGHT_SECTIONS.get(section, section[len("weight-") :])
+                weights.setdefault(label, []).extend(float(t) for t in tokens)
+        except ValueError:
+            raise InputError(
+                f"cannot read weights in [{section}]: {text!r} (expected 'Name= w1 w2 ...')",
+                name,
+                lineno,
+            ) from None
+    return weights
+
+
+def total_score(features: list[tuple[str, list[float]]], weights: dict[str, list[float]]) -> float:
+    """Sum over features of values x weights, as Moses computes the total of a hypothesis.
+
+    A sparse feature (name with ``_``) without a weight counts 0, as in Moses; a dense feature
+    without weights, or with a different number of weights, is an InputError.
+    """
+    values_by_name: dict[str, list[float]] = {}
+    for name, values in features:
+        values_by_name.setdefault(name, []).extend(values)
+    total = 0.0
+    for name, values in values_by_name.items():
+        feature_weights = weights.get(name)
+        if feature_weights is None:
+            if "_" in name:
+                continue
+            raise InputError(f"no weight for feature {name!r}")
+        if len(feature_weights) != len(values):
+            raise InputError(
+                f"feature {name!r} has {len(values)} values but {len(feature_weights)} weights"
+            )
+        total += math.fsum(v * w for v, w in zip(values, feature_weights, strict=True))
+    return total

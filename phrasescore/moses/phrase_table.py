@@ -1,0 +1,304 @@
+"""Moses phrase tables, read and written as a stream (constant memory, any size).
+
+A line is ``source ||| target ||| s1 s2 ... [||| alignment ||| counts ||| sparse ||| {{Key v}}]``.
+What this module implements, and the Moses facts behind it:
+
+* **Splitting.** Moses splits a line on ``|||`` and strips spaces and tabs around each field; the
+  scores are separated by spaces or tabs. Only the first three fields are required. We find the
+  first three ``|||`` with ``str.find`` and keep everything after the third verbatim (the
+  :attr:`PhraseTableEntry.tail`): alignment, counts, sparse features, ``{{...}}`` properties and
+  the empty ``||| |||`` endings of modern tables come back byte for byte.
+* **Writing.** Some Moses tools split on ``" ||| "`` with single spaces (``CreateOnDiskPt``
+  tokenises on single spaces), so :func:`format_entry` writes exactly ``" ||| "`` between the first
+  three fields and one space between scores. New scores go after the existing ones, so the
+  columns Moses' binarisers rank by (``processPhraseTableMin -rankscore 2``, p(e|f)) keep their
+  index. A line written by Moses' own tools comes back byte-identical when no score is added.
+* **Scores are probabilities.** Every Moses loader takes the natural log of every score:
+  feature = max(ln x, -100). A stored 0 becomes -100 and a negative value becomes NaN, which breaks
+  decoding without an error. So a score must be a finite number > 0 (values > 1, such as the
+  old phrase-penalty column 2.718, are allowed). :func:`format_probability` is the one format for
+  values we write; :func:`probability_from_logprob` turns a model's log-probability into one.
+* **Number format.** New values are written with Python's shortest round-trip representation
+  (``repr`` of a float64, ``"1"`` for 1.0): the value read back is exactly the value computed,
+  and no shorter string would do that. Moses stores scores as 32-bit floats, for which 9
+  significant digits would be enough; Moses' own tables use 6 (``%g``), which is lossy.
+* **Line endings.** The line ending is kept as read: ``\\n`` stays ``\\n`` and ``\\r\\n`` stays
+  ``\\r\\n`` (Moses' line reader drops a ``\\r`` before ``\\n``, so a ``\\r`` is never part of a
+  score or of the tail). A last line without a newline is written *with* ``\\n``, so that written
+  tables can be concatenated (and because Moses' ``util::FilePiece`` documents that a last line
+  without a newline may never be read).
+* **Sorted input.** Binarisers need all lines of a source phrase to be contiguous
+  (``LC_ALL=C sort``); we keep the input's line order exactly, and :func:`iter_source_groups`
+  groups consecutive lines with the same source phrase (one encoder pass per group).
+
+Errors (a line with fewer than 3 fields, a score count different from the first line's, a
+non-numeric or non-positive score, an empty phrase, invalid UTF-8, a truncated or corrupt gzip
+stream) are :class:`~phrasescore.errors.InputError` with the file name and 1-based line number.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from typing import NamedTuple
+
+from phrasescore.errors import InputError
+from phrasescore.files import AtomicOutput, display_name, iter_raw_lines
+
+log = logging.getLogger(__name__)
+
+DELIMITER = "|||"
+LOWEST_SCORE = -100.0
+"""Moses floors every log score at -100 (``LOWEST_SCORE`` in Moses' TypeDef.h)."""
+
+LOGPROB_TOLERANCE = 1e-6
+"""Log-probabilities in (0, 1e-6] are rounding errors of a sum of log-probabilities: read as 0."""
+
+_FIELD_SPACE = " \t"
+
+
+class PhraseTableEntry(NamedTuple):
+    """One phrase-table line, split the way Moses splits it."""
+
+    lineno: int
+    """1-based line number in the input."""
+    source: str
+    """Source phrase, spaces and tabs around it stripped."""
+    target: str
+    """Target phrase, spaces and tabs around it stripped."""
+    scores: list[str]
+    """The score tokens, verbatim."""
+    tail: str | None
+    """Raw text after the third ``|||`` (e.g. ``" 0-0 ||| 1 1 1 ||| |||"``), None if there is none."""
+    newline: str
+    """The line ending as read: ``"\\n"``, ``"\\r\\n"`` or ``""`` (last line without one)."""
+
+
+class TableStats(NamedTuple):
+    """What one streaming pass over a table found."""
+
+    lines: int
+    source_groups: int
+    """Runs of consecutive lines with the same source phrase (= distinct sources when sorted)."""
+    num_scores: int
+
+
+def read_phrase_table(path: str, validate: bool = True) -> Iterator[PhraseTableEntry]:
+    """Yield the entries of a phrase table (plain or gzip by magic bytes; ``-`` is stdin).
+
+    With ``validate`` (the default) every score is parsed and must be a finite number > 0;
+    without it only the structure is checked (3 fields, the same number of scores on every line,
+    non-empty phrases), which is faster when the table is known to be good.
+    """
+    name = display_name(path)
+    num_scores = -1
+    for lineno, raw in enumerate(iter_raw_lines(path), 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputError(f"invalid UTF-8 at byte {exc.start}", name, lineno) from None
+        if line[-1:] == "\n":
+            if line[-2:-1] == "\r":
+                newline, body = "\r\n", line[:-2]
+            else:
+                newline, body = "\n", line[:-1]
+        else:
+            newline, body = "", line
+        p1 = body.find(DELIMITER)
+        p2 = body.find(DELIMITER, p1 + 3) if p1 >= 0 else -1
+        if p2 < 0:
+            fields = 1 if p1 < 0 else 2
+            raise InputError(
+                f"expected at least 3 fields separated by '|||' "
+                f"(source ||| target ||| scores), found {fields}",
+                name,
+                lineno,
+            )
+        p3 = body.find(DELIMITER, p2 + 3)
+        if p3 < 0:
+            score_text = body[p2 + 3 :]
+            tail = None
+        else:
+            score_text = body[p2 + 3 : p3]
+            tail = body[p3 + 3 :]
+        scores = score_text.split()
+        if len(scores) != num_scores:
+            if num_scores < 0:
+                if not scores:
+                    raise InputError("no scores: the third field is empty", name, lineno)
+                num_scores = len(scores)
+            else:
+                raise InputError(
+                    f"expected {num_scores} scores (as on line 1), found {len(scores)}",
+                    name,
+                    lineno,
+                )
+        if validate:
+            _check_scores(score_text, scores, name, lineno)
+        source = body[:p1].strip(_FIELD_SPACE)
+        target = body[p1 + 3 : p2].strip(_FIELD_SPACE)
+        if not source or not target:
+            which = "source" if not source else "target"
+            raise InputError(f"empty {which} phrase", name, lineno)
+        yield PhraseTableEntry(lineno, source, target, scores, tail, newline)
+
+
+def _check_scores(text: str, scores: list[str], name: str, lineno: int) -> None:
+    """Raise InputError unless every score is a finite number > 0, as Moses needs.
+
+    The fast path parses all tokens at once; ``nan``/``inf`` (which contain an ``n``) and ``1_0``
+    (which Python's float() accepts and Moses does not) take the slow path that names the token.
+    """
+    if "n" not in text and "N" not in text and "_" not in text:
+        try:
+            if min(map(float, scores)) > 0.0:
+                return
+        except ValueError:
+            pass
+    for index, token in enumerate(scores, 1):
+        try:
+            if "_" in token:
+                raise ValueError(token)
+            value = float(token)
+        except ValueError:
+            raise InputError(f"score {index} is not a number: {token!r}", name, lineno) from None
+        if not math.isfinite(value):
+            raise InputError(
+                f"score {index} is not a finite number: {token!r}", name, lineno
+            ) from None
+        if value == 0.0:
+            raise InputError(
+                f"score {index} is {token}: Moses takes ln of every score, so 0 becomes -100 "
+                "(ln 0, floored); phrase-table scores must be > 0",
+                name,
+                lineno,
+            )
+        if value < 0.0:
+            raise InputError(
+                f"score {index} is {token}: Moses takes ln of every score and ln of a negative "
+                "number is NaN; phrase-table scores must be > 0",
+                name,
+                lineno,
+            )
+
+
+def format_entry(entry: PhraseTableEntry, new_scores: Sequence[str] = ()) -> str:
+    """The output line for ``entry`` with ``new_scores`` appended after its scores.
+
+    ``" ||| "`` between the first three fields, single spaces between scores, the tail verbatim,
+    the line ending as read (``"\\n"`` when the input's last line had none).
+    """
+    scores = " ".join([*entry.scores, *new_scores]) if new_scores else " ".join(entry.scores)
+    line = f"{entry.source} ||| {entry.target} ||| {scores}"
+    if entry.tail is not None:
+        line += " |||" + entry.tail
+    return line + (entry.newline or "\n")
+
+
+def format_probability(p: float) -> str:
+    """The string written into a phrase-table column for probability ``p``, 0 < p <= 1.
+
+    Shortest round-trip representation of the float64 (``repr``), ``"1"`` for 1.0; e.g.
+    ``0.25 -> "0.25"``, ``exp(-100) -> "3.720075976020836e-44"``. Moses parses the exponent form
+    (its own tables contain ``6.41067e-07``). Raises ValueError for p <= 0, p > 1 and NaN.
+    Values below 1.18e-38 are subnormal as the 32-bit floats Moses stores (and below 1.4e-45
+    they become 0, i.e. -100 after Moses' floor); :func:`probability_from_logprob` never goes
+    below exp(-100) = 3.7e-44.
+    """
+    value = float(p)
+    if not 0.0 < value <= 1.0:
+        raise ValueError(f"a phrase-table probability must be in (0, 1], got {p!r}")
+    text = repr(value)
+    return text[:-2] if text.endswith(".0") else text
+
+
+def probability_from_logprob(logp: float, floor: float = LOWEST_SCORE) -> float:
+    """exp(max(logp, floor)): the probability to store for a natural-log score ``logp``.
+
+    The floor is Moses' own (-100), so the stored value is never 0: exp(-100) ~ 3.7e-44 is a
+    normal float64 (as a 32-bit float in Moses it is subnormal, which Moses reads correctly).
+    A rounding error up to :data:`LOGPROB_TOLERANCE` above 0 gives 1; NaN and larger positive
+    values (a probability above 1) raise ValueError.
+    """
+    value = float(logp)
+    if value > 0.0 and value <= LOGPROB_TOLERANCE:
+        value = 0.0
+    if math.isnan(value) or value > 0.0:
+        raise ValueError(f"a log-probability must be <= 0, got {logp!r}")
+    return math.exp(max(value, floor))
+
+
+def iter_source_groups(entries: Iterable[PhraseTableEntry]) -> Iterator[list[PhraseTableEntry]]:
+    """Yield lists of consecutive entries with the same source phrase, in input order."""
+    group: list[PhraseTableEntry] = []
+    for entry in entries:
+        if group and entry.source != group[0].source:
+            yield group
+            group = []
+        group.append(entry)
+    if group:
+        yield group
+
+
+class PhraseTableWriter:
+    """Write phrase-table lines atomically (``-`` is stdout, a ``.gz`` name is gzip).
+
+    ``with PhraseTableWriter(path) as out: out.write(entry, [format_probability(p)])``; the file
+    appears under ``path`` only when the ``with`` block completes without an exception.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        self.lines = 0
+        self._atomic = AtomicOutput(path)
+        self._out = None
+
+    def __enter__(self) -> PhraseTableWriter:
+        self._out = self._atomic.__enter__()
+        return self
+
+    def write(self, entry: PhraseTableEntry, new_scores: Sequence[str] = ()) -> None:
+        self._out.write(format_entry(entry, new_scores))
+        self.lines += 1
+
+    def __exit__(self, exc_type, exc, tb):
+        return self._atomic.__exit__(exc_type, exc, tb)
+
+
+def write_phrase_table(path: str, items: Iterable[tuple[PhraseTableEntry, Sequence[str]]]) -> int:
+    """Write ``(entry, new_scores)`` pairs to ``path`` atomically; return the number of lines."""
+    with PhraseTableWriter(path) as out:
+        for entry, new_scores in items:
+            out.write(entry, new_scores)
+    return out.lines
+
+
+def check_phrase_table(path: str) -> TableStats:
+    """Read and validate a whole table in one streaming pass."""
+    return _count(read_phrase_table(path), None)
+
+
+def copy_phrase_table(path: str, out_path: str) -> TableStats:
+    """Copy a table through the reader and writer (the format round trip), validating it.
+
+    The output appears only if the whole input was valid.
+    """
+    with PhraseTableWriter(out_path) as out:
+        stats = _count(read_phrase_table(path), out)
+    return stats
+
+
+def _count(entries: Iterable[PhraseTableEntry], out: PhraseTableWriter | None) -> TableStats:
+    lines = groups = num_scores = 0
+    previous = None
+    for entry in entries:
+        lines += 1
+        if entry.source != previous:
+            groups += 1
+            previous = entry.source
+            num_scores = len(entry.scores)
+        if out is not None:
+            out.write(entry)
+    log.debug("%d lines, %d source groups, %d scores", lines, groups, num_scores)
+    return TableStats(lines, groups, num_scores)

@@ -1,0 +1,152 @@
+"""Training: the model learns, files are exact, resume is exact, foreign files are refused."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from phrasescore.errors import ModelFileError
+from phrasescore.jobs import run_training
+from phrasescore.model.checkpoint import load_model, save_model
+from phrasescore.model.config import TrainConfig
+from phrasescore.scoring import PairScorer
+from phrasescore.train import Trainer, TrainingData, prepare_data
+
+from .conftest import TEXT, sample_pairs, write_lines
+
+
+def _train(tmp_path, src, tgt, **overrides):
+    path = str(tmp_path / "m.safetensors")
+    defaults = dict(seed=5, valid_every=1000, learning_rate=1e-2)
+    defaults.update(overrides)
+    result = run_training(
+        model_path=path,
+        source=src,
+        target=tgt,
+        phrase_table=None,
+        valid=(src, tgt),
+        preset="tiny",
+        src_lang="en",
+        tgt_lang="fr",
+        tokenize=False,
+        lowercase=False,
+        device="cpu",
+        amp=False,
+        threads=None,
+        resume=overrides.pop("resume", False) if "resume" in overrides else False,
+        overrides={k: v for k, v in defaults.items() if k != "resume"},
+    )
+    return path, result
+
+
+def test_tiny_model_overfits_20_real_pairs(tmp_path):
+    src, tgt = sample_pairs(20)
+    s, t = write_lines(tmp_path / "a.en", src), write_lines(tmp_path / "a.fr", tgt)
+    _, result = _train(
+        tmp_path, s, t, max_steps=250, batch_tokens=2000, valid_every=250, epochs=1000
+    )
+    assert result.unigram_valid_ppl > 50
+    assert result.best_valid_ppl < 1.5  # near-zero loss: < 0.41 nats per token
+
+
+def test_save_load_gives_identical_scores(tiny_model_path, tmp_path):
+    model = load_model(tiny_model_path)
+    src, tgt = sample_pairs(30)
+    before = PairScorer(model).score_phrases(src, tgt).logprob
+    copy = str(tmp_path / "copy.safetensors")
+    signature = save_model(copy, model)
+    assert signature == model.signature
+    after = PairScorer(load_model(copy)).score_phrases(src, tgt).logprob
+    assert (before == after).all()
+    assert (before < 0).all() and math.isfinite(float(before.sum()))
+
+
+def test_scores_sum_token_logprobs_including_eos(tiny_model_path):
+    model = load_model(tiny_model_path)
+    src, tgt = sample_pairs(5)
+    scored = PairScorer(model).score_phrases(src, tgt, per_token=True)
+    for i, line in enumerate(tgt):
+        assert len(scored.token_logprobs[i]) == len(line.split()) + 1
+        assert scored.token_logprobs[i].sum() == pytest.approx(scored.logprob[i], abs=1e-9)
+    assert list(scored.n_tokens) == [len(t.split()) + 1 for t in tgt]
+
+
+def test_resume_gives_the_same_weights_as_an_uninterrupted_run(tmp_path):
+    src, tgt = sample_pairs(60)
+    s, t = write_lines(tmp_path / "a.en", src), write_lines(tmp_path / "a.fr", tgt)
+    (tmp_path / "full").mkdir()
+    (tmp_path / "parts").mkdir()
+    common = dict(batch_tokens=300, valid_every=4, seed=9, learning_rate=3e-3)
+    full, _ = _train(tmp_path / "full", s, t, max_steps=12, **common)
+    part, _ = _train(tmp_path / "parts", s, t, max_steps=7, **common)
+    _train(tmp_path / "parts", s, t, max_steps=12, resume=True, **common)
+    a = Trainer.read_checkpoint(full + ".checkpoint")
+    b = Trainer.read_checkpoint(part + ".checkpoint")
+    assert a["meta"]["position"]["step"] == b["meta"]["position"]["step"] == 12
+    for name, tensor in a["network"].items():
+        assert torch.equal(tensor, b["network"][name]), name
+
+
+def test_phrase_table_source_yields_each_distinct_pair_once(tmp_path):
+    table = TEXT / "multi30k-phrase-table-sample.gz"
+    import gzip
+
+    lines = gzip.open(table, "rt", encoding="utf-8").read().splitlines(True)
+    doubled = tmp_path / "pt"
+    doubled.write_text("".join(lines + lines[:25]), encoding="utf-8")
+    distinct = {tuple(x.strip() for x in line.split("|||")[:2]) for line in lines}
+    tcfg = TrainConfig(valid_fraction=0.1, seed=1)
+    *_, train, valid = prepare_data(TrainingData(phrase_table=str(doubled)), tcfg)
+    assert len(train) + len(valid) == len(distinct)
+
+
+def test_foreign_and_damaged_model_files_are_refused(tmp_path, tiny_model_path):
+    text = tmp_path / "text.safetensors"
+    text.write_text("hello\n")
+    with pytest.raises(ModelFileError, match="not a phrasescore model"):
+        load_model(str(text))
+    plain = tmp_path / "plain.safetensors"
+    save_file({"w": torch.zeros(2)}, str(plain), metadata={"format": "other"})
+    with pytest.raises(ModelFileError, match="not a phrasescore model"):
+        load_model(str(plain))
+    raw = open(tiny_model_path, "rb").read()
+    damaged = tmp_path / "damaged.safetensors"
+    damaged.write_bytes(raw[:-8] + bytes(8))
+    with pytest.raises(ModelFileError, match="signature"):
+        load_model(str(damaged))
+    proc = subprocess.run(
+        [sys.executable, "-m", "phrasescore", "info", str(text)], capture_output=True, text=True
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert "not a phrasescore model" in proc.stderr
+
+
+def test_info_describes_the_model(tiny_model_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "phrasescore", "info", tiny_model_path],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "architecture: cho" in proc.stdout
+    assert load_model(tiny_model_path).signature in proc.stdout
+
+
+def test_parallel_files_of_different_lengths_are_an_error(tmp_path):
+    src, tgt = sample_pairs(20)
+    s = write_lines(tmp_path / "a.en", src)
+    t = write_lines(tmp_path / "a.fr", tgt[:15])
+    proc = subprocess.run(
+        [sys.executable, "-m", "phrasescore", "train", s, t, "-o", str(tmp_path / "m.st")],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 1
+    assert "20" in proc.stderr and "15" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "m.st").exists()
