@@ -167,6 +167,124 @@ def info(model_path):
         click.echo(f"{key}: {value}")
 
 
+# ---------------------------------------------------------------------------- rescore
+@cli.command()
+@click.argument("table")
+@click.option(
+    "-m",
+    "--model",
+    "models",
+    multiple=True,
+    help="Model file; repeat for one column per model, in order.",
+)
+@click.option(
+    "--inverse-model",
+    "inverse_models",
+    multiple=True,
+    help="Model trained target->source: adds p(source | target) after the --model columns.",
+)
+@click.option("-o", "--output", help="Output table (default: TABLE.rescored[.gz]; - for stdout).")
+@click.option("--normalize", is_flag=True, help="Per-token geometric mean exp(log p / n).")
+@click.option("--logprob", is_flag=True, help="Write log p (NOT for Moses, which takes ln).")
+@click.option("--unk-column", is_flag=True, help="Add exp(-unknown words) as one more column.")
+@click.option("--moses-ini", help="Also write an updated moses.ini for the new table.")
+@click.option("--ini-out", help="Where to write it (default: INI stem + .rescored.ini).")
+@click.option("--ini-table", help="Phrase-table feature name in the ini (default: by path).")
+@click.option(
+    "--weight",
+    type=float,
+    default=0.2,
+    show_default=True,
+    help="Initial weight of each new feature in the ini.",
+)
+@click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda.")
+@click.option(
+    "--dtype",
+    type=click.Choice(["float32", "bfloat16", "float16"]),
+    default="float32",
+    show_default=True,
+    help="Precision of the network.",
+)
+@click.option(
+    "--batch-tokens",
+    type=int,
+    default=8192,
+    show_default=True,
+    help="Target tokens per scoring batch.",
+)
+@click.option(
+    "--chunk-lines",
+    type=int,
+    default=50000,
+    show_default=True,
+    help="Lines per chunk (the unit of --resume).",
+)
+@click.option("--threads", type=int, help="CPU threads for PyTorch.")
+@click.option("--resume", is_flag=True, help="Continue an interrupted run from its last chunk.")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+@_fail_cleanly
+def rescore(
+    table,
+    models,
+    inverse_models,
+    output,
+    normalize,
+    logprob,
+    unk_column,
+    moses_ini,
+    ini_out,
+    ini_table,
+    weight,
+    device,
+    dtype,
+    batch_tokens,
+    chunk_lines,
+    threads,
+    resume,
+    no_progress,
+):
+    """Add the models' p(target | source) to every line of a Moses phrase TABLE (- for stdin)."""
+    from phrasescore.jobs import set_threads
+    from phrasescore.rescore import RescoreOptions, run_rescore
+
+    if normalize and logprob:
+        raise click.UsageError("--normalize and --logprob exclude each other")
+    set_threads(threads)
+    options = RescoreOptions(
+        normalize=normalize,
+        logprob=logprob,
+        unk_column=unk_column,
+        dtype=dtype,
+        batch_tokens=batch_tokens,
+        chunk_lines=chunk_lines,
+    )
+    job = run_rescore(
+        table,
+        list(models),
+        output,
+        options,
+        device=device,
+        resume=resume,
+        moses_ini=moses_ini,
+        ini_out=ini_out,
+        ini_table=ini_table,
+        weight=weight,
+        progress=not no_progress,
+        inverse_model_paths=list(inverse_models),
+    )
+    result = job.rescore
+    click.echo(
+        f"phrasescore: {result.lines} lines, {result.distinct_sources} distinct sources, "
+        f"{result.seconds:.1f} s, {result.pairs_per_second:.0f} pairs/s, "
+        f"+{result.new_columns} column(s) -> {result.output}",
+        err=True,
+    )
+    if job.ini_out:
+        click.echo(f"phrasescore: moses.ini for the new table: {job.ini_out}", err=True)
+        if job.ini_update.binarise_command_line:
+            click.echo(f"phrasescore: now run: {job.ini_update.binarise_command_line}", err=True)
+
+
 def main() -> None:
     """Console-script entry point."""
     cli(prog_name="phrasescore")

@@ -186,6 +186,12 @@ class _PartialOutput:
         if self.handle is not None and not self.handle.closed:
             self.handle.close()
 
+    def discard(self) -> None:
+        self.close_incomplete()
+        for path in (self.path, self.state_path):
+            if os.path.exists(path):
+                os.unlink(path)
+
 
 class _StdoutOutput:
     def __init__(self):
@@ -208,6 +214,9 @@ class _StdoutOutput:
     def close_incomplete(self) -> None:
         pass
 
+    def discard(self) -> None:
+        pass
+
 
 def _input_identity(table: str) -> dict:
     if table == "-":
@@ -225,8 +234,15 @@ def rescore_table(
     resume: bool = False,
     progress: bool = True,
     models: list[TrainedModel] | None = None,
+    inverse_model_paths: list[str] | None = None,
 ) -> RescoreResult:
-    """Append one column per model (and optionally the unknown-word column) to ``table``."""
+    """Append one column per model (and optionally the unknown-word column) to ``table``.
+
+    Models in ``model_paths`` give p(target | source); models in ``inverse_model_paths`` were
+    trained in the other direction (target language -> source language) and give
+    p(source | target), the neural counterpart of the table's inverse φ(f|e); their columns
+    follow the direct ones.
+    """
     options = options or RescoreOptions()
     output = output or default_output_path(table)
     if output != "-" and table != "-" and os.path.abspath(output) == os.path.abspath(table):
@@ -240,16 +256,24 @@ def rescore_table(
         )
     # Load everything before writing anything: a bad model leaves no output behind.
     dev = resolve_device(device)
+    inverse_model_paths = list(inverse_model_paths or [])
     if models is None:
-        if not model_paths:
+        if not model_paths and not inverse_model_paths:
             raise InputError("give at least one --model")
         models = [load_model(path, dev) for path in model_paths]
+    inverse_models = [load_model(path, dev) for path in inverse_model_paths]
+    directions = [False] * len(models) + [True] * len(inverse_models)
+    models = list(models) + inverse_models
+    model_paths = list(model_paths) + inverse_model_paths
     scorers = [
         PairScorer(m, device=dev, dtype=options.dtype, batch_tokens=options.batch_tokens)
         for m in models
     ]
     signatures = [m.signature for m in models]
-    names = [f"phrasescore:{m.signature}" for m in models]
+    names = [
+        f"phrasescore{'-inverse' if inverse else ''}:{m.signature}"
+        for m, inverse in zip(models, directions, strict=True)
+    ]
     if options.unk_column:
         names.append("unknown-words")
     for model, path in zip(models, model_paths or [""] * len(models), strict=False):
@@ -257,6 +281,7 @@ def rescore_table(
     identity = {
         "input": _input_identity(table),
         "models": signatures,
+        "inverse": directions,
         "options": options.key(),
         "version": 1,
     }
@@ -291,8 +316,11 @@ def rescore_table(
                     last_source = s
             columns = []
             first_scored = None
-            for scorer in scorers:
-                scored = scorer.score_phrases(sources, targets)
+            for scorer, inverse in zip(scorers, directions, strict=True):
+                if inverse:
+                    scored = scorer.score_phrases(targets, sources)
+                else:
+                    scored = scorer.score_phrases(sources, targets)
                 first_scored = first_scored or scored
                 columns.append(column_values(scored, options))
             if options.unk_column:
@@ -306,6 +334,10 @@ def rescore_table(
             elapsed = time.monotonic() - started
             bar.set_postfix(pairs_s=f"{(lines - start_line) / max(elapsed, 1e-9):.0f}")
         sink.finish()
+    except InputError:
+        # a bad input line: resuming cannot help, so leave nothing behind
+        sink.discard()
+        raise
     except BaseException:
         sink.close_incomplete()
         raise
@@ -340,3 +372,95 @@ def rescore_table(
 
 def model_digest(signatures: list[str]) -> str:
     return hashlib.sha256(",".join(signatures).encode()).hexdigest()[:16]
+
+
+@dataclass
+class RescoreJobResult:
+    rescore: RescoreResult
+    ini_out: str | None = None
+    ini_update: object | None = None
+
+
+def default_ini_out(ini_path: str) -> str:
+    """``model/moses.ini`` -> ``model/moses.rescored.ini``."""
+    stem = ini_path[: -len(".ini")] if ini_path.endswith(".ini") else ini_path
+    return stem + ".rescored.ini"
+
+
+def run_rescore(
+    table: str,
+    model_paths: list[str],
+    output: str | None,
+    options: RescoreOptions,
+    device: str = "auto",
+    resume: bool = False,
+    moses_ini: str | None = None,
+    ini_out: str | None = None,
+    ini_table: str | None = None,
+    weight: float = 0.2,
+    progress: bool = True,
+    inverse_model_paths: list[str] | None = None,
+) -> RescoreJobResult:
+    """``phrasescore rescore``: check the moses.ini first, rescore, then write the new ini.
+
+    The new ini declares one more feature and weight per added column, points at the new
+    table, and carries a comment with the models' signatures, so that a score can be traced.
+    """
+    from phrasescore.files import AtomicOutput, iter_lines
+    from phrasescore.moses.ini import update_moses_ini_text
+
+    output = output or default_output_path(table)
+    n_new = len(model_paths) + len(inverse_model_paths or []) + (1 if options.unk_column else 0)
+    ini_text = None
+    if moses_ini:
+        if output == "-":
+            raise InputError("--moses-ini needs an output file, not standard output")
+        ini_text = "".join(iter_lines(moses_ini, keep_ends=True))
+        # Refuse a table the ini does not name before any output is written.
+        update_moses_ini_text(
+            ini_text,
+            ini_table or table,
+            os.path.abspath(output),
+            n_new=n_new,
+            weights=[weight] * n_new,
+            ini_path=moses_ini,
+        )
+    result = rescore_table(
+        table,
+        model_paths,
+        output,
+        options,
+        device=device,
+        resume=resume,
+        progress=progress,
+        inverse_model_paths=inverse_model_paths,
+    )
+    if ini_text is None:
+        return RescoreJobResult(result)
+    ini_out = ini_out or default_ini_out(moses_ini)
+    comment = (
+        f"# phrasescore {__import__('phrasescore').__version__}: {result.new_columns} column(s) "
+        f"added to {ini_table or table}: {', '.join(result.column_names)}"
+    )
+    new_path = os.path.relpath(os.path.abspath(output), os.path.dirname(os.path.abspath(ini_out)))
+    update = update_moses_ini_text(
+        ini_text,
+        ini_table or table,
+        new_path,
+        n_new=n_new,
+        weights=[weight] * n_new,
+        comment=comment,
+        ini_path=moses_ini,
+    )
+    with AtomicOutput(ini_out, compress=False) as out:
+        out.write(update.text)
+    log.info(
+        "wrote %s: %s now has %d scores (weights %s added)",
+        ini_out,
+        update.feature,
+        update.new_num_features,
+        " ".join(str(w) for w in update.added_weights),
+    )
+    for note in update.notes:
+        log.warning("%s", note)
+    return RescoreJobResult(result, ini_out, update)

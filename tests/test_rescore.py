@@ -1,0 +1,230 @@
+"""phrasescore rescore on real Moses tables with a real (tiny) trained model."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from phrasescore.model.checkpoint import load_model
+from phrasescore.moses.ini import count_features_and_weights
+from phrasescore.moses.phrase_table import format_entry, read_phrase_table
+from phrasescore.rescore import RescoreOptions, rescore_table
+from phrasescore.scoring import PairScorer
+
+from .conftest import DATA
+
+TABLES = [
+    DATA / "moses" / "multi30k.head300.phrase-table.gz",
+    DATA / "moses" / "de-en.4scores.slice300.phrase-table.gz",
+    DATA / "moses" / "de-en.5scores.slice300.phrase-table.gz",
+    DATA / "moses" / "sparse.phrase-table.gz",
+    DATA / "moses" / "tiny.phrase-table",
+]
+EXAMPLE_TABLE = DATA.parent.parent / "examples" / "model" / "phrase-table.gz"
+
+
+def run_cli(*args, **kwargs):
+    return subprocess.run(
+        [sys.executable, "-m", "phrasescore", *map(str, args)],
+        capture_output=True,
+        text=True,
+        **kwargs,
+    )
+
+
+def read_text(path) -> str:
+    with open(path, "rb") as fh:
+        data = fh.read()
+    if data[:2] == b"\x1f\x8b":
+        data = gzip.decompress(data)
+    return data.decode("utf-8")
+
+
+@pytest.mark.parametrize("table", TABLES, ids=lambda p: p.name)
+def test_one_more_column_and_every_other_byte_unchanged(table, tiny_model_path, tmp_path):
+    out = tmp_path / ("out.gz" if table.name.endswith(".gz") else "out")
+    result = rescore_table(str(table), [tiny_model_path], str(out), progress=False)
+    src_entries = list(read_phrase_table(str(table)))
+    out_entries = list(read_phrase_table(str(out)))
+    assert result.lines == len(src_entries) == len(out_entries)
+    model = load_model(tiny_model_path)
+    scored = PairScorer(model).score_phrases(
+        [e.source for e in src_entries], [e.target for e in src_entries]
+    )
+    for i, (a, b) in enumerate(zip(src_entries, out_entries, strict=True)):
+        assert len(b.scores) == len(a.scores) + 1
+        assert format_entry(b._replace(scores=b.scores[:-1])) == format_entry(a)
+        value = float(b.scores[-1])
+        assert 0.0 < value <= 1.0
+        assert value == pytest.approx(math.exp(max(scored.logprob[i], -100.0)), rel=1e-5)
+    assert result.signatures == [model.signature]
+
+
+def test_same_flags_same_bytes_and_batching_does_not_change_scores(tiny_model_path, tmp_path):
+    table = str(TABLES[0])
+    runs = {}
+    for name, opts in {
+        "a": RescoreOptions(batch_tokens=8192, chunk_lines=50000),
+        "b": RescoreOptions(batch_tokens=8192, chunk_lines=50000),
+        "c": RescoreOptions(batch_tokens=37, chunk_lines=17),
+        "d": RescoreOptions(batch_tokens=100000, chunk_lines=1000, logprob=True),
+    }.items():
+        out = tmp_path / f"{name}.gz"
+        rescore_table(table, [tiny_model_path], str(out), opts, progress=False)
+        runs[name] = out
+    assert runs["a"].read_bytes() == runs["b"].read_bytes()
+    col = {
+        k: np.array([float(e.scores[-1]) for e in read_phrase_table(str(v), validate=False)])
+        for k, v in runs.items()
+    }
+    assert np.abs(np.log(col["a"]) - np.log(col["c"])).max() < 1e-4
+    assert np.abs(np.log(col["a"]) - col["d"]).max() < 1e-4
+
+
+def test_normalize_unk_column_and_two_models(tiny_model_path, tmp_path, corpus_files):
+    table = str(TABLES[0])
+    out = tmp_path / "out.gz"
+    opts = RescoreOptions(normalize=True, unk_column=True)
+    rescore_table(table, [tiny_model_path, tiny_model_path], str(out), opts, progress=False)
+    model = load_model(tiny_model_path)
+    entries = list(read_phrase_table(table))
+    scored = PairScorer(model).score_phrases(
+        [e.source for e in entries], [e.target for e in entries]
+    )
+    for i, e in enumerate(read_phrase_table(str(out))):
+        assert len(e.scores) == 4 + 3
+        per_token = math.exp(scored.logprob[i] / scored.n_tokens[i])
+        assert float(e.scores[4]) == pytest.approx(per_token, rel=1e-5)
+        assert e.scores[5] == e.scores[4]
+        unknown = scored.src_unknown[i] + scored.tgt_unknown[i]
+        assert float(e.scores[6]) == pytest.approx(math.exp(-unknown))
+
+
+def test_inverse_model_scores_source_given_target(tiny_model_path, tmp_path):
+    table = str(TABLES[0])
+    out = tmp_path / "inv.gz"
+    rescore_table(table, [], str(out), inverse_model_paths=[tiny_model_path], progress=False)
+    model = load_model(tiny_model_path)
+    entries = list(read_phrase_table(table))[:20]
+    scored = PairScorer(model).score_phrases(
+        [e.target for e in entries], [e.source for e in entries]
+    )
+    for i, e in enumerate(list(read_phrase_table(str(out)))[:20]):
+        assert float(e.scores[-1]) == pytest.approx(math.exp(scored.logprob[i]), rel=1e-5)
+
+
+def test_moses_ini_is_updated_for_the_new_table(tiny_model_path, tmp_path):
+    ini = tmp_path / "moses.ini"
+    ini.write_text((DATA / "moses" / "multi30k.moses.ini").read_text())
+    table = tmp_path / "phrase-table.gz"
+    table.write_bytes(TABLES[0].read_bytes())
+    proc = run_cli(
+        "rescore",
+        table,
+        "-m",
+        tiny_model_path,
+        "--unk-column",
+        "--moses-ini",
+        ini,
+        "--no-progress",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    new_ini = tmp_path / "moses.rescored.ini"
+    text = new_ini.read_text()
+    assert "num-features=6 path=phrase-table.rescored.gz" in text
+    assert "TranslationModel0= 0.2 0.2 0.2 0.2 0.2 0.2" in text
+    assert load_model(tiny_model_path).signature in text
+    for name, (features, weights) in count_features_and_weights(text).items():
+        if features is not None:
+            assert features == weights, name
+    assert (tmp_path / "phrase-table.rescored.gz").exists()
+    assert "pairs/s" in proc.stderr
+
+
+def test_stdin_to_stdout(tiny_model_path):
+    data = TABLES[4].read_bytes()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "phrasescore",
+            "-q",
+            "rescore",
+            "-",
+            "-m",
+            tiny_model_path,
+            "-o",
+            "-",
+            "--no-progress",
+        ],
+        input=data,
+        capture_output=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out_lines = proc.stdout.decode().splitlines()
+    in_lines = data.decode().splitlines()
+    assert len(out_lines) == len(in_lines)
+    for a, b in zip(in_lines, out_lines, strict=True):
+        head, _, rest = a.partition(" ||| ")
+        assert b.startswith(head + " ||| ")
+
+
+def test_bad_input_or_bad_model_leaves_no_output(tiny_model_path, tmp_path):
+    bad = tmp_path / "bad.pt"
+    lines = TABLES[4].read_text().splitlines(True)
+    lines[6] = "only ||| two fields\n"
+    bad.write_text("".join(lines))
+    out = tmp_path / "out"
+    proc = run_cli("rescore", bad, "-m", tiny_model_path, "-o", out, "--chunk-lines", "2")
+    assert proc.returncode == 1
+    assert f"{bad}:7:" in proc.stderr and "Traceback" not in proc.stderr
+    assert sorted(os.listdir(tmp_path)) == ["bad.pt"]
+    proc = run_cli("rescore", TABLES[4], "-m", bad, "-o", out)
+    assert proc.returncode == 1 and "not a phrasescore model" in proc.stderr
+    assert not out.exists()
+
+
+def test_resume_after_kill_gives_identical_bytes(tiny_model_path, tmp_path):
+    lines = gzip.open(EXAMPLE_TABLE, "rt", encoding="utf-8").read().splitlines(True)[:6000]
+    table = tmp_path / "pt.gz"
+    with gzip.open(table, "wt", encoding="utf-8") as fh:
+        fh.write("".join(lines))
+    flags = ["-m", tiny_model_path, "--chunk-lines", "400", "--no-progress", "--threads", "1"]
+    full = tmp_path / "full.gz"
+    assert run_cli("rescore", table, "-o", full, *flags).returncode == 0
+    part = tmp_path / "part.gz"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "phrasescore", "rescore", str(table), "-o", str(part), *flags],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    state = tmp_path / ".part.gz.partial.json"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if state.exists():
+            try:
+                if json.loads(state.read_text())["lines"] >= 1200:
+                    break
+            except (ValueError, KeyError):
+                pass
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not part.exists()
+    done = json.loads(state.read_text())["lines"]
+    assert 0 < done < 6000
+    resumed = run_cli("rescore", table, "-o", part, *flags, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming after line {done}" in resumed.stderr
+    assert part.read_bytes() == full.read_bytes()
+    assert not state.exists()
