@@ -285,6 +285,220 @@ def rescore(
             click.echo(f"phrasescore: now run: {job.ini_update.binarise_command_line}", err=True)
 
 
+# ---------------------------------------------------------------------------- n-best / generation
+@cli.command("nbest")
+@click.argument("nbest_path", metavar="NBEST")
+@click.option("--source", required=True, help="Decoder input, one sentence per id (tokenised).")
+@click.option("-m", "--model", "model_path", required=True, help="Model file.")
+@click.option("--name", default="RNNEncDec0", show_default=True, help="Feature name (no '_').")
+@click.option("-o", "--output", default="-", show_default=True, help="Output (.gz: gzip).")
+@click.option("--normalize", is_flag=True, help="Per-token average log p / n instead of log p.")
+@click.option("--weights", help="moses.ini or 'Name= w ...' file: re-rank each id's hypotheses.")
+@click.option("--one-best", is_flag=True, help="With --weights: print the best hypothesis per id.")
+@click.option("--batch-tokens", type=int, default=8192, show_default=True, help="Per batch.")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda.")
+@click.option("--threads", type=int, help="CPU threads for PyTorch.")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+@_fail_cleanly
+def nbest(
+    nbest_path,
+    source,
+    model_path,
+    name,
+    output,
+    normalize,
+    weights,
+    one_best,
+    batch_tokens,
+    device,
+    threads,
+    no_progress,
+):
+    """Add log p(hypothesis | source) to every line of a Moses n-best list NBEST (- for stdin)."""
+    from phrasescore.jobs import set_threads
+    from phrasescore.rescore_nbest import NBestOptions, rescore_nbest
+
+    set_threads(threads)
+    options = NBestOptions(
+        name=name,
+        normalize=normalize,
+        weights=weights,
+        one_best=one_best,
+        batch_tokens=batch_tokens,
+    )
+    result = rescore_nbest(
+        nbest_path, source, model_path, output, options, device=device, progress=not no_progress
+    )
+    changed = "" if result.changed is None else f", best hypothesis changed for {result.changed}"
+    click.echo(
+        f"phrasescore: {result.hypotheses} hypotheses of {result.sentences} sentences, "
+        f"{result.seconds:.1f} s{changed} -> {result.output}",
+        err=True,
+    )
+
+
+@cli.command()
+@click.argument("input_path", metavar="[INPUT]", default="-", required=False)
+@click.option("-m", "--model", "model_path", required=True, help="Model file.")
+@click.option("-o", "--output", default="-", show_default=True, help="Output file (.gz: gzip).")
+@click.option("--beam", type=int, default=5, show_default=True, help="Beam size (1: greedy).")
+@click.option("--nbest", type=int, help="Write a Moses n-best list of K hypotheses per sentence.")
+@click.option("--max-length", type=int, help="Most output tokens (default 2 x source + 10).")
+@click.option(
+    "--length-penalty",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="GNMT alpha: rank by log p / ((5 + n) / 6)^alpha; 0 ranks by log p.",
+)
+@click.option("--no-unk", is_flag=True, help="Never output the unknown-word symbol.")
+@click.option("--detokenize", is_flag=True, help="Detokenise the output (sacremoses).")
+@click.option("--reference", help="Reference translations: print BLEU and chrF (sacrebleu).")
+@click.option("--name", default="RNNEncDec0", show_default=True, help="n-best feature name.")
+@click.option("--batch-size", type=int, default=32, show_default=True, help="Sentences per batch.")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda.")
+@click.option("--threads", type=int, help="CPU threads for PyTorch.")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+@_fail_cleanly
+def translate(
+    input_path,
+    model_path,
+    output,
+    beam,
+    nbest,
+    max_length,
+    length_penalty,
+    no_unk,
+    detokenize,
+    reference,
+    name,
+    batch_size,
+    device,
+    threads,
+    no_progress,
+):
+    """Translate INPUT (a file, or - for stdin) line by line with beam search."""
+    from phrasescore.jobs import set_threads
+    from phrasescore.search import SearchOptions
+    from phrasescore.translate import TranslateOptions, translate_file
+
+    set_threads(threads)
+    options = TranslateOptions(
+        search=SearchOptions(
+            beam=beam,
+            nbest=nbest or 1,
+            max_length=max_length,
+            length_penalty=length_penalty,
+            forbid_unk=no_unk,
+        ),
+        nbest_output=nbest is not None,
+        detokenize=detokenize,
+        feature_name=name,
+        batch_size=batch_size,
+    )
+    result = translate_file(
+        input_path,
+        model_path,
+        output,
+        options,
+        reference=reference,
+        device=device,
+        progress=not no_progress,
+    )
+    click.echo(
+        f"phrasescore: {result.sentences} sentences in {result.seconds:.1f} s "
+        f"({result.sentences_per_second:.2f} sentences/s), beam {beam} -> {result.output}",
+        err=True,
+    )
+    if result.evaluation is not None:
+        for line in result.evaluation.lines():
+            click.echo(line, err=True)
+
+
+@cli.command()
+@click.argument("hypotheses")
+@click.argument("reference")
+@click.option("--tokenize", default="13a", show_default=True, help="sacrebleu's BLEU tokenizer.")
+@click.option("--lowercase", is_flag=True, help="Case-insensitive BLEU and chrF.")
+@_fail_cleanly
+def evaluate(hypotheses, reference, tokenize, lowercase):
+    """BLEU and chrF of HYPOTHESES against REFERENCE (sacrebleu), with sacrebleu's signatures."""
+    from phrasescore.translate import evaluate_files
+
+    for line in evaluate_files(hypotheses, reference, tokenize, lowercase).lines():
+        click.echo(line)
+
+
+@cli.command()
+@click.argument("phrases", nargs=-1, required=True, metavar="PHRASE... | -")
+@click.option("-m", "--model", "model_path", required=True, help="Model file.")
+@click.option("-n", "--samples", type=int, default=100, show_default=True, help="Samples drawn.")
+@click.option("--top", type=int, default=10, show_default=True, help="Targets kept per phrase.")
+@click.option("--beam", is_flag=True, help="Add the beam-search --top best to the candidates.")
+@click.option("--phrase-table", help="Moses table: mark each pair as in the table or new.")
+@click.option("--seed", type=int, default=1, show_default=True, help="Sampling seed.")
+@click.option("--max-length", type=int, help="Most target tokens (default 2 x source + 10).")
+@click.option("--no-unk", is_flag=True, help="Never output the unknown-word symbol.")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda.")
+@click.option("--threads", type=int, help="CPU threads for PyTorch.")
+@_fail_cleanly
+def sample(
+    phrases,
+    model_path,
+    samples,
+    top,
+    beam,
+    phrase_table,
+    seed,
+    max_length,
+    no_unk,
+    device,
+    threads,
+):
+    """Best target phrases for each source PHRASE by sampling (Cho et al. 2014, Table 3).
+
+    Prints one line per target: source, log p, target and, with --phrase-table, 'in-table' or
+    'new', tab-separated.
+    """
+    from phrasescore.jobs import set_threads
+    from phrasescore.translate import SampleOptions, read_phrases, sample_phrases
+
+    set_threads(threads)
+    options = SampleOptions(
+        samples=samples,
+        top=top,
+        beam=beam,
+        seed=seed,
+        max_length=max_length,
+        forbid_unk=no_unk,
+    )
+    results = sample_phrases(
+        read_phrases(phrases), model_path, options, phrase_table=phrase_table, device=device
+    )
+    for phrase, targets in results:
+        for target in targets:
+            fields = [phrase, f"{target.logprob:.4f}", target.text]
+            if target.in_table is not None:
+                fields.append("in-table" if target.in_table else "new")
+            click.echo("\t".join(fields))
+
+
+# ---------------------------------------------------------------------------- Moses model dirs
+@cli.command("ini-tables")
+@click.argument("moses_ini")
+@click.option("--factors", is_flag=True, help="Add INPUT_FACTORS and OUTPUT_FACTORS columns.")
+@_fail_cleanly
+def ini_tables(moses_ini, factors):
+    """Print the phrase tables of MOSES_INI: NAME<TAB>CLASS<TAB>PATH<TAB>NUM_FEATURES per line.
+
+    Paths are expanded and resolved relative to the ini's directory; '-' when a table has none.
+    """
+    from phrasescore.moses_model import format_table_rows, read_ini_tables
+
+    for row in format_table_rows(read_ini_tables(moses_ini), factors=factors):
+        click.echo(row)
+
+
 def main() -> None:
     """Console-script entry point."""
     cli(prog_name="phrasescore")

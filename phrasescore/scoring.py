@@ -77,7 +77,7 @@ class PairScorer:
         device: str | torch.device = "cpu",
         dtype: str = "float32",
         batch_tokens: int = 8192,
-        chunk_rows: int = 1024,
+        chunk_rows: int = 256,
     ):
         self.model = model
         self.device = torch.device(device)

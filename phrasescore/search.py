@@ -13,9 +13,11 @@ hypothesis, it is removed from the beam and is added to the set of complete hypo
 * Each source keeps ``beam`` partial hypotheses. At each step every one is extended by every
   word; of the ``2 * beam`` best extensions (by log p), those that end in EOS *and rank among the
   first ``beam``* are complete hypotheses, and the first ``beam`` others are the new partial
-  hypotheses. A source is done when it has ``beam`` complete hypotheses; at its length limit only
-  EOS may be chosen, so every partial hypothesis is completed. With ``beam=1`` this is exactly
-  greedy (argmax) decoding.
+  hypotheses. A source is done when ``nbest`` hypotheses are complete and the best partial one,
+  ended now, would not be among them (exact without length normalisation, since log p only falls
+  as words are added; a heuristic with it, as in Hugging Face's beam search). At its length limit
+  only EOS may be chosen, so every partial hypothesis is completed. With ``beam=1`` this is
+  exactly greedy (argmax) decoding.
 * Complete hypotheses are ranked by ``log p / lp(n)``, the length normalisation of Wu et al.
   (2016, GNMT): ``lp(n) = ((5 + n) / 6) ** alpha``, n the number of target tokens including EOS.
   ``alpha = 0`` ranks by log p itself; ``alpha = 1`` is close to the per-token average for long
@@ -37,6 +39,7 @@ without EOS are dropped; the others are deduplicated and the ``top`` best by log
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -199,11 +202,13 @@ def beam_search(
         keep_rows = (source_rows + new_beam).view(-1)
         prev = new_tok.view(-1)
         # sources that are done leave the batch
-        no_alive = ~torch.isfinite(alive_lp).any(dim=1)
+        best_alive = alive_lp.max(dim=1).values.tolist()
         done = [
             a
             for a in range(n_act)
-            if len(finished[active[a]]) >= beam or bool(no_alive[a]) or int(limits[a]) <= step
+            if int(limits[a]) <= step
+            or not math.isfinite(best_alive[a])
+            or _settled(finished[active[a]], best_alive[a], step + 2, options)
         ]
         if done:
             done_set = set(done)
@@ -219,6 +224,22 @@ def beam_search(
         state = select_rows(state, keep_rows)
         step += 1
     return [_best(complete, options.nbest, options.length_penalty) for complete in finished]
+
+
+def _settled(
+    complete: list[tuple[tuple[int, ...], float]], alive_logprob: float, n: int, options
+) -> bool:
+    """True when no partial hypothesis can enter the n-best any more: ``nbest`` hypotheses are
+    complete and the best partial one, ended now (``n`` tokens), would not beat the last of them.
+    Exact for alpha = 0 (log p only falls as words are added); for alpha > 0 it assumes that a
+    partial hypothesis does not gain by growing longer (as Hugging Face's beam search does)."""
+    if len(complete) < options.nbest:
+        return False
+    alpha = options.length_penalty
+    scores = sorted(
+        (lp / length_penalty(len(ids) + 1, alpha) for ids, lp in complete), reverse=True
+    )
+    return scores[options.nbest - 1] >= alive_logprob / length_penalty(n, alpha)
 
 
 def _best(

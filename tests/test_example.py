@@ -1,0 +1,41 @@
+"""examples/run.sh --quick: the README's main-job command, end to end on the shipped data."""
+
+from __future__ import annotations
+
+import gzip
+import subprocess
+from pathlib import Path
+
+from phrasescore.moses.ini import count_features_and_weights, list_phrase_tables
+from phrasescore.moses.phrase_table import format_entry, read_phrase_table
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def test_example_run_quick():
+    proc = subprocess.run(
+        ["bash", str(EXAMPLES / "run.sh"), "--quick"], capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "mert-moses.pl" in proc.stdout and "phrase-table.rescored.gz" in proc.stdout
+    table_in = EXAMPLES / "model" / "phrase-table.gz"
+    table_out = EXAMPLES / "model" / "phrase-table.rescored.gz"
+    with (
+        gzip.open(table_in, "rt", encoding="utf-8") as a,
+        gzip.open(table_out, "rt", encoding="utf-8") as b,
+    ):
+        assert sum(1 for _ in a) == sum(1 for _ in b) == 27797
+    for old, new in zip(
+        read_phrase_table(str(table_in)), read_phrase_table(str(table_out)), strict=True
+    ):
+        assert len(new.scores) == len(old.scores) + 1
+        assert format_entry(new._replace(scores=new.scores[:-1])) == format_entry(old)
+        assert 0 < float(new.scores[-1]) <= 1
+    ini = (EXAMPLES / "model" / "moses.rescored.ini").read_text()
+    (table,) = list_phrase_tables(ini)
+    assert table.num_features == 5 and table.path == "phrase-table.rescored.gz"
+    counts = count_features_and_weights(ini)
+    assert counts["TranslationModel0"] == (5, 5)
+    for name, (features, weights) in counts.items():
+        if features is not None:
+            assert features == weights, name
