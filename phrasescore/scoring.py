@@ -166,9 +166,12 @@ class PairScorer:
             while end < limit and lengths[order[end]] == length:
                 end += 1
             idx = order[start:end]
-            src = torch.tensor(
-                [list(sources[i]) + [EOS_ID] for i in idx], dtype=torch.long, device=self.device
+            ids = np.empty((len(idx), length), dtype=np.int64)
+            ids[:, :-1] = np.array([sources[i] for i in idx], dtype=np.int64).reshape(
+                len(idx), length - 1
             )
+            ids[:, -1] = EOS_ID
+            src = torch.from_numpy(ids).to(self.device)
             src_len = torch.full((len(idx),), length, dtype=torch.long, device=self.device)
             pieces.append((idx, self.network.encode(src, src_len)))
             start = end
@@ -181,10 +184,16 @@ class PairScorer:
     def _score_batch(self, enc_all, idx, pair_source, tgt_ids, length, result, per_tok) -> None:
         rows = torch.from_numpy(pair_source[idx]).to(self.device)
         enc = select_rows(enc_all, rows)
-        body = [list(tgt_ids[i]) for i in idx]
-        tgt_in = torch.tensor([[BOS_ID] + t for t in body], dtype=torch.long, device=self.device)
-        tgt_out = torch.tensor([t + [EOS_ID] for t in body], dtype=torch.long, device=self.device)
-        del length
+        n = len(idx)
+        body = np.array([tgt_ids[i] for i in idx], dtype=np.int64).reshape(n, length)
+        tgt_in = np.empty((n, length + 1), dtype=np.int64)
+        tgt_in[:, 0] = BOS_ID
+        tgt_in[:, 1:] = body
+        tgt_out = np.empty((n, length + 1), dtype=np.int64)
+        tgt_out[:, :-1] = body
+        tgt_out[:, -1] = EOS_ID
+        tgt_in = torch.from_numpy(tgt_in).to(self.device)
+        tgt_out = torch.from_numpy(tgt_out).to(self.device)
         token_lp = self.network.token_logprobs(enc, tgt_in, tgt_out, None, self.chunk_rows)
         token_lp = token_lp.double().cpu().numpy()
         result[idx] = token_lp.sum(axis=1)
