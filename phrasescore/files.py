@@ -60,14 +60,36 @@ def open_binary_input(path: str) -> BinaryIO:
     return handle
 
 
-def iter_raw_lines(path: str) -> Iterator[bytes]:
+class ReadPosition:
+    """How far reading a file has got, in bytes *of the file* (compressed bytes for gzip), for
+    progress bars with an ETA. ``size`` is None for standard input."""
+
+    def __init__(self) -> None:
+        self.size: int | None = None
+        self._handle = None
+        self._last = 0
+
+    def bytes_read(self) -> int:
+        raw = getattr(self._handle, "fileobj", None) or self._handle
+        try:
+            if raw is not None and not raw.closed:
+                self._last = raw.tell()
+        except (OSError, ValueError):
+            pass
+        return self._last
+
+
+def iter_raw_lines(path: str, position: ReadPosition | None = None) -> Iterator[bytes]:
     """Yield the lines of ``path`` as bytes, line endings included.
 
     A truncated or corrupt gzip stream raises :class:`InputError` with the number of the line at
-    which reading failed.
+    which reading failed. ``position``, if given, is kept pointing at the open file.
     """
     name = display_name(path)
     handle = open_binary_input(path)
+    if position is not None:
+        position._handle = handle
+        position.size = os.path.getsize(path) if path != "-" else None
     lineno = 0
     try:
         while True:
@@ -110,6 +132,17 @@ def count_lines(path: str) -> int:
     return sum(1 for _ in iter_raw_lines(path))
 
 
+def default_file_mode() -> int:
+    """0666 less the umask: the mode open() would give a new file."""
+    return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def gzip_writer(raw: BinaryIO) -> gzip.GzipFile:
     """A gzip stream with a fixed header, so that equal content gives equal bytes."""
     return gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=GZIP_LEVEL, mtime=0)
@@ -144,6 +177,7 @@ class AtomicOutput:
             fd, self._tmp = tempfile.mkstemp(
                 prefix=f".{os.path.basename(self.path)}.", suffix=".tmp", dir=directory
             )
+            os.chmod(self._tmp, default_file_mode())  # mkstemp makes 0600
             raw = os.fdopen(fd, "wb", buffering=_READ_BUFFER)
         self._raw = raw
         stream: BinaryIO = raw

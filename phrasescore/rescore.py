@@ -37,7 +37,7 @@ import numpy as np
 from tqdm import tqdm
 
 from phrasescore.errors import InputError
-from phrasescore.files import display_name, gzip_writer
+from phrasescore.files import ReadPosition, display_name, gzip_writer
 from phrasescore.model.checkpoint import TrainedModel, load_model
 from phrasescore.moses.phrase_table import (
     format_entry,
@@ -287,7 +287,8 @@ def rescore_table(
     }
     sink = _StdoutOutput() if output == "-" else _PartialOutput(output, identity)
     start_line = sink.open(resume)
-    entries = read_phrase_table(table)
+    position = ReadPosition()
+    entries = read_phrase_table(table, position=position)
     if start_line:
         log.info("resuming after line %d", start_line)
         skipped = sum(1 for _ in islice(entries, start_line))
@@ -300,8 +301,15 @@ def rescore_table(
     lines = start_line
     distinct_sources = 0
     last_source = None
+    # Progress in bytes of the input file (compressed bytes for gzip), so that tqdm can show an
+    # ETA; lines and pairs/s go in the postfix.
     bar = tqdm(
-        disable=not progress, unit=" lines", unit_scale=True, initial=start_line, dynamic_ncols=True
+        disable=not progress,
+        total=position.size,
+        unit="B",
+        unit_scale=True,
+        dynamic_ncols=True,
+        desc="rescore",
     )
     try:
         while True:
@@ -330,9 +338,15 @@ def rescore_table(
             )
             sink.append_chunk(text, len(chunk))
             lines += len(chunk)
-            bar.update(len(chunk))
             elapsed = time.monotonic() - started
-            bar.set_postfix(pairs_s=f"{(lines - start_line) / max(elapsed, 1e-9):.0f}")
+            if bar.total is None and position.size:
+                bar.total = position.size
+            bar.update(position.bytes_read() - bar.n)
+            bar.set_postfix(
+                lines=str(lines),
+                pairs_s=f"{(lines - start_line) / max(elapsed, 1e-9):.0f}",
+                refresh=False,
+            )
         sink.finish()
     except InputError:
         # a bad input line: resuming cannot help, so leave nothing behind
@@ -442,11 +456,12 @@ def run_rescore(
         f"# phrasescore {__import__('phrasescore').__version__}: {result.new_columns} column(s) "
         f"added to {ini_table or table}: {', '.join(result.column_names)}"
     )
-    new_path = os.path.relpath(os.path.abspath(output), os.path.dirname(os.path.abspath(ini_out)))
+    # An absolute path: the ini module keeps the old table's directory text (relative,
+    # absolute or ${VAR}) when the new table is beside the old one, whatever the current directory.
     update = update_moses_ini_text(
         ini_text,
         ini_table or table,
-        new_path,
+        os.path.abspath(output),
         n_new=n_new,
         weights=[weight] * n_new,
         comment=comment,

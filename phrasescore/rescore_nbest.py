@@ -215,7 +215,11 @@ def rescore_nbest(
         bar.close()
     seconds = time.monotonic() - started
     result = NBestResult(
-        "<stdout>" if output == "-" else output, sentences, hypotheses, seconds, changed if weights else None
+        "<stdout>" if output == "-" else output,
+        sentences,
+        hypotheses,
+        seconds,
+        changed if weights else None,
     )
     log.info(
         "%d hypotheses of %d sentences scored in %.1f s (%.0f hypotheses/s)%s",

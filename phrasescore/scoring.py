@@ -171,7 +171,7 @@ class PairScorer:
                 len(idx), length - 1
             )
             ids[:, -1] = EOS_ID
-            src = torch.from_numpy(ids).to(self.device)
+            src = self._to_device(ids)
             src_len = torch.full((len(idx),), length, dtype=torch.long, device=self.device)
             pieces.append((idx, self.network.encode(src, src_len)))
             start = end
@@ -181,8 +181,15 @@ class PairScorer:
         merged = concat_encodings([p[1] for p in pieces])
         return select_rows(merged, positions)
 
+    def _to_device(self, array: np.ndarray) -> torch.Tensor:
+        """Host to device; on CUDA through pinned memory, asynchronously (overlaps compute)."""
+        tensor = torch.from_numpy(array)
+        if self.device.type == "cuda":
+            return tensor.pin_memory().to(self.device, non_blocking=True)
+        return tensor
+
     def _score_batch(self, enc_all, idx, pair_source, tgt_ids, length, result, per_tok) -> None:
-        rows = torch.from_numpy(pair_source[idx]).to(self.device)
+        rows = self._to_device(pair_source[idx])
         enc = select_rows(enc_all, rows)
         n = len(idx)
         body = np.array([tgt_ids[i] for i in idx], dtype=np.int64).reshape(n, length)
@@ -192,8 +199,8 @@ class PairScorer:
         tgt_out = np.empty((n, length + 1), dtype=np.int64)
         tgt_out[:, :-1] = body
         tgt_out[:, -1] = EOS_ID
-        tgt_in = torch.from_numpy(tgt_in).to(self.device)
-        tgt_out = torch.from_numpy(tgt_out).to(self.device)
+        tgt_in = self._to_device(tgt_in)
+        tgt_out = self._to_device(tgt_out)
         token_lp = self.network.token_logprobs(enc, tgt_in, tgt_out, None, self.chunk_rows)
         token_lp = token_lp.double().cpu().numpy()
         result[idx] = token_lp.sum(axis=1)

@@ -13,11 +13,12 @@ hypothesis, it is removed from the beam and is added to the set of complete hypo
 * Each source keeps ``beam`` partial hypotheses. At each step every one is extended by every
   word; of the ``2 * beam`` best extensions (by log p), those that end in EOS *and rank among the
   first ``beam``* are complete hypotheses, and the first ``beam`` others are the new partial
-  hypotheses. A source is done when ``nbest`` hypotheses are complete and the best partial one,
-  ended now, would not be among them (exact without length normalisation, since log p only falls
-  as words are added; a heuristic with it, as in Hugging Face's beam search). At its length limit
-  only EOS may be chosen, so every partial hypothesis is completed. With ``beam=1`` this is
-  exactly greedy (argmax) decoding.
+  hypotheses. A source is done when ``beam`` hypotheses are complete (the usual rule, as in
+  fairseq), or earlier when ``nbest`` are complete and the best partial one, ended now, would not
+  be among them (a bound that is exact without length normalisation, since log p only falls as
+  words are added). At its length limit only EOS may be chosen, so every partial hypothesis is
+  completed. With ``beam=1`` this is exactly greedy (argmax) decoding, whatever the length
+  normalisation.
 * Complete hypotheses are ranked by ``log p / lp(n)``, the length normalisation of Wu et al.
   (2016, GNMT): ``lp(n) = ((5 + n) / 6) ** alpha``, n the number of target tokens including EOS.
   ``alpha = 0`` ranks by log p itself; ``alpha = 1`` is close to the per-token average for long
@@ -203,11 +204,13 @@ def beam_search(
         prev = new_tok.view(-1)
         # sources that are done leave the batch
         best_alive = alive_lp.max(dim=1).values.tolist()
+        limit_list = limits.tolist()
         done = [
             a
             for a in range(n_act)
-            if int(limits[a]) <= step
+            if limit_list[a] <= step
             or not math.isfinite(best_alive[a])
+            or len(finished[active[a]]) >= beam
             or _settled(finished[active[a]], best_alive[a], step + 2, options)
         ]
         if done:

@@ -28,6 +28,7 @@ from safetensors.torch import save_file
 
 from phrasescore import __version__
 from phrasescore.errors import ModelFileError
+from phrasescore.files import default_file_mode
 from phrasescore.model import build_network
 from phrasescore.model.base import EncoderDecoder
 from phrasescore.model.config import ModelConfig
@@ -116,6 +117,7 @@ def save_model(path: str, model: TrainedModel) -> str:
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
     os.close(fd)
+    os.chmod(tmp, default_file_mode())  # mkstemp makes 0600
     try:
         save_file(tensors, tmp, metadata=metadata)
         os.replace(tmp, path)

@@ -44,7 +44,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple
 
 from phrasescore.errors import InputError
-from phrasescore.files import AtomicOutput, display_name, iter_raw_lines
+from phrasescore.files import AtomicOutput, ReadPosition, display_name, iter_raw_lines
 
 log = logging.getLogger(__name__)
 
@@ -84,16 +84,19 @@ class TableStats(NamedTuple):
     num_scores: int
 
 
-def read_phrase_table(path: str, validate: bool = True) -> Iterator[PhraseTableEntry]:
+def read_phrase_table(
+    path: str, validate: bool = True, position: ReadPosition | None = None
+) -> Iterator[PhraseTableEntry]:
     """Yield the entries of a phrase table (plain or gzip by magic bytes; ``-`` is stdin).
 
     With ``validate`` (the default) every score is parsed and must be a finite number > 0;
     without it only the structure is checked (3 fields, the same number of scores on every line,
-    non-empty phrases), which is faster when the table is known to be good.
+    non-empty phrases), which is faster when the table is known to be good. ``position``
+    reports how far the file has been read (for progress bars).
     """
     name = display_name(path)
     num_scores = -1
-    for lineno, raw in enumerate(iter_raw_lines(path), 1):
+    for lineno, raw in enumerate(iter_raw_lines(path, position), 1):
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as exc:

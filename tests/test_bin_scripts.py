@@ -1,0 +1,496 @@
+"""The bin/ scripts for Moses users, run as a user would (subprocess, from another directory).
+
+They run on copies of the shipped example system (examples/model, cut to its first 2,000 lines)
+with the tiny trained model of conftest; Moses itself is absent here, so its tools are either
+missing (the scripts must print the commands) or small fakes that record their arguments.
+"""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from phrasescore.cli import cli
+from phrasescore.moses.ini import count_features_and_weights, list_phrase_tables
+from phrasescore.moses.phrase_table import read_phrase_table
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = ROOT / "bin"
+EXAMPLES = ROOT / "examples"
+TABLE_LINES = 2000
+RESCORE_FLAGS = ["--", "--threads", "1", "--device", "cpu", "--no-progress"]
+SCRIPTS = ["phrasescore-moses-model", "phrasescore-train-from-moses", "phrasescore-mert"]
+
+pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+
+
+def run_script(name, *args, cwd, path_extra=None, env_extra=None):
+    """Run bin/NAME with a minimal PATH (no Moses on it) and this checkout's phrasescore."""
+    env = dict(os.environ)
+    env.pop("MOSES", None)
+    env["PATH"] = os.pathsep.join([*(path_extra or []), "/usr/bin", "/bin"])
+    env["PHRASESCORE"] = f"{sys.executable} -m phrasescore"
+    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if "PYTHONPATH" in env else "")
+    env["OMP_WAIT_POLICY"] = "PASSIVE"
+    env.update(env_extra or {})
+    return subprocess.run(
+        ["bash", str(BIN / name), *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+    )
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "error:" in line]
+
+
+def example_model_dir(folder: Path, lines: int = TABLE_LINES) -> Path:
+    """A copy of examples/model with the first ``lines`` lines of its phrase table."""
+    folder.mkdir(parents=True)
+    shutil.copyfile(EXAMPLES / "model" / "moses.ini", folder / "moses.ini")
+    os.chmod(folder / "moses.ini", 0o644)
+    with gzip.open(EXAMPLES / "model" / "phrase-table.gz", "rt", encoding="utf-8") as src:
+        head = list(itertools.islice(src, lines))
+    with gzip.open(folder / "phrase-table.gz", "wt", encoding="utf-8") as out:
+        out.writelines(head)
+    return folder
+
+
+def make_executable(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return path
+
+
+def weights_of(ini_text: str, name: str) -> list[str]:
+    for line in ini_text.splitlines():
+        if line.startswith(f"{name}="):
+            return line.split()[1:]
+    raise AssertionError(f"no weight line for {name}")
+
+
+def assert_one_more_column(old_table: Path, new_table: Path, n_new: int = 1) -> None:
+    old = list(read_phrase_table(str(old_table)))
+    new = list(read_phrase_table(str(new_table)))
+    assert len(new) == len(old)
+    for a, b in zip(old, new, strict=True):
+        assert (b.source, b.target, b.tail) == (a.source, a.target, a.tail)
+        assert b.scores[: len(a.scores)] == a.scores
+        assert len(b.scores) == len(a.scores) + n_new
+        assert all(0.0 < float(v) <= 1.0 for v in b.scores[len(a.scores) :])
+
+
+# ---------------------------------------------------------------------------- --help
+@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help(script, flag, tmp_path):
+    done = run_script(script, flag, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"usage: {script}")
+    assert done.stderr == ""
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_scripts_are_executable_bash_with_strict_mode(script):
+    path = BIN / script
+    assert os.access(path, os.X_OK)
+    text = path.read_text()
+    assert text.startswith("#!/usr/bin/env bash\n")
+    assert "set -euo pipefail" in text
+
+
+# ---------------------------------------------------------------------------- moses-model
+def test_moses_model_on_the_example_system(tiny_model_path, tmp_path):
+    model_dir = example_model_dir(tmp_path / "model")
+    original_ini = (model_dir / "moses.ini").read_text()
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    done = run_script(
+        "phrasescore-moses-model", model_dir, "--model", tiny_model_path, *RESCORE_FLAGS, cwd=work
+    )
+    assert done.returncode == 0, done.stderr
+    new_ini = (model_dir / "moses.rescored.ini").read_text()
+    assert (model_dir / "moses.ini").read_text() == original_ini
+    [table] = list_phrase_tables(new_ini)
+    assert (table.name, table.num_features, table.path) == (
+        "TranslationModel0",
+        5,
+        "phrase-table.rescored.gz",
+    )
+    assert "num-features=5" in new_ini
+    assert weights_of(new_ini, "TranslationModel0") == ["0.2"] * 5
+    assert all(f == w for f, w in count_features_and_weights(new_ini).values() if f and w)
+    assert_one_more_column(model_dir / "phrase-table.gz", model_dir / "phrase-table.rescored.gz")
+    # the report: what was produced, and the MERT step
+    assert str(model_dir / "moses.rescored.ini") in done.stdout
+    assert str(model_dir / "phrase-table.rescored.gz") in done.stdout
+    assert "4 -> 5 scores" in done.stdout
+    assert "mert-moses.pl" in done.stdout and "features.list" in done.stdout
+    assert "--decoder-flags" in done.stdout and "--working-dir" in done.stdout
+    assert "error" not in done.stderr
+
+
+def test_moses_model_several_tables_unk_column_and_out_dir(tiny_model_path, tmp_path):
+    model_dir = example_model_dir(tmp_path / "model", lines=600)
+    with gzip.open(model_dir / "phrase-table.gz", "rt", encoding="utf-8") as fh:
+        lines = fh.readlines()
+    with gzip.open(model_dir / "second.gz", "wt", encoding="utf-8") as fh:
+        fh.writelines(lines[-200:])
+    ini = (model_dir / "moses.ini").read_text()
+    ini = ini.replace(
+        "path=phrase-table.gz input-factor=0 output-factor=0\n",
+        f"path={model_dir}/phrase-table.gz input-factor=0 output-factor=0\n"
+        "PhraseDictionaryMemory name=TranslationModel1 num-features=4 path=second.gz "
+        "input-factor=0 output-factor=0\n",
+    )
+    ini = ini.replace(
+        "TranslationModel0= 0.2 0.2 0.2 0.2\n",
+        "TranslationModel0= 0.2 0.2 0.2 0.2\nTranslationModel1= 0.1 0.1 0.1 0.1\n",
+    )
+    ini = ini.replace("0 T 0\n", "0 T 0\n1 T 1\n")
+    (model_dir / "moses.ini").write_text(ini)
+    out_dir = tmp_path / "out"
+    done = run_script(
+        "phrasescore-moses-model",
+        model_dir,
+        "-m",
+        tiny_model_path,
+        "--unk-column",
+        "--weight",
+        "0.05",
+        "--out-dir",
+        out_dir,
+        *RESCORE_FLAGS,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    new_ini = (out_dir / "moses.rescored.ini").read_text()
+    tables = {t.name: t for t in list_phrase_tables(new_ini)}
+    assert tables["TranslationModel0"].num_features == 6
+    assert tables["TranslationModel1"].num_features == 6
+    assert weights_of(new_ini, "TranslationModel0") == ["0.2"] * 4 + ["0.05"] * 2
+    assert weights_of(new_ini, "TranslationModel1") == ["0.1"] * 4 + ["0.05"] * 2
+    assert_one_more_column(model_dir / "phrase-table.gz", out_dir / "phrase-table.rescored.gz", 2)
+    assert_one_more_column(model_dir / "second.gz", out_dir / "second.rescored.gz", 2)
+    assert not (model_dir / "moses.rescored.ini").exists()
+
+
+def test_moses_model_missing_ini_is_one_clear_error(tiny_model_path, tmp_path):
+    empty = tmp_path / "model"
+    empty.mkdir()
+    done = run_script("phrasescore-moses-model", empty, "--model", tiny_model_path, cwd=tmp_path)
+    assert done.returncode == 1
+    [line] = done.stderr.splitlines()
+    assert line.startswith("phrasescore-moses-model: error: ") and "moses.ini" in line
+    assert list(empty.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([], "missing MODEL_DIR"),
+        (["MODEL"], "--model"),
+        (["MODEL", "--model"], "needs a value"),
+        (["MODEL", "--model", "M", "--no-such-flag"], "unknown option"),
+    ],
+)
+def test_moses_model_bad_usage_exits_2(args, message, tmp_path):
+    args = [str(tmp_path) if a == "MODEL" else a for a in args]
+    done = run_script("phrasescore-moses-model", *args, cwd=tmp_path)
+    assert done.returncode == 2
+    [line] = error_lines(done.stderr)
+    assert message in line
+
+
+def test_moses_model_missing_model_file(tmp_path):
+    model_dir = example_model_dir(tmp_path / "model", lines=10)
+    done = run_script("phrasescore-moses-model", model_dir, "-m", "nope.safetensors", cwd=tmp_path)
+    assert done.returncode == 1
+    assert error_lines(done.stderr) == [
+        "phrasescore-moses-model: error: no such model file: nope.safetensors"
+    ]
+
+
+def compact_model_dir(folder: Path, lines: int = TABLE_LINES) -> Path:
+    """The example system as a compact table: path=phrase-table (.minphr), text table beside."""
+    model_dir = example_model_dir(folder, lines)
+    ini = (model_dir / "moses.ini").read_text()
+    ini = ini.replace(
+        "PhraseDictionaryMemory name=TranslationModel0 num-features=4 path=phrase-table.gz",
+        f"PhraseDictionaryCompact name=TranslationModel0 num-features=4 path={model_dir}/phrase-table",
+    )
+    (model_dir / "moses.ini").write_text(ini)
+    return model_dir
+
+
+def test_moses_model_compact_table_prints_the_binarise_command(tiny_model_path, tmp_path):
+    model_dir = compact_model_dir(tmp_path / "model")
+    done = run_script(
+        "phrasescore-moses-model",
+        model_dir,
+        "--model",
+        tiny_model_path,
+        *RESCORE_FLAGS,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    new = model_dir / "phrase-table.rescored"
+    command = f"processPhraseTableMin -in {new}.gz -out {new} -nscores 5"
+    assert command in done.stdout
+    assert "processPhraseTableMin is not on PATH" in done.stdout
+    [table] = list_phrase_tables((model_dir / "moses.rescored.ini").read_text())
+    assert (table.class_name, table.num_features, table.path) == (
+        "PhraseDictionaryCompact",
+        5,
+        str(new),
+    )
+    assert_one_more_column(model_dir / "phrase-table.gz", Path(f"{new}.gz"))
+
+
+def test_moses_model_compact_table_runs_the_binariser_when_on_path(tiny_model_path, tmp_path):
+    model_dir = compact_model_dir(tmp_path / "model", lines=300)
+    fake_bin = tmp_path / "fake-bin"
+    record = tmp_path / "binariser-args"
+    make_executable(
+        fake_bin / "processPhraseTableMin",
+        "#!/usr/bin/env bash\n"
+        f'printf "%s\\n" "$@" > "{record}"\n'
+        'while [[ $# -gt 0 ]]; do [[ $1 == -out ]] && touch "$2.minphr"; shift; done\n',
+    )
+    done = run_script(
+        "phrasescore-moses-model",
+        model_dir,
+        "--model",
+        tiny_model_path,
+        *RESCORE_FLAGS,
+        cwd=tmp_path,
+        path_extra=[str(fake_bin)],
+    )
+    assert done.returncode == 0, done.stderr
+    new = model_dir / "phrase-table.rescored"
+    assert record.read_text().split("\n")[:-1] == [
+        "-in",
+        f"{new}.gz",
+        "-out",
+        str(new),
+        "-nscores",
+        "5",
+    ]
+    assert Path(f"{new}.minphr").exists()
+    assert "binarised" in done.stdout
+
+
+def test_moses_model_compact_table_without_its_text_table(tiny_model_path, tmp_path):
+    model_dir = compact_model_dir(tmp_path / "model", lines=10)
+    (model_dir / "phrase-table.gz").unlink()
+    done = run_script("phrasescore-moses-model", model_dir, "-m", tiny_model_path, cwd=tmp_path)
+    assert done.returncode == 1
+    [line] = done.stderr.splitlines()
+    assert "compact table" in line and "phrase-table.gz" in line
+    assert not (model_dir / "moses.rescored.ini").exists()
+
+
+# ---------------------------------------------------------------------------- train-from-moses
+def write_corpus(stem: Path, lines: int = 200) -> None:
+    """STEM.en (plain) and STEM.fr.gz from the example corpus, as train-model.perl's input."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    for lang, opener in (("en", open), ("fr", gzip.open)):
+        with gzip.open(
+            EXAMPLES / "corpus" / f"train.tok.lc.{lang}.gz", "rt", encoding="utf-8"
+        ) as fh:
+            head = list(itertools.islice(fh, lines))
+        suffix = ".gz" if lang == "fr" else ""
+        with opener(f"{stem}.{lang}{suffix}", "wt", encoding="utf-8") as out:
+            out.writelines(head)
+
+
+def test_train_from_moses_missing_corpus_file(tmp_path):
+    write_corpus(tmp_path / "corpus")
+    done = run_script(
+        "phrasescore-train-from-moses", tmp_path / "corpus", "en", "de", "-o", "m.st", cwd=tmp_path
+    )
+    assert done.returncode == 1
+    [line] = done.stderr.splitlines()
+    assert line.startswith("phrasescore-train-from-moses: error: ") and "corpus.de" in line
+    assert not (tmp_path / "m.st").exists()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["corpus", "en", "fr"], "missing -o"),
+        (["corpus", "en", "-o", "m"], "expected CORPUS_STEM F E"),
+        (["--preset", "tiny", "corpus", "en", "fr", "-o", "m"], "before other flags"),
+        (["corpus", "en", "en", "-o", "m"], "same language"),
+    ],
+)
+def test_train_from_moses_bad_usage_exits_2(args, message, tmp_path):
+    done = run_script("phrasescore-train-from-moses", *args, cwd=tmp_path)
+    assert done.returncode == 2
+    [line] = error_lines(done.stderr)
+    assert message in line
+
+
+def test_train_from_moses_trains_a_model(tmp_path):
+    write_corpus(tmp_path / "work" / "corpus" / "train.clean")
+    model = tmp_path / "models" / "en-fr.safetensors"
+    done = run_script(
+        "phrasescore-train-from-moses",
+        "work/corpus/train.clean",
+        "en",
+        "fr",
+        "-o",
+        model,
+        "--preset",
+        "tiny",
+        "--max-steps",
+        "5",
+        "--threads",
+        "1",
+        "--device",
+        "cpu",
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert model.exists() and model.stat().st_size > 0
+    info = subprocess.run(
+        [sys.executable, "-m", "phrasescore", "info", str(model)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert info.returncode == 0, info.stderr
+    assert "phrasescore-moses-model" in done.stdout
+
+
+# ---------------------------------------------------------------------------- mert
+def mert_inputs(tmp_path: Path) -> tuple[Path, Path, Path]:
+    ini = tmp_path / "moses.rescored.ini"
+    ini.write_text("[feature]\n")
+    dev_f, dev_e = tmp_path / "dev.en", tmp_path / "dev.fr"
+    dev_f.write_text("a man .\n")
+    dev_e.write_text("un homme .\n")
+    return ini, dev_f, dev_e
+
+
+@pytest.mark.parametrize("print_only, code", [(True, 0), (False, 1)])
+def test_mert_without_moses_prints_the_command(print_only, code, tmp_path):
+    ini, dev_f, dev_e = mert_inputs(tmp_path)
+    flags = ["--print-only"] if print_only else []
+    work = tmp_path / "mert-work"
+    work.mkdir()
+    (work / "features.list").write_text("stale\n")
+    done = run_script(
+        "phrasescore-mert", *flags, "--threads", "3", "mert-work", ini, dev_f, dev_e, cwd=tmp_path
+    )
+    assert done.returncode == code, done.stderr
+    assert f"rm -f {work}/features.list" in done.stdout
+    assert (
+        f"$MOSES/scripts/training/mert-moses.pl {dev_f} {dev_e} $MOSES/bin/moses {ini} "
+        f"--mertdir $MOSES/bin --working-dir {work} --decoder-flags '-threads 3'"
+    ) in done.stdout
+    assert "mert-moses.pl is not on PATH" in done.stderr
+    assert (work / "features.list").exists()  # nothing is run without Moses
+
+
+def test_mert_runs_mert_moses_and_removes_the_stale_feature_list(tmp_path):
+    ini, dev_f, dev_e = mert_inputs(tmp_path)
+    moses = tmp_path / "mosesdecoder"
+    record, seen = tmp_path / "mert-args", tmp_path / "seen-files"
+    make_executable(
+        moses / "scripts" / "training" / "mert-moses.pl",
+        "#!/usr/bin/env bash\n"
+        f'printf "%s\\n" "$@" > "{record}"\n'
+        "while [[ $1 != --working-dir ]]; do shift; done\n"
+        f'ls -A "$2" > "{seen}"\n',
+    )
+    make_executable(moses / "bin" / "moses", "#!/usr/bin/env bash\nexit 0\n")
+    work = tmp_path / "mert-work"
+    (work / "filtered").mkdir(parents=True)
+    (work / "filtered" / "moses.ini").write_text("old\n")
+    (work / "features.list").write_text("TranslationModel0= 0.2 0.2 0.2 0.2\n")
+    done = run_script(
+        "phrasescore-mert",
+        "--threads",
+        "2",
+        work,
+        ini,
+        dev_f,
+        dev_e,
+        "--",
+        "--maximum-iterations",
+        "3",
+        cwd=tmp_path,
+        env_extra={"MOSES": str(moses)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert record.read_text().split("\n")[:-1] == [
+        str(dev_f),
+        str(dev_e),
+        str(moses / "bin" / "moses"),
+        str(ini),
+        "--mertdir",
+        str(moses / "bin"),
+        "--working-dir",
+        str(work),
+        "--decoder-flags",
+        "-threads 2",
+        "--maximum-iterations",
+        "3",
+    ]
+    assert seen.read_text() == ""  # features.list and filtered/ were gone
+    assert f"{work}/moses.ini" in done.stdout
+
+
+def test_mert_missing_ini(tmp_path):
+    _, dev_f, dev_e = mert_inputs(tmp_path)
+    done = run_script("phrasescore-mert", "w", tmp_path / "nope.ini", dev_f, dev_e, cwd=tmp_path)
+    assert done.returncode == 1
+    assert error_lines(done.stderr) == [
+        f"phrasescore-mert: error: no such moses.ini: {tmp_path}/nope.ini"
+    ]
+    done = run_script("phrasescore-mert", "w", "x.ini", cwd=tmp_path)
+    assert done.returncode == 2
+
+
+# ---------------------------------------------------------------------------- ini-tables
+def test_ini_tables_lists_tables_with_resolved_paths(tmp_path, monkeypatch):
+    monkeypatch.setenv("PT_DIR", "/data/pt")
+    ini = tmp_path / "moses.ini"
+    ini.write_text(
+        "[feature]\n"
+        "UnknownWordPenalty\n"
+        "PhraseDictionaryMemory name=TranslationModel0 num-features=4 path=phrase-table.gz "
+        "input-factor=0 output-factor=0\n"
+        "PhraseDictionaryCompact name=TranslationModel1 num-features=5 path=${PT_DIR}/pt "
+        "input-factor=0,1 output-factor=0\n"
+        "PhraseDictionaryMultiModel name=Mix0 num-features=4 components=TranslationModel0\n"
+        "[weight]\n"
+    )
+    result = CliRunner().invoke(cli, ["ini-tables", str(ini)])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == [
+        f"TranslationModel0\tPhraseDictionaryMemory\t{tmp_path}/phrase-table.gz\t4",
+        "TranslationModel1\tPhraseDictionaryCompact\t/data/pt/pt\t5",
+        "Mix0\tPhraseDictionaryMultiModel\t-\t4",
+    ]
+    result = CliRunner().invoke(cli, ["ini-tables", "--factors", str(ini)])
+    assert result.output.splitlines()[1].split("\t")[-2:] == ["0,1", "0"]
+
+
+def test_ini_tables_missing_ini(tmp_path):
+    result = CliRunner().invoke(cli, ["ini-tables", str(tmp_path / "nope.ini")])
+    assert result.exit_code == 1
+    assert "no such moses.ini" in result.output
