@@ -62,7 +62,7 @@ phrasescore example: done in ${seconds} s
   first line     $(zcat "$model_dir/phrase-table.rescored.gz" | sed -n 1p)
 
 next: tune the new weight with MERT (Moses installed in \$MOSES, dev set tokenised and lowercased):
-  rm -f mert-work/features.list
+  rm -rf mert-work/features.list mert-work/filtered   # stale from an earlier run
   \$MOSES/scripts/training/mert-moses.pl dev.en dev.fr \$MOSES/bin/moses \\
       $model_dir/moses.rescored.ini --mertdir \$MOSES/bin --working-dir mert-work \\
       --decoder-flags "-threads 2"

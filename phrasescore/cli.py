@@ -200,10 +200,10 @@ def info(model_path):
 @click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda.")
 @click.option(
     "--dtype",
-    type=click.Choice(["float32", "bfloat16", "float16"]),
+    type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
     default="float32",
     show_default=True,
-    help="Precision of the network.",
+    help="Precision of the network (auto: bfloat16 where native, else float32).",
 )
 @click.option(
     "--batch-tokens",

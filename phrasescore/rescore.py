@@ -45,7 +45,7 @@ from phrasescore.moses.phrase_table import (
     probability_from_logprob,
     read_phrase_table,
 )
-from phrasescore.scoring import PairScorer, resolve_device
+from phrasescore.scoring import PairScorer, resolve_device, resolve_dtype
 
 log = logging.getLogger(__name__)
 
@@ -225,6 +225,30 @@ def _input_identity(table: str) -> dict:
     return {"path": os.path.abspath(table), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
+def check_directions(models, inverse_models, model_paths, inverse_paths) -> None:
+    """Refuse models that disagree on the table's direction (before anything is written).
+
+    Every ``--model`` must translate the same source language into the same target language,
+    and every ``--inverse-model`` the other way round (languages as recorded at training).
+    """
+    pairs = [(m.src_text.lang, m.tgt_text.lang) for m in models]
+    pairs += [(m.tgt_text.lang, m.src_text.lang) for m in inverse_models]
+    paths = list(model_paths) + list(inverse_paths)
+    if pairs and any(p != pairs[0] for p in pairs):
+        first = pairs[0]
+        for path, pair, inverse in zip(
+            paths, pairs, [False] * len(models) + [True] * len(inverse_models), strict=True
+        ):
+            if pair != first:
+                given = (pair[1], pair[0]) if inverse else pair
+                hint = "" if inverse else "; a model of the other direction goes in --inverse-model"
+                raise InputError(
+                    f"model translates {given[0]}->{given[1]}, but the table is "
+                    f"{first[0]}->{first[1]} for {paths[0]}{hint}",
+                    path,
+                )
+
+
 def rescore_table(
     table: str,
     model_paths: list[str],
@@ -256,12 +280,15 @@ def rescore_table(
         )
     # Load everything before writing anything: a bad model leaves no output behind.
     dev = resolve_device(device)
+    options.dtype = resolve_dtype(options.dtype, dev)  # 'auto' fixed here: part of the resume key
+    log.info("device %s, dtype %s", dev, options.dtype)
     inverse_model_paths = list(inverse_model_paths or [])
     if models is None:
         if not model_paths and not inverse_model_paths:
             raise InputError("give at least one --model")
         models = [load_model(path, dev) for path in model_paths]
     inverse_models = [load_model(path, dev) for path in inverse_model_paths]
+    check_directions(models, inverse_models, model_paths, inverse_model_paths)
     directions = [False] * len(models) + [True] * len(inverse_models)
     models = list(models) + inverse_models
     model_paths = list(model_paths) + inverse_model_paths

@@ -48,6 +48,28 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def native_bf16(device: torch.device) -> bool:
+    """True where bf16 matrix products run natively: CUDA, or a CPU with AVX-512 BF16 or AMX."""
+    if device.type == "cuda":
+        return True
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return bool(flags & {"avx512_bf16", "amx_bf16"})
+    except OSError:
+        pass
+    return False
+
+
+def resolve_dtype(name: str, device: torch.device) -> str:
+    """``auto``: bfloat16 where it is native (see :func:`native_bf16`), else float32."""
+    if name != "auto":
+        return name
+    return "bfloat16" if native_bf16(device) else "float32"
+
+
 def phrase_tokens(normalizer, phrase: str) -> list[str]:
     """Tokens of a phrase that is already tokenised (phrase tables, n-best hypotheses).
 
@@ -81,7 +103,7 @@ class PairScorer:
     ):
         self.model = model
         self.device = torch.device(device)
-        self.dtype = DTYPES[dtype]
+        self.dtype = DTYPES[resolve_dtype(dtype, self.device)]
         self.batch_tokens = batch_tokens
         self.chunk_rows = chunk_rows
         network: EncoderDecoder = model.network

@@ -228,3 +228,34 @@ def test_resume_after_kill_gives_identical_bytes(tiny_model_path, tmp_path):
     assert f"resuming after line {done}" in resumed.stderr
     assert part.read_bytes() == full.read_bytes()
     assert not state.exists()
+
+
+def test_models_of_different_directions_are_refused(tiny_model_path, tmp_path, corpus_files):
+    from phrasescore.jobs import run_training
+
+    fr_en = str(tmp_path / "fr-en.safetensors")
+    run_training(
+        model_path=fr_en,
+        source=corpus_files[1],
+        target=corpus_files[0],
+        phrase_table=None,
+        valid=None,
+        preset="tiny",
+        src_lang="fr",
+        tgt_lang="en",
+        tokenize=False,
+        lowercase=False,
+        device="cpu",
+        amp=False,
+        threads=None,
+        resume=False,
+        overrides=dict(max_steps=2),
+    )
+    out = tmp_path / "out"
+    proc = run_cli("rescore", TABLES[4], "-m", tiny_model_path, "-m", fr_en, "-o", out)
+    assert proc.returncode == 1 and "--inverse-model" in proc.stderr
+    assert not out.exists()
+    proc = run_cli("rescore", TABLES[4], "-m", tiny_model_path, "--inverse-model", fr_en, "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    before = [len(e.scores) for e in read_phrase_table(str(TABLES[4]))]
+    assert [len(e.scores) for e in read_phrase_table(str(out))] == [n + 2 for n in before]
