@@ -217,6 +217,39 @@ class Trainer:
         self.log_path = model_path + ".log"
         self.curve_path = model_path + ".curve.png"
 
+    # ------------------------------------------------------------------ what is trained
+    # Hooks that a trainer of another kind of network overrides (phrasescore.train_lm).
+    config_class = ModelConfig
+
+    def prepare(self, tcfg: TrainConfig, vocab_states):
+        """(src_text, tgt_text, src_vocab, tgt_vocab, train, valid); see :func:`prepare_data`."""
+        return prepare_data(self.data, tcfg, vocab_states)
+
+    def new_network(self, src_vocab, tgt_vocab) -> torch.nn.Module:
+        self.mcfg.src_vocab_size = len(src_vocab)
+        self.mcfg.tgt_vocab_size = len(tgt_vocab)
+        return build_network(self.mcfg)
+
+    def write_model(self, network, texts, vocabs, info: dict[str, Any]) -> str:
+        """Save the best network so far to ``model_path``; returns its signature."""
+        return save_model(
+            self.model_path,
+            TrainedModel(
+                network=network,
+                src_vocab=vocabs[0],
+                tgt_vocab=vocabs[1],
+                src_text=texts[0],
+                tgt_text=texts[1],
+                info=info,
+            ),
+        )
+
+    def read_signature(self) -> str:
+        """The signature of the model file saved earlier (e.g. by the run resumed)."""
+        from phrasescore.model.checkpoint import read_metadata
+
+        return read_metadata(self.model_path)["signature"]
+
     # ------------------------------------------------------------------ state
     def _checkpoint_state(self, network, optimizer, position, vocab_states) -> dict[str, Any]:
         return {
@@ -268,7 +301,7 @@ class Trainer:
         ckpt = self.read_checkpoint(self.checkpoint_path) if resume else None
         if ckpt is not None:
             meta = ckpt["meta"]
-            self.mcfg = ModelConfig.from_dict(meta["model_config"])
+            self.mcfg = self.config_class.from_dict(meta["model_config"])
             saved = TrainConfig.from_dict(meta["train_config"])
             # budgets may be changed on resume; everything else is the checkpoint's
             for key in ("epochs", "max_steps", "max_minutes", "patience"):
@@ -278,13 +311,11 @@ class Trainer:
             log.info("resuming from %s at %s", self.checkpoint_path, meta["position"])
         tcfg = self.tcfg
         torch.manual_seed(tcfg.seed)
-        src_text, tgt_text, src_vocab, tgt_vocab, train, valid = prepare_data(
-            self.data, tcfg, ckpt["meta"]["vocab"] if ckpt else None
+        src_text, tgt_text, src_vocab, tgt_vocab, train, valid = self.prepare(
+            tcfg, ckpt["meta"]["vocab"] if ckpt else None
         )
         vocab_states = [src_vocab.to_state(), tgt_vocab.to_state()]
-        self.mcfg.src_vocab_size = len(src_vocab)
-        self.mcfg.tgt_vocab_size = len(tgt_vocab)
-        network = build_network(self.mcfg).to(self.device)
+        network = self.new_network(src_vocab, tgt_vocab).to(self.device)
         optimizer = make_optimizer(network, tcfg)
         position = {"epoch": 0, "batch": 0, "step": 0, "best": math.inf, "bad": 0, "history": []}
         position["elapsed"] = 0.0
@@ -309,13 +340,11 @@ class Trainer:
             train, tcfg.batch_tokens, shuffle=True, seed=tcfg.seed, max_pairs=tcfg.batch_pairs
         )
 
-        def trained_model() -> TrainedModel:
-            return TrainedModel(
-                network=network,
-                src_vocab=src_vocab,
-                tgt_vocab=tgt_vocab,
-                src_text=src_text,
-                tgt_text=tgt_text,
+        def save_best() -> str:
+            return self.write_model(
+                network,
+                (src_text, tgt_text),
+                (src_vocab, tgt_vocab),
                 info={
                     "preset": self.preset,
                     "train_config": tcfg.to_dict(),
@@ -377,7 +406,7 @@ class Trainer:
                     step = position["step"]
                     if step % tcfg.valid_every == 0:
                         signature = self._validate(
-                            network, valid, position, window_nll, window_tokens, trained_model
+                            network, valid, position, window_nll, window_tokens, save_best
                         )
                         window_nll, window_tokens = 0.0, 0
                         if position["bad"] >= tcfg.patience:
@@ -412,13 +441,11 @@ class Trainer:
         position["elapsed"] = time.monotonic() - started
         if window_tokens or not position["history"]:
             signature = self._validate(
-                network, valid, position, window_nll, window_tokens, trained_model
+                network, valid, position, window_nll, window_tokens, save_best
             )
         self._save_checkpoint(network, optimizer, position, vocab_states)
         if not signature:
-            from phrasescore.model.checkpoint import read_metadata
-
-            signature = read_metadata(self.model_path)["signature"]
+            signature = self.read_signature()
         epochs_done = position["epoch"] + position["batch"] / max(len(batcher.batches(0)), 1)
         log.info(
             "stopped (%s) after %d steps, %.2f epochs, %.0f s; best validation perplexity %.2f "
@@ -443,7 +470,7 @@ class Trainer:
             history=position["history"],
         )
 
-    def _validate(self, network, valid, position, window_nll, window_tokens, trained_model) -> str:
+    def _validate(self, network, valid, position, window_nll, window_tokens, save_best) -> str:
         ppl = evaluate_perplexity(network, valid, self.device, max(self.tcfg.batch_tokens, 2000))
         train_ppl = math.exp(window_nll / window_tokens) if window_tokens else float("nan")
         position["history"].append(
@@ -458,7 +485,7 @@ class Trainer:
         if ppl < position["best"]:
             position["best"] = ppl
             position["bad"] = 0
-            signature = save_model(self.model_path, trained_model())
+            signature = save_best()
             note = "best so far, saved"
         else:
             position["bad"] += 1

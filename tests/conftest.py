@@ -40,28 +40,33 @@ def corpus_files(tmp_path_factory) -> tuple[str, str]:
     return write_lines(folder / "train.en", src), write_lines(folder / "train.fr", tgt)
 
 
-@pytest.fixture(scope="session")
-def tiny_model_path(tmp_path_factory, corpus_files) -> str:
-    """A tiny model trained for a few seconds on the 171 sample pairs (shared by many tests)."""
+def train_tiny(path, source, target, valid=None, src_lang="en", tgt_lang="fr", resume=False, **kw):
+    """Train a ``tiny``-preset model with ``phrasescore train``'s job function; ``kw`` are the
+    training overrides (max_steps, learning_rate, seed, ...). Returns the TrainResult."""
     from phrasescore.jobs import run_training
 
-    folder = tmp_path_factory.mktemp("model")
-    path = str(folder / "tiny.safetensors")
-    run_training(
-        model_path=path,
-        source=corpus_files[0],
-        target=corpus_files[1],
+    return run_training(
+        model_path=str(path),
+        source=source,
+        target=target,
         phrase_table=None,
-        valid=None,
+        valid=valid,
         preset="tiny",
-        src_lang="en",
-        tgt_lang="fr",
+        src_lang=src_lang,
+        tgt_lang=tgt_lang,
         tokenize=False,
         lowercase=False,
         device="cpu",
         amp=False,
         threads=None,
-        resume=False,
-        overrides=dict(max_steps=60, valid_every=30, learning_rate=3e-3, seed=3),
+        resume=resume,
+        overrides=kw,
     )
-    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory, corpus_files) -> str:
+    """A tiny model trained for a few seconds on the 171 sample pairs (shared by many tests)."""
+    path = tmp_path_factory.mktemp("model") / "tiny.safetensors"
+    train_tiny(path, *corpus_files, max_steps=60, valid_every=30, learning_rate=3e-3, seed=3)
+    return str(path)

@@ -20,7 +20,7 @@ from phrasescore.moses.phrase_table import format_entry, read_phrase_table
 from phrasescore.rescore import RescoreOptions, rescore_table
 from phrasescore.scoring import PairScorer
 
-from .conftest import DATA
+from .conftest import DATA, train_tiny
 
 TABLES = [
     DATA / "moses" / "multi30k.head300.phrase-table.gz",
@@ -231,26 +231,8 @@ def test_resume_after_kill_gives_identical_bytes(tiny_model_path, tmp_path):
 
 
 def test_models_of_different_directions_are_refused(tiny_model_path, tmp_path, corpus_files):
-    from phrasescore.jobs import run_training
-
     fr_en = str(tmp_path / "fr-en.safetensors")
-    run_training(
-        model_path=fr_en,
-        source=corpus_files[1],
-        target=corpus_files[0],
-        phrase_table=None,
-        valid=None,
-        preset="tiny",
-        src_lang="fr",
-        tgt_lang="en",
-        tokenize=False,
-        lowercase=False,
-        device="cpu",
-        amp=False,
-        threads=None,
-        resume=False,
-        overrides=dict(max_steps=2),
-    )
+    train_tiny(fr_en, corpus_files[1], corpus_files[0], src_lang="fr", tgt_lang="en", max_steps=2)
     out = tmp_path / "out"
     proc = run_cli("rescore", TABLES[4], "-m", tiny_model_path, "-m", fr_en, "-o", out)
     assert proc.returncode == 1 and "--inverse-model" in proc.stderr

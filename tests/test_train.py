@@ -11,37 +11,19 @@ import torch
 from safetensors.torch import save_file
 
 from phrasescore.errors import ModelFileError
-from phrasescore.jobs import run_training
 from phrasescore.model.checkpoint import load_model, save_model
 from phrasescore.model.config import TrainConfig
 from phrasescore.scoring import PairScorer
 from phrasescore.train import Trainer, TrainingData, prepare_data
 
-from .conftest import TEXT, sample_pairs, write_lines
+from .conftest import TEXT, sample_pairs, train_tiny, write_lines
 
 
-def _train(tmp_path, src, tgt, **overrides):
+def _train(tmp_path, src, tgt, resume=False, **overrides):
     path = str(tmp_path / "m.safetensors")
-    defaults = dict(seed=5, valid_every=1000, learning_rate=1e-2)
-    defaults.update(overrides)
-    result = run_training(
-        model_path=path,
-        source=src,
-        target=tgt,
-        phrase_table=None,
-        valid=(src, tgt),
-        preset="tiny",
-        src_lang="en",
-        tgt_lang="fr",
-        tokenize=False,
-        lowercase=False,
-        device="cpu",
-        amp=False,
-        threads=None,
-        resume=overrides.pop("resume", False) if "resume" in overrides else False,
-        overrides={k: v for k, v in defaults.items() if k != "resume"},
-    )
-    return path, result
+    kw = dict(seed=5, valid_every=1000, learning_rate=1e-2)
+    kw.update(overrides)
+    return path, train_tiny(path, src, tgt, valid=(src, tgt), resume=resume, **kw)
 
 
 def test_tiny_model_overfits_20_real_pairs(tmp_path):

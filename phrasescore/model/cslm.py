@@ -1,0 +1,313 @@
+"""CSLM: the feed-forward n-gram target language model of SPEC §3.6 (Schwenk 2007).
+
+Cho et al. (2014, §4.1) add a continuous-space language model (CSLM) of the target language to
+the RNN Encoder-Decoder features; its gain adds to theirs (SPEC §4). The network (Bengio et al.
+2003; Schwenk 2007) predicts a word from the ``n - 1`` words before it::
+
+    x = [e(w_{t-n+1}); ...; e(w_{t-1})]        one embedding matrix shared by all positions
+    h_1 = relu(W_1 x + b_1), ..., h_k = relu(W_k h_{k-1} + b_k)
+    p(w_t | w_{t-n+1..t-1}) = softmax(W_o h_k + b_o)
+
+Paper size (``--preset paper``): order 7 (6 context words), 512-dim embeddings, rectified hidden
+layers of 3072, 1536 and 1024 units, softmax over the vocabulary. Differences from Schwenk's
+CSLM, all deliberate: the softmax covers the whole word vocabulary (with one unknown-word symbol,
+as the encoder-decoder's vocabulary) instead of a short list backed off to an n-gram model, and
+training uses Adam.
+
+Contexts
+--------
+* **Sentences** (n-best hypotheses, perplexity): the words before the sentence start are ``<s>``
+  (BOS), i.e. the first word is predicted from ``<s> ... <s>``, and ``</s>`` (EOS) is predicted
+  after the last word, as in n-gram toolkits.
+* **Phrases** (a phrase-table column): a phrase is a fragment of a sentence whose preceding words
+  are unknown, so the words before it are the NULL symbol (PAD, whose embedding is fixed at 0)
+  rather than ``<s>``, and no ``</s>`` is predicted: p(phrase) = Π p(w_i | NULL.. w_<i).
+  To make these probabilities meaningful the network is trained with *context truncation*: with
+  probability ``truncate_context`` a training n-gram keeps only its last k context words
+  (k uniform in 0..n-2) and the others are replaced by NULL, so it also learns p(w | shorter
+  history), down to the unigram p(w | NULL ... NULL). Validation never truncates.
+
+The network is trained by :mod:`phrasescore.train_lm` with the encoder-decoder's trainer: its
+:meth:`FeedForwardLM.loss` takes the trainer's batch tensors (the source is ignored).
+
+Files: one ``.safetensors`` file like an encoder-decoder model (``phrasescore.model.checkpoint``
+conventions: no pickle, JSON metadata, atomic write, a 16-hex-digit signature) but with
+``format = phrasescore-lm``; :func:`load_lm` reads it, and ``load_model`` refuses it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+from torch import Tensor, nn
+
+from phrasescore import __version__
+from phrasescore.errors import ModelFileError
+from phrasescore.model.config import TrainConfig
+from phrasescore.text.vocab import BOS_ID, PAD_ID
+
+LM_FORMAT = "phrasescore-lm"
+LM_FORMAT_VERSION = 1
+
+
+@dataclass
+class LMConfig:
+    """Sizes of a feed-forward n-gram language model; saved with it."""
+
+    arch: str = "cslm"
+    order: int = 5
+    """n: the model predicts a word from the n - 1 words before it."""
+    embedding_dim: int = 128
+    hidden_dims: list[int] = field(default_factory=lambda: [512, 256])
+    dropout: float = 0.1
+    truncate_context: float = 0.1
+    """Fraction of training n-grams whose far context is replaced by NULL (module docstring)."""
+    init_std: float = 0.01
+    vocab_size: int = 0
+
+    def __post_init__(self) -> None:
+        self.hidden_dims = [int(h) for h in self.hidden_dims]
+
+    @property
+    def context_size(self) -> int:
+        return self.order - 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LMConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+LM_PRESETS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    # Sized for a 2-core CPU: about 1.4M parameters + 129 x vocabulary for the softmax.
+    "default": ({}, dict(max_length=100)),
+    # SPEC §3.6 / Schwenk: 6 context words, 512-dim embeddings, 3072-1536-1024 relu, softmax.
+    "paper": (
+        dict(order=7, embedding_dim=512, hidden_dims=[3072, 1536, 1024], dropout=0.0),
+        dict(learning_rate=5e-4, max_length=100),
+    ),
+    # For tests and demos.
+    "tiny": (
+        dict(order=4, embedding_dim=32, hidden_dims=[64], dropout=0.0),
+        dict(batch_tokens=600, valid_every=50, checkpoint_every=50, max_length=100),
+    ),
+}
+
+
+def lm_preset(name: str) -> tuple[LMConfig, TrainConfig]:
+    """The model and training configuration of a named LM preset."""
+    if name not in LM_PRESETS:
+        raise KeyError(name)
+    model_kw, train_kw = LM_PRESETS[name]
+    return LMConfig(**model_kw), TrainConfig(**train_kw)
+
+
+class FeedForwardLM(nn.Module):
+    """The CSLM network (see the module docstring)."""
+
+    def __init__(self, config: LMConfig):
+        super().__init__()
+        if config.order < 2:
+            raise ValueError(f"a CSLM needs order >= 2, got {config.order}")
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.embedding_dim, padding_idx=PAD_ID)
+        layers: list[nn.Module] = []
+        width = config.context_size * config.embedding_dim
+        for units in config.hidden_dims:
+            layers += [nn.Linear(width, units), nn.ReLU(), nn.Dropout(config.dropout)]
+            width = units
+        self.hidden = nn.Sequential(*layers)
+        self.output = nn.Linear(width, config.vocab_size)
+        self.dropout = nn.Dropout(config.dropout)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Embeddings N(0, init_std²); hidden layers He-uniform (rectifiers); zero biases."""
+        nn.init.normal_(self.embed.weight, 0.0, self.config.init_std)
+        with torch.no_grad():
+            self.embed.weight[PAD_ID].zero_()
+        for module in self.hidden:
+            if isinstance(module, nn.Linear):
+                nn.init.kaiming_uniform_(module.weight, nonlinearity="relu")
+                nn.init.zeros_(module.bias)
+        nn.init.normal_(self.output.weight, 0.0, self.config.init_std)
+        nn.init.zeros_(self.output.bias)
+
+    def forward(self, context: Tensor) -> Tensor:
+        """Logits [N, V] of the next word for contexts [N, n - 1] (oldest word first)."""
+        x = self.dropout(self.embed(context).flatten(1))
+        return self.output(self.hidden(x))
+
+    def windows(self, tgt_in: Tensor) -> Tensor:
+        """Contexts [B, T, n - 1] for every position of a decoder-input batch ``[BOS] + ids``:
+        the context of position t ends with ``tgt_in[:, t]`` and is filled with BOS on the left
+        (sentence mode)."""
+        left = tgt_in.new_full((tgt_in.shape[0], self.config.context_size - 1), BOS_ID)
+        return torch.cat([left, tgt_in], dim=1).unfold(1, self.config.context_size, 1)
+
+    def truncate(self, context: Tensor) -> Tensor:
+        """Replace the far context of a random ``truncate_context`` fraction of rows by NULL."""
+        rate = self.config.truncate_context
+        n_ctx = self.config.context_size
+        if rate <= 0.0 or not self.training:
+            return context
+        rows = context.shape[0]
+        chosen = torch.rand(rows, device=context.device) < rate
+        keep = torch.randint(0, n_ctx, (rows,), device=context.device)  # words kept, 0..n-2
+        first_kept = torch.where(chosen, n_ctx - keep, 0)
+        positions = torch.arange(n_ctx, device=context.device)
+        return context.masked_fill(positions[None, :] < first_kept[:, None], PAD_ID)
+
+    def loss(
+        self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor, tgt_out: Tensor, tgt_mask: Tensor
+    ) -> Tensor:
+        """Summed negative log-likelihood of the real tokens of ``tgt_out`` (EOS included).
+
+        The signature is the encoder-decoder's (``EncoderDecoder.loss``) so that the same
+        trainer runs both; ``src`` and ``src_lengths`` are ignored.
+        """
+        context = self.truncate(self.windows(tgt_in)[tgt_mask])
+        logits = self(context).float()
+        return nn.functional.cross_entropy(logits, tgt_out[tgt_mask], reduction="sum")
+
+    def word_embeddings(self) -> Tensor:
+        return self.embed.weight
+
+
+# ---------------------------------------------------------------------------- files
+@dataclass
+class TrainedLM:
+    """A CSLM network with the vocabulary and text settings needed to use it on text."""
+
+    network: FeedForwardLM
+    vocab: Any
+    text: Any  # TextNormalizer
+    info: dict[str, Any] = field(default_factory=dict)
+    signature: str = ""
+
+    @property
+    def config(self) -> LMConfig:
+        return self.network.config
+
+    def describe(self) -> dict[str, Any]:
+        """What describes the file (as ``phrasescore info`` does for encoder-decoders)."""
+        return {
+            "signature": self.signature,
+            "architecture": "cslm (feed-forward n-gram language model)",
+            "parameters": sum(p.numel() for p in self.network.parameters()),
+            "config": self.config.to_dict(),
+            "vocabulary": f"{self.vocab.kind}, {len(self.vocab)} entries",
+            "text": self.text.to_state(),
+            **self.info,
+        }
+
+
+def _core(lm: TrainedLM) -> dict[str, str]:
+    return {
+        "config": json.dumps(lm.config.to_dict(), sort_keys=True),
+        "vocab": json.dumps(lm.vocab.to_state(), sort_keys=True),
+        "text": json.dumps(lm.text.to_state(), sort_keys=True),
+    }
+
+
+def save_lm(path: str, lm: TrainedLM) -> str:
+    """Write ``lm`` to ``path`` atomically; returns (and sets) its signature."""
+    from phrasescore.files import default_file_mode
+    from phrasescore.model.checkpoint import compute_signature
+
+    tensors = {
+        name: t.detach().to("cpu", torch.float32).contiguous()
+        for name, t in lm.network.state_dict().items()
+    }
+    core = _core(lm)
+    lm.signature = compute_signature(tensors, core)
+    metadata = {
+        "format": LM_FORMAT,
+        "format_version": str(LM_FORMAT_VERSION),
+        "phrasescore_version": __version__,
+        "signature": lm.signature,
+        "info": json.dumps(lm.info, sort_keys=True, default=str),
+        **core,
+    }
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    os.close(fd)
+    os.chmod(tmp, default_file_mode())
+    try:
+        save_file(tensors, tmp, metadata=metadata)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return lm.signature
+
+
+def read_lm_metadata(path: str) -> dict[str, str]:
+    """The metadata of a CSLM file, or :class:`ModelFileError` saying what the file is instead."""
+    if not os.path.isfile(path):
+        raise ModelFileError("no such language model file", path)
+    try:
+        with safe_open(path, framework="pt") as handle:
+            metadata = handle.metadata() or {}
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise ModelFileError(f"not a phrasescore language model file ({exc})", path) from None
+    kind = metadata.get("format")
+    if kind == "phrasescore-model":
+        raise ModelFileError(
+            "this is an encoder-decoder model (phrasescore train), not a CSLM language model "
+            "(phrasescore train-lm): give it with --model",
+            path,
+        )
+    if kind != LM_FORMAT:
+        raise ModelFileError("not a phrasescore language model file", path)
+    version = int(metadata.get("format_version", "0"))
+    if version > LM_FORMAT_VERSION:
+        raise ModelFileError(
+            f"language model format {version} is newer than this phrasescore reads "
+            f"({LM_FORMAT_VERSION}); upgrade phrasescore",
+            path,
+        )
+    return metadata
+
+
+def load_lm(path: str, device: str | torch.device = "cpu") -> TrainedLM:
+    """Load a CSLM written by :func:`save_lm` (checks its signature), in eval mode."""
+    from phrasescore.model.checkpoint import compute_signature
+    from phrasescore.text.tokenize import TextNormalizer
+    from phrasescore.text.vocab import vocabulary_from_state
+
+    metadata = read_lm_metadata(path)
+    try:
+        config = LMConfig.from_dict(json.loads(metadata["config"]))
+        network = FeedForwardLM(config)
+        with safe_open(path, framework="pt") as handle:
+            tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+        vocab = vocabulary_from_state(json.loads(metadata["vocab"]))
+        text = TextNormalizer.from_state(json.loads(metadata["text"]))
+        info = json.loads(metadata.get("info", "{}"))
+    except (KeyError, ValueError, TypeError) as exc:
+        raise ModelFileError(f"damaged phrasescore language model file ({exc})", path) from None
+    core = {k: metadata[k] for k in ("config", "vocab", "text")}
+    if compute_signature(tensors, core) != metadata.get("signature"):
+        raise ModelFileError(
+            "language model file is damaged: its signature does not match its content", path
+        )
+    try:
+        network.load_state_dict(tensors, strict=True)
+    except RuntimeError as exc:
+        first = str(exc).splitlines()[0]
+        raise ModelFileError(f"weights do not fit the configuration ({first})", path) from None
+    network.to(device).eval()
+    return TrainedLM(network, vocab, text, info, metadata["signature"])
