@@ -183,6 +183,12 @@ def info(model_path):
     multiple=True,
     help="Model trained target->source: adds p(source | target) after the --model columns.",
 )
+@click.option(
+    "--lm",
+    "lm_paths",
+    multiple=True,
+    help="CSLM (train-lm): adds p(target phrase) after the model columns; repeatable.",
+)
 @click.option("-o", "--output", help="Output table (default: TABLE.rescored[.gz]; - for stdout).")
 @click.option("--normalize", is_flag=True, help="Per-token geometric mean exp(log p / n).")
 @click.option("--logprob", is_flag=True, help="Write log p (NOT for Moses, which takes ln).")
@@ -227,6 +233,7 @@ def rescore(
     table,
     models,
     inverse_models,
+    lm_paths,
     output,
     normalize,
     logprob,
@@ -271,6 +278,7 @@ def rescore(
         weight=weight,
         progress=not no_progress,
         inverse_model_paths=list(inverse_models),
+        lm_paths=list(lm_paths),
     )
     result = job.rescore
     click.echo(
@@ -291,6 +299,8 @@ def rescore(
 @click.option("--source", required=True, help="Decoder input, one sentence per id (tokenised).")
 @click.option("-m", "--model", "model_path", required=True, help="Model file.")
 @click.option("--name", default="RNNEncDec0", show_default=True, help="Feature name (no '_').")
+@click.option("--lm", help="CSLM (train-lm): also add CSLM0= log p(hypothesis).")
+@click.option("--lm-name", default="CSLM0", show_default=True, help="Name of the --lm feature.")
 @click.option("-o", "--output", default="-", show_default=True, help="Output (.gz: gzip).")
 @click.option("--normalize", is_flag=True, help="Per-token average log p / n instead of log p.")
 @click.option("--weights", help="moses.ini or 'Name= w ...' file: re-rank each id's hypotheses.")
@@ -305,6 +315,8 @@ def nbest(
     source,
     model_path,
     name,
+    lm,
+    lm_name,
     output,
     normalize,
     weights,
@@ -325,6 +337,8 @@ def nbest(
         weights=weights,
         one_best=one_best,
         batch_tokens=batch_tokens,
+        lm=lm,
+        lm_name=lm_name,
     )
     result = rescore_nbest(
         nbest_path, source, model_path, output, options, device=device, progress=not no_progress
@@ -497,6 +511,245 @@ def ini_tables(moses_ini, factors):
 
     for row in format_table_rows(read_ini_tables(moses_ini), factors=factors):
         click.echo(row)
+
+
+# ---------------------------------------------------------------------------- analyses, CSLM
+@cli.command()
+@click.argument("phrases_path", metavar="[PHRASES]", required=False)
+@click.option("-m", "--model", "model_path", required=True, help="Model file.")
+@click.option(
+    "-o", "--output", "prefix", required=True, help="Output prefix: PREFIX.npy and PREFIX.tsv."
+)
+@click.option("--phrase-table", help="Take the most frequent phrases of a Moses table instead.")
+@click.option(
+    "--side",
+    type=click.Choice(["source", "target"]),
+    default="source",
+    show_default=True,
+    help="Side of --phrase-table.",
+)
+@click.option(
+    "--limit", type=int, default=1000, show_default=True, help="Phrases from --phrase-table."
+)
+@click.option("--words", type=int, default=0, help="Also write the N most frequent words' vectors.")
+@click.option("--map", "map_path", help="Draw a 2-D map of the phrase vectors (PNG).")
+@click.option("--word-map", "word_map_path", help="Draw a 2-D map of the source words (PNG).")
+@click.option("--neighbours", type=int, default=0, help="Print the K nearest phrases (cosine).")
+@click.option("--query", "queries", multiple=True, help="Neighbours of this phrase only; repeat.")
+@click.option("--labels", type=int, default=150, show_default=True, help="Most labels per map.")
+@click.option(
+    "--method",
+    type=click.Choice(["auto", "tsne", "pca"]),
+    default="auto",
+    show_default=True,
+    help="Map projection (auto: t-SNE if scikit-learn is installed, else PCA).",
+)
+@click.option("--seed", type=int, default=1, show_default=True, help="t-SNE seed.")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda.")
+@click.option("--threads", type=int, help="CPU threads for PyTorch.")
+@_fail_cleanly
+def represent(
+    phrases_path,
+    model_path,
+    prefix,
+    phrase_table,
+    side,
+    limit,
+    words,
+    map_path,
+    word_map_path,
+    neighbours,
+    queries,
+    labels,
+    method,
+    seed,
+    device,
+    threads,
+):
+    """Phrase vectors (the encoder's summary c) and word embeddings of a model (Cho et al.
+    2014, Fig. 4-5): PHRASES is a file of phrases, one per line (- for stdin).
+
+    With --neighbours, prints one line per neighbour: query, rank, cosine, phrase (tab-separated).
+    """
+    from phrasescore.jobs import set_threads
+    from phrasescore.represent import RepresentOptions
+    from phrasescore.represent import represent as run_represent
+
+    set_threads(threads)
+    options = RepresentOptions(
+        phrase_table=phrase_table,
+        side=side,
+        limit=limit,
+        words=words,
+        map_path=map_path,
+        word_map_path=word_map_path,
+        neighbours=neighbours,
+        queries=list(queries),
+        labels=labels,
+        method=method,
+        seed=seed,
+    )
+    result = run_represent(phrases_path, model_path, prefix, options, device=device)
+    for query, found in result.neighbours:
+        for rank, neighbour in enumerate(found):
+            click.echo(f"{query}\t{rank}\t{neighbour.similarity:.4f}\t{neighbour.phrase}")
+
+
+@cli.command()
+@click.argument("table")
+@click.option("-m", "--model", "model_path", required=True, help="Model file.")
+@click.option("--sources", "sources_path", help="Source phrases to compare, one per line.")
+@click.option(
+    "--sample", type=int, default=10, show_default=True, help="Else: sample N source phrases..."
+)
+@click.option(
+    "--min-targets", type=int, default=5, show_default=True, help="...with >= K targets..."
+)
+@click.option("--min-words", type=int, default=1, show_default=True, help="...and >= W words.")
+@click.option("--top", type=int, default=5, show_default=True, help="Targets listed per source.")
+@click.option(
+    "--column", type=int, default=3, show_default=True, help="Table score to compare (φ(e|f))."
+)
+@click.option("--proposals", type=int, default=0, help="Draw N model samples per source.")
+@click.option("--scatter", "scatter_path", help="Scatter plot of model vs table scores (PNG).")
+@click.option(
+    "--max-pairs",
+    type=int,
+    default=20000,
+    show_default=True,
+    help="Pairs sampled for the scatter and correlations (0: all).",
+)
+@click.option("--seed", type=int, default=1, show_default=True, help="Sampling seed.")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda.")
+@click.option("--threads", type=int, help="CPU threads for PyTorch.")
+@_fail_cleanly
+def compare(
+    table,
+    model_path,
+    sources_path,
+    sample,
+    min_targets,
+    min_words,
+    top,
+    column,
+    proposals,
+    scatter_path,
+    max_pairs,
+    seed,
+    device,
+    threads,
+):
+    """The model's top targets beside the phrase TABLE's (Cho et al. 2014, Table 2-3, Fig. 3),
+    and the rank correlations of its log p with the table's columns; markdown on stdout."""
+    from phrasescore.compare import CompareOptions, format_comparison
+    from phrasescore.compare import compare as run_compare
+    from phrasescore.jobs import set_threads
+
+    set_threads(threads)
+    options = CompareOptions(
+        sources_path=sources_path,
+        sample=sample,
+        min_targets=min_targets,
+        min_words=min_words,
+        top=top,
+        column=column,
+        proposals=proposals,
+        scatter_path=scatter_path,
+        max_pairs=max_pairs,
+        seed=seed,
+    )
+    for line in format_comparison(run_compare(table, model_path, options, device=device)):
+        click.echo(line)
+
+
+@cli.command("train-lm")
+@click.argument("corpus")
+@click.option("-o", "--output", "model_path", required=True, help="LM file to write.")
+@click.option("--valid", help="Validation text (else a held-out slice of CORPUS).")
+@click.option(
+    "--preset",
+    type=click.Choice(["default", "paper", "tiny"]),
+    default="default",
+    show_default=True,
+    help="Sizes (paper: order 7, 512-dim embeddings, 3072-1536-1024 relu layers).",
+)
+@click.option("--order", type=int, help="n of the n-gram model (default: the preset's).")
+@click.option("--lang", default="fr", show_default=True, help="Language (tokeniser).")
+@click.option("--tokenize", is_flag=True, help="Raw text: run the Moses tokenizer (sacremoses).")
+@click.option("--lowercase", is_flag=True, help="Lowercase the text.")
+@click.option("--vocab-size", type=int, help="Words in the vocabulary (default 15000).")
+@click.option("--max-length", type=int, help="Skip longer training sentences (default 100).")
+@click.option("--lr", type=float, help="Learning rate (Adam).")
+@click.option("--batch-tokens", type=int, help="Tokens per batch.")
+@click.option("--epochs", type=int, help="Maximum epochs.")
+@click.option("--max-steps", type=int, help="Stop after this many updates.")
+@click.option("--max-minutes", type=float, help="Stop after this much training time.")
+@click.option("--valid-every", type=int, help="Validate every N steps.")
+@click.option("--patience", type=int, help="Stop after N validations without improvement.")
+@click.option("--seed", type=int, help="Random seed (same seed, same run).")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda.")
+@click.option("--amp/--no-amp", default=None, help="bf16 autocast (default: on for CUDA).")
+@click.option("--threads", type=int, help="CPU threads for PyTorch.")
+@click.option("--resume", is_flag=True, help="Continue from LM.checkpoint exactly.")
+@_fail_cleanly
+def train_lm(
+    corpus,
+    model_path,
+    valid,
+    preset,
+    order,
+    lang,
+    tokenize,
+    lowercase,
+    vocab_size,
+    max_length,
+    lr,
+    batch_tokens,
+    epochs,
+    max_steps,
+    max_minutes,
+    valid_every,
+    patience,
+    seed,
+    device,
+    amp,
+    threads,
+    resume,
+):
+    """Train the CSLM target language model (SPEC §3.6) on CORPUS (target-language text)."""
+    from phrasescore.train_lm import run_lm_training
+
+    result = run_lm_training(
+        model_path=model_path,
+        corpus=corpus,
+        valid=valid,
+        preset=preset,
+        order=order,
+        lang=lang,
+        tokenize=tokenize,
+        lowercase=lowercase,
+        device=device,
+        amp=amp,
+        threads=threads,
+        resume=resume,
+        overrides=dict(
+            vocab_size=vocab_size,
+            max_length=max_length,
+            learning_rate=lr,
+            batch_tokens=batch_tokens,
+            epochs=epochs,
+            max_steps=max_steps,
+            max_minutes=max_minutes,
+            valid_every=valid_every,
+            patience=patience,
+            seed=seed,
+        ),
+    )
+    click.echo(
+        f"{result.model_path}\tvalid_ppl={result.best_valid_ppl:.2f}\t"
+        f"unigram_ppl={result.unigram_valid_ppl:.1f}\tsteps={result.steps}\t"
+        f"signature={result.signature}"
+    )
 
 
 def main() -> None:

@@ -38,7 +38,9 @@ from tqdm import tqdm
 
 from phrasescore.errors import InputError
 from phrasescore.files import ReadPosition, display_name, gzip_writer
+from phrasescore.lm_scoring import LMPhraseColumn
 from phrasescore.model.checkpoint import TrainedModel, load_model
+from phrasescore.model.cslm import load_lm
 from phrasescore.moses.phrase_table import (
     format_entry,
     format_probability,
@@ -259,13 +261,16 @@ def rescore_table(
     progress: bool = True,
     models: list[TrainedModel] | None = None,
     inverse_model_paths: list[str] | None = None,
+    lm_paths: list[str] | None = None,
 ) -> RescoreResult:
     """Append one column per model (and optionally the unknown-word column) to ``table``.
 
     Models in ``model_paths`` give p(target | source); models in ``inverse_model_paths`` were
     trained in the other direction (target language -> source language) and give
     p(source | target), the neural counterpart of the table's inverse φ(f|e); their columns
-    follow the direct ones.
+    follow the direct ones. Each CSLM of ``lm_paths`` adds p(target phrase) after those
+    (:class:`phrasescore.lm_scoring.LMPhraseColumn`: the phrase scored with sentence-boundary
+    context off), then comes the unknown-word column.
     """
     options = options or RescoreOptions()
     output = output or default_output_path(table)
@@ -283,9 +288,10 @@ def rescore_table(
     options.dtype = resolve_dtype(options.dtype, dev)  # 'auto' fixed here: part of the resume key
     log.info("device %s, dtype %s", dev, options.dtype)
     inverse_model_paths = list(inverse_model_paths or [])
+    lm_columns = [LMPhraseColumn(load_lm(path, dev), dev) for path in lm_paths or []]
     if models is None:
-        if not model_paths and not inverse_model_paths:
-            raise InputError("give at least one --model")
+        if not model_paths and not inverse_model_paths and not lm_columns:
+            raise InputError("give at least one --model (or --lm)")
         models = [load_model(path, dev) for path in model_paths]
     inverse_models = [load_model(path, dev) for path in inverse_model_paths]
     check_directions(models, inverse_models, model_paths, inverse_model_paths)
@@ -301,7 +307,10 @@ def rescore_table(
         f"phrasescore{'-inverse' if inverse else ''}:{m.signature}"
         for m, inverse in zip(models, directions, strict=True)
     ]
+    names += [column.name for column in lm_columns]
     if options.unk_column:
+        if not models:
+            raise InputError("--unk-column counts with a model's vocabularies: give a --model")
         names.append("unknown-words")
     for model, path in zip(models, model_paths or [""] * len(models), strict=False):
         log.info("model %s: %s, signature %s", path, model.config.arch, model.signature)
@@ -312,6 +321,8 @@ def rescore_table(
         "options": options.key(),
         "version": 1,
     }
+    if lm_columns:
+        identity["lms"] = [column.lm.signature for column in lm_columns]
     sink = _StdoutOutput() if output == "-" else _PartialOutput(output, identity)
     start_line = sink.open(resume)
     position = ReadPosition()
@@ -358,6 +369,8 @@ def rescore_table(
                     scored = scorer.score_phrases(sources, targets)
                 first_scored = first_scored or scored
                 columns.append(column_values(scored, options))
+            for lm_column in lm_columns:
+                columns.append(lm_column.values(sources, targets))
             if options.unk_column:
                 columns.append(unknown_values(first_scored))
             text = "".join(
@@ -441,6 +454,7 @@ def run_rescore(
     weight: float = 0.2,
     progress: bool = True,
     inverse_model_paths: list[str] | None = None,
+    lm_paths: list[str] | None = None,
 ) -> RescoreJobResult:
     """``phrasescore rescore``: check the moses.ini first, rescore, then write the new ini.
 
@@ -451,7 +465,8 @@ def run_rescore(
     from phrasescore.moses.ini import update_moses_ini_text
 
     output = output or default_output_path(table)
-    n_new = len(model_paths) + len(inverse_model_paths or []) + (1 if options.unk_column else 0)
+    n_new = len(model_paths) + len(inverse_model_paths or []) + len(lm_paths or [])
+    n_new += 1 if options.unk_column else 0
     ini_text = None
     if moses_ini:
         if output == "-":
@@ -475,6 +490,7 @@ def run_rescore(
         resume=resume,
         progress=progress,
         inverse_model_paths=inverse_model_paths,
+        lm_paths=lm_paths,
     )
     if ini_text is None:
         return RescoreJobResult(result)

@@ -23,6 +23,10 @@ then not written at all): an id beyond the last source line; an id whose source 
 a list whose last id is not the last source line (the list and the source do not match: give the
 source lines that were decoded); the malformed lines :func:`read_nbest` refuses.
 
+CSLM: with ``lm`` (``--lm``), the feature ``CSLM0= log p(hypothesis </s> | <s>)`` of a target
+language model (:mod:`phrasescore.lm_scoring`, SPEC §3.6) is added too, before the model's
+feature; re-ranking then needs a weight for it as well.
+
 Re-ranking: with ``weights`` (a moses.ini ``[weight]`` section or a file of ``Name= w ...``
 lines, as written by MERT), which must give a weight to the new feature as well, each id's
 hypotheses are ordered by the new total ``Σ weight · feature`` (ties keep the list's order) and
@@ -69,6 +73,9 @@ class NBestOptions:
     one_best: bool = False
     block_hypotheses: int = 4000
     batch_tokens: int = 8192
+    lm: str | None = None
+    """A CSLM file (``phrasescore train-lm``): also add ``lm_name= log p(hypothesis)``."""
+    lm_name: str = "CSLM0"
 
 
 @dataclass
@@ -147,20 +154,26 @@ def rescore_nbest(
         raise InputError("the n-best list and --source cannot both be standard input")
     if options.one_best and not options.weights:
         raise InputError("--one-best needs --weights (the weights that pick the best hypothesis)")
+    new_names = [options.name] + ([options.lm_name] if options.lm else [])
+    if options.lm:
+        check_feature_name(options.lm_name)
+        if options.lm_name == options.name:
+            raise InputError(f"the model and the LM feature are both named {options.name}")
     weights = None
     if options.weights:
         weights = read_weights(options.weights)
-        if options.name not in weights:
-            raise InputError(
-                f"gives no weight for the new feature {options.name}: add a line "
-                f"'{options.name}= 1.0' (or the weight MERT found) to its [weight] section",
-                display_name(options.weights),
-            )
-        if len(weights[options.name]) != 1:
-            raise InputError(
-                f"{options.name} has one value but {len(weights[options.name])} weights",
-                display_name(options.weights),
-            )
+        for name in new_names:
+            if name not in weights:
+                raise InputError(
+                    f"gives no weight for the new feature {name}: add a line "
+                    f"'{name}= 1.0' (or the weight MERT found) to its [weight] section",
+                    display_name(options.weights),
+                )
+            if len(weights[name]) != 1:
+                raise InputError(
+                    f"{name} has one value but {len(weights[name])} weights",
+                    display_name(options.weights),
+                )
     sources = read_source(source)
     dev = resolve_device(device)
     if model is None:
@@ -169,6 +182,14 @@ def rescore_nbest(
         model = load_model(model_path, dev)
     scorer = PairScorer(model, device=dev, batch_tokens=options.batch_tokens)
     log.info("n-best rescoring with model %s, feature %s", model.signature, options.name)
+    lm_scorer = None
+    if options.lm:
+        from phrasescore.lm_scoring import LMScorer
+        from phrasescore.model.cslm import load_lm
+
+        lm = load_lm(options.lm, dev)
+        lm_scorer = LMScorer(lm, dev)
+        log.info("and with language model %s, feature %s", lm.signature, options.lm_name)
     best_texts: list[str] | None = [""] * len(sources) if options.one_best else None
     sentences = hypotheses = changed = 0
     last_id = -1
@@ -178,6 +199,10 @@ def rescore_nbest(
         with AtomicOutput(output) as out:
             groups = iter_nbest_groups(read_nbest(nbest))
             for block in _blocks(groups, options.block_hypotheses):
+                if lm_scorer is not None:  # the LM feature first, in each entry's features
+                    from phrasescore.lm_scoring import with_lm_feature
+
+                    block = with_lm_feature(block, lm_scorer, options.lm_name)
                 entries = [e for group in block for e in group]
                 srcs = [_source_of(e, sources, source) for e in entries]
                 scored = scorer.score_phrases(srcs, [e.hypothesis for e in entries])

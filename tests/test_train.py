@@ -132,3 +132,44 @@ def test_parallel_files_of_different_lengths_are_an_error(tmp_path):
     assert proc.returncode == 1
     assert "20" in proc.stderr and "15" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "m.st").exists()
+
+
+def test_ctrl_c_saves_a_checkpoint_that_resume_continues(tmp_path, corpus_files):
+    import signal
+    import time
+
+    model = tmp_path / "m.safetensors"
+    cmd = [
+        sys.executable,
+        "-m",
+        "phrasescore",
+        "train",
+        *corpus_files,
+        "-o",
+        str(model),
+        "--preset",
+        "tiny",
+        "--max-steps",
+        "100000",
+        "--valid-every",
+        "5",
+        "--seed",
+        "2",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not model.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "continue with --resume" in err and "Traceback" not in err
+    step = Trainer.read_checkpoint(str(model) + ".checkpoint")["meta"]["position"]["step"]
+    assert step > 0
+    resumed = subprocess.run(
+        cmd[:-6] + ["--max-steps", str(step + 3), "--resume"], capture_output=True, text=True
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    after = Trainer.read_checkpoint(str(model) + ".checkpoint")["meta"]["position"]["step"]
+    assert after == step + 3

@@ -136,6 +136,12 @@ def read_metadata(path: str) -> dict[str, str]:
             metadata = handle.metadata() or {}
     except (SafetensorError, OSError, ValueError) as exc:
         raise ModelFileError(f"not a phrasescore model file ({exc})", path) from None
+    if metadata.get("format") == "phrasescore-lm":
+        raise ModelFileError(
+            "this is a CSLM language model (phrasescore train-lm), not an encoder-decoder "
+            "model: give it with --lm",
+            path,
+        )
     if metadata.get("format") != FORMAT:
         raise ModelFileError("not a phrasescore model file (no phrasescore metadata)", path)
     version = int(metadata.get("format_version", "0"))
