@@ -207,9 +207,10 @@ def info(model_path):
 @click.option(
     "--dtype",
     type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
-    default="float32",
+    default="auto",
     show_default=True,
-    help="Precision of the network (auto: bfloat16 where native, else float32).",
+    help="Precision of the network. auto: bfloat16 where the hardware has native bf16 "
+    "matrix units (CUDA, AVX-512 BF16, AMX), else float32 (README: speed and accuracy).",
 )
 @click.option(
     "--batch-tokens",
@@ -531,6 +532,9 @@ def ini_tables(moses_ini, factors):
 @click.option(
     "--limit", type=int, default=1000, show_default=True, help="Phrases from --phrase-table."
 )
+@click.option(
+    "--min-words", type=int, default=1, show_default=True, help="Table phrases of >= N words."
+)
 @click.option("--words", type=int, default=0, help="Also write the N most frequent words' vectors.")
 @click.option("--map", "map_path", help="Draw a 2-D map of the phrase vectors (PNG).")
 @click.option("--word-map", "word_map_path", help="Draw a 2-D map of the source words (PNG).")
@@ -555,6 +559,7 @@ def represent(
     phrase_table,
     side,
     limit,
+    min_words,
     words,
     map_path,
     word_map_path,
@@ -580,6 +585,7 @@ def represent(
         phrase_table=phrase_table,
         side=side,
         limit=limit,
+        min_words=min_words,
         words=words,
         map_path=map_path,
         word_map_path=word_map_path,

@@ -11,11 +11,13 @@ Three analyses of the paper, for any model and table:
 * **Proposals** (Table 3): ``proposals`` ancestral samples of the model for each chosen source
   (:func:`phrasescore.search.sample`), the ``top`` best distinct non-empty ones by log p, each
   marked as in the table or not.
-* **Scatter and correlations** (Fig. 3): model log p against the table's log φ for the pairs of
-  the table, or a uniform sample of ``max_pairs`` lines (reservoir sampling; default 20,000). The Spearman rank
-  correlation of log p with every score column is reported: a correlation well below 1 shows
-  that the new feature carries information the table's columns do not (Cho et al. note that
-  the model's scores are "not far from" but clearly different from the table's).
+* **Scatter and correlations** (Fig. 3): model log p against the table's log φ for the pairs
+  of the table, or a uniform sample of ``max_pairs`` lines (reservoir sampling; default
+  20,000); more than 5,000 pairs are drawn as a density (hexagonal bins, log colour scale)
+  rather than as points. The Spearman rank correlation of log p with every score column, and
+  with the target length, is reported: a correlation well below 1 shows that the new feature
+  carries information the table's columns lack, which is what lets it add to them in the
+  log-linear model.
 
 The table is read once, as a stream.
 """
@@ -37,6 +39,8 @@ from phrasescore.scoring import PairScorer, resolve_device
 log = logging.getLogger(__name__)
 
 COLUMN_NAMES_4 = ["φ(f|e)", "lex(f|e)", "φ(e|f)", "lex(e|f)"]
+HEXBIN_ABOVE = 5000
+"""A scatter of more pairs is drawn as a hexagonal density plot (log colour scale)."""
 
 
 def column_names(n_scores: int) -> list[str]:
@@ -112,6 +116,8 @@ class CompareResult:
     """Pairs behind the correlations and the scatter plot."""
     table_lines: int
     scatter_path: str | None = None
+    length_spearman: float = float("nan")
+    """Spearman's rho of log p with the target length in words (log p falls with length)."""
 
 
 # ---------------------------------------------------------------------------- statistics
@@ -258,12 +264,15 @@ def compare(
             comparison.proposals = propose(model, source, known, options, dev)
         comparisons.append(comparison)
     correlations: list[Correlation] = []
+    length_rho = float("nan")
     if pair_sample:
         logprob = scorer.score_phrases([p[0] for p in pair_sample], [p[1] for p in pair_sample])
         logp = logprob.logprob
         scores = np.array([p[2] for p in pair_sample], dtype=np.float64)
         for j in range(n_scores):
             correlations.append(Correlation(j + 1, names[j], spearman(logp, scores[:, j])))
+        lengths = np.array([len(p[1].split()) for p in pair_sample], dtype=np.float64)
+        length_rho = spearman(logp, lengths)
         if options.scatter_path:
             draw_scatter(
                 options.scatter_path,
@@ -280,6 +289,7 @@ def compare(
         len(pair_sample),
         lines,
         options.scatter_path,
+        length_rho,
     )
 
 
@@ -318,8 +328,11 @@ def draw_scatter(
     from phrasescore.represent import save_figure
 
     fig, ax = plt.subplots(figsize=(7, 6))
-    alpha = max(0.02, min(0.6, 300.0 / max(len(model_log), 1)))
-    ax.scatter(table_log, model_log, s=3, alpha=alpha, linewidths=0, rasterized=True)
+    if len(model_log) > HEXBIN_ABOVE:  # too many points to see: their density instead
+        cells = ax.hexbin(table_log, model_log, gridsize=60, bins="log", cmap="viridis", mincnt=1)
+        fig.colorbar(cells, ax=ax, label="phrase pairs per cell")
+    else:
+        ax.scatter(table_log, model_log, s=4, alpha=0.3, linewidths=0, rasterized=True)
     ax.set_xlabel(f"log {name} (phrase table)")
     ax.set_ylabel("log p(target | source) (RNN Encoder-Decoder)")
     what = "a uniform sample of" if sampled else "all"
@@ -370,4 +383,6 @@ def format_comparison(result: CompareResult) -> list[str]:
         for c in result.correlations:
             value = "n/a (constant column)" if math.isnan(c.spearman) else f"{c.spearman:+.3f}"
             out.append(f"  column {c.column} {c.name}: {value}")
+        if not math.isnan(result.length_spearman):
+            out.append(f"  (target length in words: {result.length_spearman:+.3f})")
     return out

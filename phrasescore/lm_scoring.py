@@ -100,9 +100,10 @@ class LMScorer:
         sequence = np.repeat(np.arange(len(targets)), lengths)
         position = np.arange(len(sequence)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
         window_start = starts_of_history[sequence] + position
+        # the context of target t of a sequence is history[t : t + n_ctx] (its last entry is the
+        # word before t, or the fill before the first word); the last one, of </s> in sentence
+        # mode, ends with the last word, so every window lies inside its own history
         windows = np.lib.stride_tricks.sliding_window_view(flat, n_ctx)
-        # a window may reach past its own history only in sentence mode at </s>, where it ends
-        # with the last word; histories are n_ctx + len(ids) long, so that window still fits
         return windows[window_start], np.concatenate(targets), sequence
 
     @torch.inference_mode()

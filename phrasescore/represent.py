@@ -63,6 +63,8 @@ class RepresentOptions:
     phrase_table: str | None = None
     side: str = "source"
     limit: int = 1000
+    min_words: int = 1
+    """Only table phrases of at least this many words."""
     words: int = 0
     """Also write the embeddings of the N most frequent words of each side (0: none)."""
     map_path: str | None = None
@@ -117,8 +119,11 @@ def _counts_of(entry) -> list[float] | None:
     return counts if len(counts) >= 2 else None
 
 
-def frequent_table_phrases(table: str, side: str, limit: int) -> list[tuple[str, float]]:
-    """The ``limit`` most frequent phrases of one side of a Moses table, with their counts.
+def frequent_table_phrases(
+    table: str, side: str, limit: int, min_words: int = 1
+) -> list[tuple[str, float]]:
+    """The ``limit`` most frequent phrases of one side of a Moses table (of ``min_words`` words
+    or more), with their counts.
 
     count(target) is the 1st count, count(source) the 2nd (SPEC §2.1). A table without a counts
     field ranks phrases by the number of lines they occur on, with a warning. Ties are broken
@@ -135,6 +140,8 @@ def frequent_table_phrases(table: str, side: str, limit: int) -> list[tuple[str,
     missing = 0
     for entry in read_phrase_table(table, validate=False):
         phrase = entry.source if side == "source" else entry.target
+        if min_words > 1 and len(phrase.split()) < min_words:
+            continue
         values = _counts_of(entry)
         if values is None:
             missing += 1
@@ -414,7 +421,9 @@ def represent(
                 "trained in the table's reverse direction",
                 model.src_text.lang,
             )
-        ranked = frequent_table_phrases(options.phrase_table, options.side, options.limit)
+        ranked = frequent_table_phrases(
+            options.phrase_table, options.side, options.limit, options.min_words
+        )
         phrases = [phrase for phrase, _ in ranked]
         token_lists = [text.normalize_tokenized(p) for p in phrases]
     elif phrases_path:

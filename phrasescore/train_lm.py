@@ -154,8 +154,9 @@ def run_lm_training(
     for key, value in (overrides or {}).items():
         if value is not None:
             setattr(tcfg, key, value)
-    data = LMData(tgt_path=corpus, valid_tgt=valid, tgt_lang=lang, tokenize=tokenize)
-    data.lowercase = lowercase
+    data = LMData(
+        tgt_path=corpus, valid_tgt=valid, tgt_lang=lang, tokenize=tokenize, lowercase=lowercase
+    )
     use_amp = dev.type == "cuda" if amp is None else amp
     trainer = LMTrainer(
         model_path, data, mcfg, tcfg, dev, preset=preset, amp=use_amp, progress=progress

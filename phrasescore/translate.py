@@ -163,7 +163,7 @@ def format_nbest_entry(index: int, text: str, name: str, logprob: float, score: 
     return f"{index} ||| {text} ||| {name}= {lp} ||| {total}\n"
 
 
-class _Translator:
+class Translator:
     """Searches blocks of sentences and renders the results as text."""
 
     def __init__(self, model: TrainedModel, options: TranslateOptions, device: torch.device):
@@ -178,6 +178,7 @@ class _Translator:
             self._detok = MosesDetokenizer(lang=model.tgt_text.lang)
 
     def text(self, hyp: Hypothesis) -> str:
+        """The words of a hypothesis, joined by spaces or detokenised."""
         words = self.model.tgt_vocab.decode(hyp.ids)
         if self._detok is not None:
             return self._detok.detokenize(words, unescape=True)
@@ -239,7 +240,7 @@ def translate_file(
         model.config.tgt_vocab_size,
         options.search.forbid_unk,
     )
-    translator = _Translator(model, options, dev)
+    translator = Translator(model, options, dev)
     refs = list(iter_lines(reference)) if reference is not None else None
     firsts: list[str] = []
     sentences = empty = tokens = 0

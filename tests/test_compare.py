@@ -95,3 +95,11 @@ def test_spearman_without_scipy_equals_scipy(monkeypatch):
     assert spearman(x, y) == pytest.approx(with_scipy, abs=1e-12)
     assert list(rank_average(np.array([3.0, 1.0, 3.0, 2.0]))) == [3.5, 1.0, 3.5, 2.0]
     assert np.isnan(spearman(x, np.ones(200)))
+
+
+def test_many_pairs_are_drawn_as_a_density(tiny_model_path, tmp_path, monkeypatch):
+    monkeypatch.setattr("phrasescore.compare.HEXBIN_ABOVE", 10)
+    options = CompareOptions(sample=0, scatter_path=str(tmp_path / "d.png"))
+    result = compare(TABLE, None, options, model=load_model(tiny_model_path))
+    assert (tmp_path / "d.png").read_bytes()[:8] == PNG_MAGIC
+    assert result.comparisons == [] and -1.0 <= result.length_spearman <= 1.0

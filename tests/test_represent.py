@@ -153,3 +153,8 @@ def test_no_input_is_a_clean_error(tiny_model_path, tmp_path):
     )
     assert result.exit_code == 1
     assert "give PHRASES" in result.output
+
+
+def test_phrase_table_min_words():
+    ranked = frequent_table_phrases(str(TABLE), "source", 5, min_words=3)
+    assert len(ranked) == 5 and all(len(p.split()) >= 3 for p, _ in ranked)

@@ -95,8 +95,8 @@ class EncoderDecoder(nn.Module):
         values = torch.empty(rows.shape[0], dtype=torch.float32, device=rows.device)
         for begin in range(0, rows.shape[0], chunk_rows):
             end = min(begin + chunk_rows, rows.shape[0])
-            logp = torch.log_softmax(self.logits(rows[begin:end]), dim=1)
-            values[begin:end] = logp.gather(1, gold[begin:end, None]).squeeze(1).float()
+            logp = torch.log_softmax(self.logits(rows[begin:end]), dim=1, dtype=torch.float32)
+            values[begin:end] = logp.gather(1, gold[begin:end, None]).squeeze(1)
         if tgt_mask is None:
             out.view(-1).copy_(values)
         else:
