@@ -242,7 +242,7 @@ def compare(
         ordered = [(s, groups[s]) for s in wanted if s in groups]
     else:
         ordered = list(groups.items())
-        if not ordered:
+        if not ordered and options.sample:
             log.warning(
                 "no source phrase has %d targets or more and %d words or more",
                 options.min_targets,
