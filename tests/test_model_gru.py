@@ -94,7 +94,7 @@ def test_initialisation_follows_the_paper():
     u = net.enc_u_h.detach()
     assert torch.allclose(u @ u.T, torch.eye(u.shape[0]), atol=1e-5)  # orthogonal
     assert net.out_hidden.bias.abs().max() == 0
-    assert 0.005 < float(net.dec_input.weight.std()) < 0.02  # N(0, 0.01^2)
+    assert 0.005 < float(net.dec_input.weight.detach().std()) < 0.02  # N(0, 0.01^2)
 
 
 def test_gradients_reach_every_parameter():
