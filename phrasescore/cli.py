@@ -65,7 +65,19 @@ def cli(verbose: int, quiet: bool) -> None:
     type=click.Choice(["default", "paper", "tiny"]),
     default="default",
     show_default=True,
-    help="Model and training sizes (see README).",
+    help="Model and training sizes of the architecture (see README).",
+)
+@click.option(
+    "--arch",
+    type=click.Choice(["cho", "lstm", "attention"]),
+    default="cho",
+    show_default=True,
+    help="cho: RNN Encoder-Decoder (Cho et al. 2014); lstm: deep LSTM, source reversed "
+    "(Sutskever et al. 2014); attention: RNNsearch (Bahdanau et al. 2015). Stored in the model.",
+)
+@click.option("--layers", type=int, help="lstm: LSTM layers (default: the preset's).")
+@click.option(
+    "--no-reverse", is_flag=True, help="lstm: read the source in its own order, not reversed."
 )
 @click.option("--src-lang", default="en", show_default=True, help="Source language (tokeniser).")
 @click.option("--tgt-lang", default="fr", show_default=True, help="Target language (tokeniser).")
@@ -74,10 +86,12 @@ def cli(verbose: int, quiet: bool) -> None:
 @click.option("--vocab-size", type=int, help="Words per side (default 15000).")
 @click.option("--subwords", type=int, help="Use a sentencepiece vocabulary of N pieces per side.")
 @click.option("--max-length", type=int, help="Skip pairs longer than this (tokens; default 50).")
-@click.option("--optimizer", type=click.Choice(["adam", "adadelta"]), help="Override the preset.")
-@click.option("--lr", type=float, help="Learning rate (Adadelta: 1.0; Adam: 1e-3).")
+@click.option(
+    "--optimizer", type=click.Choice(["adam", "adadelta", "sgd"]), help="Override the preset."
+)
+@click.option("--lr", type=float, help="Learning rate (Adadelta: 1.0; Adam: 1e-3; SGD: 0.7).")
 @click.option("--batch-tokens", type=int, help="Target tokens per batch.")
-@click.option("--epochs", type=int, help="Maximum epochs.")
+@click.option("--epochs", type=float, help="Maximum epochs (may be fractional, e.g. 7.5).")
 @click.option("--max-steps", type=int, help="Stop after this many updates.")
 @click.option("--max-minutes", type=float, help="Stop after this much training time.")
 @click.option("--valid-every", type=int, help="Validate every N steps.")
@@ -95,6 +109,9 @@ def train(
     phrase_table,
     valid,
     preset,
+    arch,
+    layers,
+    no_reverse,
     src_lang,
     tgt_lang,
     tokenize,
@@ -116,7 +133,7 @@ def train(
     threads,
     resume,
 ):
-    """Train the RNN Encoder-Decoder on SOURCE TARGET (parallel files, plain or gzip)."""
+    """Train an encoder-decoder (--arch) on SOURCE TARGET (parallel files, plain or gzip)."""
     from phrasescore.jobs import run_training
 
     result = run_training(
@@ -148,6 +165,8 @@ def train(
             patience=patience,
             seed=seed,
         ),
+        arch=arch,
+        model_overrides=dict(layers=layers, reverse_source=False if no_reverse else None),
     )
     click.echo(
         f"{result.model_path}\tvalid_ppl={result.best_valid_ppl:.2f}\t"

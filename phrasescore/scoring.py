@@ -232,8 +232,10 @@ class PairScorer:
 
 
 def concat_encodings(encodings: list[EncoderOutput]) -> EncoderOutput:
-    """Concatenate encoder outputs along the batch; source-position tensors ([B, S, ...] with a
-    ``mask`` [B, S] beside them) are padded to the longest source first."""
+    """Concatenate encoder outputs along the batch; source-position tensors (the ``mask``
+    [B, S] and the tensors [B, S, ...] of 3 or more dimensions beside it) are padded to the
+    longest source first (mask with False, the others with 0). 2-dimensional tensors other than
+    the mask are per-source vectors [B, D] and never padded, even when D happens to equal S."""
     if len(encodings) == 1:
         return encodings[0]
     if "mask" not in encodings[0]:
@@ -243,7 +245,8 @@ def concat_encodings(encodings: list[EncoderOutput]) -> EncoderOutput:
     for enc in encodings:
         pad = longest - enc["mask"].shape[1]
         for key, value in enc.items():
-            if pad and value.dim() >= 2 and value.shape[1] == enc["mask"].shape[1]:
+            positional = key == "mask" or value.dim() >= 3
+            if pad and positional and value.shape[1] == enc["mask"].shape[1]:
                 shape = list(value.shape)
                 shape[1] = pad
                 value = torch.cat([value, value.new_zeros(shape)], dim=1)

@@ -150,7 +150,25 @@ def make_optimizer(network: torch.nn.Module, tcfg: TrainConfig) -> torch.optim.O
         )
     if tcfg.optimizer == "adam":
         return torch.optim.Adam(network.parameters(), lr=tcfg.learning_rate)
-    raise InputError(f"unknown optimiser {tcfg.optimizer!r} (adam or adadelta)")
+    if tcfg.optimizer == "sgd":
+        return torch.optim.SGD(network.parameters(), lr=tcfg.learning_rate)
+    raise InputError(f"unknown optimiser {tcfg.optimizer!r} (adam, adadelta or sgd)")
+
+
+def learning_rate_at(tcfg: TrainConfig, epoch_position: float) -> float:
+    """The learning rate at ``epoch_position`` (epochs done, fractional) of the schedule.
+
+    Constant unless ``lr_halve_after_epochs`` is set; then (Sutskever et al. 2014, §3.4: "after
+    5 epochs, we begun halving the learning rate every half epoch") it is halved once when
+    ``lr_halve_after_epochs`` epochs are done and again every ``lr_halve_every_epochs`` epochs
+    after that: 0.7 for epochs [0, 5), 0.35 for [5, 5.5), 0.175 for [5.5, 6), ... A function of
+    the position only, so a resumed run follows it exactly.
+    """
+    after = tcfg.lr_halve_after_epochs
+    if after is None or epoch_position < after:
+        return tcfg.learning_rate
+    halvings = 1 + int((epoch_position - after) / tcfg.lr_halve_every_epochs + 1e-9)
+    return tcfg.learning_rate * 0.5**halvings
 
 
 @torch.no_grad()
@@ -372,10 +390,24 @@ class Trainer:
         )
         tick = time.monotonic()
         tokens_since = 0
+        scheduled = tcfg.lr_halve_after_epochs is not None
+        current_lr = None
         try:
             while position["epoch"] < tcfg.epochs:
                 batches = batcher.batches(position["epoch"])
                 while position["batch"] < len(batches):
+                    epoch_position = position["epoch"] + position["batch"] / len(batches)
+                    if epoch_position >= tcfg.epochs:  # a fractional number of epochs
+                        stopped = "epochs"
+                        raise StopIteration
+                    if scheduled:
+                        lr = learning_rate_at(tcfg, epoch_position)
+                        if lr != current_lr:
+                            for group in optimizer.param_groups:
+                                group["lr"] = lr
+                            if current_lr is not None:
+                                log.info("epoch %.2f: learning rate %g", epoch_position, lr)
+                            current_lr = lr
                     idx = batches[position["batch"]]
                     batch = collate(train, idx, self.device)
                     mask = batch.tgt_out != 0

@@ -193,3 +193,21 @@ def test_rescore_command_adds_a_probability_column(trained, tiny_model_path, tmp
         assert b.scores[:-1] == a.scores and b.tail == a.tail
         assert 0.0 < float(b.scores[-1]) <= 1.0
         assert c.scores[:-2] == a.scores and c.scores[-1] == b.scores[-1]  # the LM column last
+
+
+def test_bench_lm_kneser_ney_baseline_is_a_distribution():
+    import importlib.machinery
+    import importlib.util
+
+    path = str(Path(__file__).parent.parent / "bin" / "bench-lm")
+    loader = importlib.machinery.SourceFileLoader("bench_lm", path)
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader("bench_lm", loader))
+    loader.exec_module(module)
+    sentences = [[4, 5, 6, 7], [4, 5, 8], [6, 5, 4, 7, 7], [9, 4, 5, 6]]
+    vocabulary = [1, 3, 4, 5, 6, 7, 8, 9]
+    model = module.ModifiedKneserNey(sentences, 4, vocabulary)
+    for history in [(BOS_ID,), (BOS_ID, 4), (4, 5, 6), (9, 9, 9), ()]:
+        total = math.fsum(model.prob(history, w) for w in vocabulary)
+        assert total == pytest.approx(1.0, abs=1e-9), history
+    # a history shorter than order - 1 (the start of a sentence) is used whole
+    assert model.prob((BOS_ID, 4), 5) == model._prob((BOS_ID, 4), 5) > model._prob((4,), 5)

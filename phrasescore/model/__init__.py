@@ -12,4 +12,12 @@ def build_network(config: ModelConfig) -> EncoderDecoder:
         from phrasescore.model.encdec import GRUEncoderDecoder
 
         return GRUEncoderDecoder(config)
+    if config.arch == "lstm":
+        from phrasescore.model.lstm import DeepLSTMEncoderDecoder
+
+        return DeepLSTMEncoderDecoder(config)
+    if config.arch == "attention":
+        from phrasescore.model.attention import AttentionEncoderDecoder
+
+        return AttentionEncoderDecoder(config)
     raise ValueError(f"unknown architecture {config.arch!r} (known: {', '.join(ARCHITECTURES)})")

@@ -12,6 +12,22 @@ Presets
            output rank, 256 maxout units, 15,000-word vocabularies, Adam (lr 1e-3), token-budget
            batches of ~2,000 target tokens, dropout 0.2 on embeddings and the maxout layer. The
            README gives the measurements (Adadelta vs Adam in the same budget) behind the choice.
+
+Presets are per architecture (:data:`ARCH_PRESETS`, :func:`preset`); ``PRESETS`` is the ``cho``
+table. The ``default`` presets of all three share the training settings above, so that they
+compare at equal budgets; ``paper`` is each paper's own setting:
+
+``lstm``      Sutskever et al. (2014) §3.4: 4 layers of 1000 cells, 1000-dim embeddings, source
+              reversed, uniform init ±0.08, plain SGD lr 0.7 halved every half epoch after 5
+              epochs, 7.5 epochs, batches of 128 pairs, gradient norm clipped to 5, no dropout.
+              (The paper's vocabularies are 160,000 source / 80,000 target words; one
+              ``vocab_size`` serves both sides here, set to 80,000.) ``default``: 2 x 256 cells,
+              128-dim embeddings, output rank 128.
+``attention`` Bahdanau et al. (2015) App. A/B: 1000 hidden units per direction and in the
+              decoder, 620-dim embeddings, 500 maxout units (output W_o straight from them),
+              30,000-word vocabularies, Adadelta (ρ 0.95, ε 1e-6), minibatches of 80, gradient
+              norm clipped to 1, no dropout. ``default``: 256 hidden, 128-dim embeddings, 256
+              maxout units, output rank 128.
 """
 
 from __future__ import annotations
@@ -20,7 +36,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-ARCHITECTURES = ("cho",)
+ARCHITECTURES = ("cho", "lstm", "attention")
 
 
 @dataclass
@@ -34,6 +50,9 @@ class ModelConfig:
     output_rank: int = 128
     dropout: float = 0.2
     init_std: float = 0.01
+    layers: int = 1  # lstm: stacked layers in encoder and decoder
+    reverse_source: bool = True  # lstm: read the source words in reverse order
+    init_uniform: float | None = None  # lstm: weights U(-a, a) instead of N(0, init_std²)
     src_vocab_size: int = 0
     tgt_vocab_size: int = 0
 
@@ -50,8 +69,12 @@ class ModelConfig:
 class TrainConfig:
     """How a model is trained; saved with the model for the record."""
 
-    optimizer: str = "adam"  # adam | adadelta
+    optimizer: str = "adam"  # adam | adadelta | sgd
     learning_rate: float = 1e-3
+    # Sutskever et al.: halve the learning rate every ``lr_halve_every_epochs`` epochs once
+    # ``lr_halve_after_epochs`` epochs are done (None: a constant learning rate)
+    lr_halve_after_epochs: float | None = None
+    lr_halve_every_epochs: float = 0.5
     adadelta_rho: float = 0.95
     adadelta_eps: float = 1e-6
     clip_norm: float = 1.0
@@ -60,7 +83,7 @@ class TrainConfig:
     max_length: int = 50
     vocab_size: int = 15000
     subwords: int | None = None
-    epochs: int = 20
+    epochs: float = 20  # may be fractional (Sutskever et al.: 7.5)
     max_steps: int | None = None
     max_minutes: float | None = None
     valid_every: int = 200
@@ -80,7 +103,9 @@ class TrainConfig:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
-PRESETS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+PresetTable = dict[str, tuple[dict[str, Any], dict[str, Any]]]
+
+PRESETS: PresetTable = {
     "default": ({}, {}),
     "paper": (
         dict(embedding_dim=100, hidden_dim=1000, maxout_units=500, output_rank=100, dropout=0.0),
@@ -100,10 +125,77 @@ PRESETS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     ),
 }
 
+LSTM_PRESETS: PresetTable = {
+    "default": (dict(layers=2, output_rank=128, init_uniform=0.08), {}),
+    "paper": (
+        dict(
+            layers=4,
+            embedding_dim=1000,
+            hidden_dim=1000,
+            output_rank=1000,  # = hidden_dim: the softmax reads the top layer's state directly
+            dropout=0.0,
+            init_uniform=0.08,
+        ),
+        dict(
+            optimizer="sgd",
+            learning_rate=0.7,
+            lr_halve_after_epochs=5.0,
+            lr_halve_every_epochs=0.5,
+            epochs=7.5,
+            clip_norm=5.0,
+            batch_pairs=128,
+            batch_tokens=100000,
+            vocab_size=80000,
+        ),
+    ),
+    "tiny": (
+        dict(
+            layers=2,
+            embedding_dim=32,
+            hidden_dim=64,
+            output_rank=32,
+            dropout=0.0,
+            init_uniform=0.08,
+        ),
+        dict(batch_tokens=600, valid_every=50, checkpoint_every=50),
+    ),
+}
 
-def preset(name: str) -> tuple[ModelConfig, TrainConfig]:
-    """The model and training configuration of a named preset."""
-    if name not in PRESETS:
+ATTENTION_PRESETS: PresetTable = {
+    "default": ({}, {}),
+    "paper": (
+        dict(
+            embedding_dim=620,
+            hidden_dim=1000,
+            maxout_units=500,
+            output_rank=500,  # = maxout_units: W_o reads the maxout units directly
+            dropout=0.0,
+        ),
+        dict(
+            optimizer="adadelta",
+            learning_rate=1.0,
+            clip_norm=1.0,
+            batch_pairs=80,
+            batch_tokens=100000,
+            vocab_size=30000,
+        ),
+    ),
+    "tiny": PRESETS["tiny"],
+}
+
+ARCH_PRESETS: dict[str, PresetTable] = {
+    "cho": PRESETS,
+    "lstm": LSTM_PRESETS,
+    "attention": ATTENTION_PRESETS,
+}
+
+
+def preset(name: str, arch: str = "cho") -> tuple[ModelConfig, TrainConfig]:
+    """The model and training configuration of the preset ``name`` of architecture ``arch``."""
+    if arch not in ARCH_PRESETS:
+        raise KeyError(arch)
+    table = ARCH_PRESETS[arch]
+    if name not in table:
         raise KeyError(name)
-    model_kw, train_kw = PRESETS[name]
-    return ModelConfig(**model_kw), TrainConfig(**train_kw)
+    model_kw, train_kw = table[name]
+    return ModelConfig(arch=arch, **model_kw), TrainConfig(**train_kw)
