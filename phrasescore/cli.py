@@ -777,6 +777,38 @@ def train_lm(
     )
 
 
+# ---------------------------------------------------------------------------- alignments
+@cli.command()
+@click.argument("source")
+@click.argument("target")
+@click.option("-m", "--model", "model_path", required=True, help="Attention model file.")
+@click.option("-o", "--output", default="-", show_default=True, help="Output file (.gz: gzip).")
+@click.option("--plot", "plot_dir", help="Also draw each pair's alignment matrix: DIR/NNNNNN.png.")
+@click.option("--batch-size", type=int, default=32, show_default=True, help="Pairs per batch.")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda.")
+@click.option("--threads", type=int, help="CPU threads for PyTorch.")
+@_fail_cleanly
+def align(source, target, model_path, output, plot_dir, batch_size, device, threads):
+    """Word alignments of SOURCE TARGET (parallel files) from an attention model's weights.
+
+    One line per pair, Moses 'i-j' (source word i, target word j, 0-based): each target word to
+    the source word it attends to most, end-of-sentence excluded (Bahdanau et al. 2015, Fig. 3).
+    """
+    from phrasescore.align import align_files
+    from phrasescore.jobs import set_threads
+
+    set_threads(threads)
+    result = align_files(
+        source, target, model_path, output, plot_dir, device=device, batch_size=batch_size
+    )
+    plots = f", {result.plots} plots in {plot_dir}" if plot_dir else ""
+    click.echo(
+        f"phrasescore: {result.pairs} pairs aligned in {result.seconds:.1f} s{plots} "
+        f"-> {result.output}",
+        err=True,
+    )
+
+
 def main() -> None:
     """Console-script entry point."""
     cli(prog_name="phrasescore")

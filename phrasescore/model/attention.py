@@ -97,7 +97,14 @@ class AttentionEncoderDecoder(EncoderDecoder):
         self.dropout = nn.Dropout(config.dropout)
         self.reset_parameters()
 
-    RECURRENT = ("enc_fwd_u_rz", "enc_fwd_u_h", "enc_bwd_u_rz", "enc_bwd_u_h", "dec_u_rz", "dec_u_h")
+    RECURRENT = (
+        "enc_fwd_u_rz",
+        "enc_fwd_u_h",
+        "enc_bwd_u_rz",
+        "enc_bwd_u_h",
+        "dec_u_rz",
+        "dec_u_h",
+    )
 
     def reset_parameters(self) -> None:
         """Bahdanau et al. App. B.1 (see the module docstring)."""

@@ -81,7 +81,41 @@ def _metadata_core(model: TrainedModel) -> dict[str, str]:
     }
 
 
-def _state_tensors(network: EncoderDecoder) -> dict[str, torch.Tensor]:
+def write_safetensors(
+    path: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str]
+) -> None:
+    """Write a safetensors file atomically (temporary file beside it, then rename)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    os.close(fd)
+    os.chmod(tmp, default_file_mode())  # mkstemp makes 0600
+    try:
+        save_file(tensors, tmp, metadata=metadata)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def read_header(path: str, what: str = "model") -> dict[str, str]:
+    """The metadata header of a safetensors file; :class:`ModelFileError` for anything else."""
+    if not os.path.isfile(path):
+        raise ModelFileError(f"no such {what} file", path)
+    try:
+        with safe_open(path, framework="pt") as handle:
+            return handle.metadata() or {}
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise ModelFileError(f"not a phrasescore {what} file ({exc})", path) from None
+
+
+def read_tensors(path: str) -> dict[str, torch.Tensor]:
+    with safe_open(path, framework="pt") as handle:
+        return {name: handle.get_tensor(name) for name in handle.keys()}
+
+
+def state_tensors(network: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The network's weights as contiguous float32 CPU tensors (what model files hold)."""
     return {
         name: t.detach().to("cpu", torch.float32).contiguous()
         for name, t in network.state_dict().items()
@@ -102,7 +136,7 @@ def compute_signature(tensors: dict[str, torch.Tensor], core: dict[str, str]) ->
 
 def save_model(path: str, model: TrainedModel) -> str:
     """Write ``model`` to ``path`` atomically; returns (and sets) its signature."""
-    tensors = _state_tensors(model.network)
+    tensors = state_tensors(model.network)
     core = _metadata_core(model)
     model.signature = compute_signature(tensors, core)
     metadata = {
@@ -113,29 +147,13 @@ def save_model(path: str, model: TrainedModel) -> str:
         "info": json.dumps(model.info, sort_keys=True, default=str),
         **core,
     }
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-    os.close(fd)
-    os.chmod(tmp, default_file_mode())  # mkstemp makes 0600
-    try:
-        save_file(tensors, tmp, metadata=metadata)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    write_safetensors(path, tensors, metadata)
     return model.signature
 
 
 def read_metadata(path: str) -> dict[str, str]:
     """The metadata header of a model file, or :class:`ModelFileError` if it is not one."""
-    if not os.path.isfile(path):
-        raise ModelFileError("no such model file", path)
-    try:
-        with safe_open(path, framework="pt") as handle:
-            metadata = handle.metadata() or {}
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise ModelFileError(f"not a phrasescore model file ({exc})", path) from None
+    metadata = read_header(path, "model")
     if metadata.get("format") == "phrasescore-lm":
         raise ModelFileError(
             "this is a CSLM language model (phrasescore train-lm), not an encoder-decoder "
@@ -160,10 +178,7 @@ def load_model(path: str, device: str | torch.device = "cpu") -> TrainedModel:
     try:
         config = ModelConfig.from_dict(json.loads(metadata["config"]))
         network = build_network(config)
-        tensors: dict[str, torch.Tensor] = {}
-        with safe_open(path, framework="pt") as handle:
-            for name in handle.keys():
-                tensors[name] = handle.get_tensor(name)
+        tensors = read_tensors(path)
         src_vocab = vocabulary_from_state(json.loads(metadata["src_vocab"]))
         tgt_vocab = vocabulary_from_state(json.loads(metadata["tgt_vocab"]))
         src_text = TextNormalizer.from_state(json.loads(metadata["src_text"]))

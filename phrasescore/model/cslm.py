@@ -39,14 +39,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from phrasescore import __version__
@@ -223,13 +219,9 @@ def _core(lm: TrainedLM) -> dict[str, str]:
 
 def save_lm(path: str, lm: TrainedLM) -> str:
     """Write ``lm`` to ``path`` atomically; returns (and sets) its signature."""
-    from phrasescore.files import default_file_mode
-    from phrasescore.model.checkpoint import compute_signature
+    from phrasescore.model.checkpoint import compute_signature, state_tensors, write_safetensors
 
-    tensors = {
-        name: t.detach().to("cpu", torch.float32).contiguous()
-        for name, t in lm.network.state_dict().items()
-    }
+    tensors = state_tensors(lm.network)
     core = _core(lm)
     lm.signature = compute_signature(tensors, core)
     metadata = {
@@ -240,29 +232,15 @@ def save_lm(path: str, lm: TrainedLM) -> str:
         "info": json.dumps(lm.info, sort_keys=True, default=str),
         **core,
     }
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-    os.close(fd)
-    os.chmod(tmp, default_file_mode())
-    try:
-        save_file(tensors, tmp, metadata=metadata)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    write_safetensors(path, tensors, metadata)
     return lm.signature
 
 
 def read_lm_metadata(path: str) -> dict[str, str]:
     """The metadata of a CSLM file, or :class:`ModelFileError` saying what the file is instead."""
-    if not os.path.isfile(path):
-        raise ModelFileError("no such language model file", path)
-    try:
-        with safe_open(path, framework="pt") as handle:
-            metadata = handle.metadata() or {}
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise ModelFileError(f"not a phrasescore language model file ({exc})", path) from None
+    from phrasescore.model.checkpoint import read_header
+
+    metadata = read_header(path, "language model")
     kind = metadata.get("format")
     if kind == "phrasescore-model":
         raise ModelFileError(
@@ -284,7 +262,7 @@ def read_lm_metadata(path: str) -> dict[str, str]:
 
 def load_lm(path: str, device: str | torch.device = "cpu") -> TrainedLM:
     """Load a CSLM written by :func:`save_lm` (checks its signature), in eval mode."""
-    from phrasescore.model.checkpoint import compute_signature
+    from phrasescore.model.checkpoint import compute_signature, read_tensors
     from phrasescore.text.tokenize import TextNormalizer
     from phrasescore.text.vocab import vocabulary_from_state
 
@@ -292,8 +270,7 @@ def load_lm(path: str, device: str | torch.device = "cpu") -> TrainedLM:
     try:
         config = LMConfig.from_dict(json.loads(metadata["config"]))
         network = FeedForwardLM(config)
-        with safe_open(path, framework="pt") as handle:
-            tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+        tensors = read_tensors(path)
         vocab = vocabulary_from_state(json.loads(metadata["vocab"]))
         text = TextNormalizer.from_state(json.loads(metadata["text"]))
         info = json.loads(metadata.get("info", "{}"))
