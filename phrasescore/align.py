@@ -211,7 +211,7 @@ def align_files(
                     plot_alignment(png, matrix, src_words, tgt_words)
                     plots += 1
     seconds = time.monotonic() - started
-    log.info(
+    log.debug(
         "aligned %d pairs in %.1f s (%d plots), model %s", pairs, seconds, plots, model.signature
     )
     return AlignResult(pairs, seconds, plots, "<stdout>" if output == "-" else output)

@@ -417,7 +417,9 @@ class Trainer:
                         )
                     n_tok = int(batch.n_tgt_tokens)
                     optimizer.zero_grad(set_to_none=True)
-                    (nll / n_tok).backward()
+                    # mean over target tokens, or over pairs (Sutskever et al. divide the
+                    # summed gradient by the batch's 128 sentences)
+                    (nll / (len(idx) if tcfg.loss_per_sentence else n_tok)).backward()
                     if tcfg.clip_norm:
                         torch.nn.utils.clip_grad_norm_(network.parameters(), tcfg.clip_norm)
                     optimizer.step()

@@ -19,7 +19,9 @@ compare at equal budgets; ``paper`` is each paper's own setting:
 
 ``lstm``      Sutskever et al. (2014) §3.4: 4 layers of 1000 cells, 1000-dim embeddings, source
               reversed, uniform init ±0.08, plain SGD lr 0.7 halved every half epoch after 5
-              epochs, 7.5 epochs, batches of 128 pairs, gradient norm clipped to 5, no dropout.
+              epochs, 7.5 epochs, batches of 128 pairs, gradient norm clipped to 5, no dropout;
+              the gradient is the summed log-likelihood's divided by the 128 sentences (not by
+              the target tokens, as elsewhere: SGD's learning rate depends on that scale).
               (The paper's vocabularies are 160,000 source / 80,000 target words; one
               ``vocab_size`` serves both sides here, set to 80,000.) ``default``: 2 x 256 cells,
               128-dim embeddings, output rank 128.
@@ -75,6 +77,8 @@ class TrainConfig:
     # ``lr_halve_after_epochs`` epochs are done (None: a constant learning rate)
     lr_halve_after_epochs: float | None = None
     lr_halve_every_epochs: float = 0.5
+    # the gradient of the summed NLL divided by the pairs of the batch instead of its tokens
+    loss_per_sentence: bool = False
     adadelta_rho: float = 0.95
     adadelta_eps: float = 1e-6
     clip_norm: float = 1.0
@@ -141,6 +145,7 @@ LSTM_PRESETS: PresetTable = {
             learning_rate=0.7,
             lr_halve_after_epochs=5.0,
             lr_halve_every_epochs=0.5,
+            loss_per_sentence=True,
             epochs=7.5,
             clip_norm=5.0,
             batch_pairs=128,
