@@ -179,10 +179,15 @@ def train(
 @click.argument("model_path", metavar="MODEL")
 @_fail_cleanly
 def info(model_path):
-    """Print what a model file is: architecture, sizes, vocabularies, training, signature."""
-    from phrasescore.model.checkpoint import load_model
+    """Print what a model file (or a CSLM file) is: architecture, sizes, vocabularies, training."""
+    from phrasescore.model.checkpoint import load_model, read_header
+    from phrasescore.model.cslm import LM_FORMAT, load_lm
 
-    for key, value in load_model(model_path).describe().items():
+    if read_header(model_path).get("format") == LM_FORMAT:
+        described = load_lm(model_path).describe()
+    else:
+        described = load_model(model_path).describe()
+    for key, value in described.items():
         click.echo(f"{key}: {value}")
 
 
@@ -809,11 +814,6 @@ def align(source, target, model_path, output, plot_dir, batch_size, device, thre
     )
 
 
-def main() -> None:
-    """Console-script entry point."""
-    cli(prog_name="phrasescore")
-
-
 # ---------------------------------------------------------------------------- Moses tables
 @cli.command("check-table")
 @click.argument("table")
@@ -848,3 +848,8 @@ def copy_table(table, output):
         stats.num_scores,
         output,
     )
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli(prog_name="phrasescore")

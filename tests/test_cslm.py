@@ -91,11 +91,19 @@ def test_model_files_are_not_mixed_up(trained, tiny_model_path):
         load_model(path)
     with pytest.raises(ModelFileError, match="encoder-decoder model"):
         load_lm(tiny_model_path)
+    table = str(Path(__file__).parent / "data" / "moses" / "tiny.phrase-table")
     proc = subprocess.run(
-        [sys.executable, "-m", "phrasescore", "info", path], capture_output=True, text=True
+        [sys.executable, "-m", "phrasescore", "rescore", table, "-m", path, "-o", "-"],
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert "--lm" in proc.stderr
+    assert "--lm" in proc.stderr and proc.stdout == ""
+    info = subprocess.run(
+        [sys.executable, "-m", "phrasescore", "info", path], capture_output=True, text=True
+    )
+    assert info.returncode == 0, info.stderr
+    assert load_lm(path).signature in info.stdout
 
 
 def test_sentence_and_phrase_contexts():
