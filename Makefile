@@ -1,18 +1,21 @@
 # The two commands of the README: `make demo` runs the main job on the example data, `make test`
-# runs the tests. Both assume `pip install -e .[test]` (done by `make install`).
+# runs the tests. Both install the package first when it is not importable (`make install`).
 PYTHON ?= python3
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: install demo test lint format
+.PHONY: install ensure-installed demo test lint format
 
 install:
 	$(PYTHON) -m pip install "torch==2.13.0" || $(PYTHON) -m pip install "torch>=2.1"
 	$(PYTHON) -m pip install -e ".[test,eval]"
 
-demo:
+ensure-installed:
+	@$(PYTHON) -c "import phrasescore, torch, pytest, ruff" 2>/dev/null || $(MAKE) install
+
+demo: ensure-installed
 	bash examples/run.sh
 
-test:
+test: ensure-installed
 	$(PYTHON) -m ruff check phrasescore tests
 	$(PYTHON) -m pytest -q tests
 

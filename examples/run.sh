@@ -22,7 +22,7 @@ done
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 if ! python3 -c "import phrasescore" 2>/dev/null; then
   echo "phrasescore is not installed: installing it from $(dirname "$here")" >&2
-  python3 -m pip install -q -e "$(dirname "$here")"
+  make -C "$(dirname "$here")" install
 fi
 phrasescore() { python3 -m phrasescore "$@"; }
 
