@@ -108,13 +108,16 @@ def iter_raw_lines(path: str, position: ReadPosition | None = None) -> Iterator[
             handle.close()
 
 
-def iter_lines(path: str, keep_ends: bool = False) -> Iterator[str]:
-    """Yield the lines of ``path`` decoded as strict UTF-8.
+def iter_lines(
+    path: str, keep_ends: bool = False, position: ReadPosition | None = None
+) -> Iterator[str]:
+    """Yield the lines of ``path`` decoded as strict UTF-8 (invalid UTF-8 is an
+    :class:`InputError` with the line number).
 
     Without ``keep_ends`` the line ending (``\\n`` or ``\\r\\n``) is removed.
     """
     name = display_name(path)
-    for lineno, raw in enumerate(iter_raw_lines(path), 1):
+    for lineno, raw in enumerate(iter_raw_lines(path, position), 1):
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as exc:

@@ -37,7 +37,7 @@ from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 from phrasescore.errors import InputError
-from phrasescore.files import display_name, iter_lines, iter_raw_lines
+from phrasescore.files import display_name, iter_lines
 
 DELIMITER = "|||"
 
@@ -90,11 +90,7 @@ class NBestEntry(NamedTuple):
 def read_nbest(path: str) -> Iterator[NBestEntry]:
     """Yield the entries of an n-best list (plain or gzip by magic bytes; ``-`` is stdin)."""
     name = display_name(path)
-    for lineno, raw in enumerate(iter_raw_lines(path), 1):
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise InputError(f"invalid UTF-8 at byte {exc.start}", name, lineno) from None
+    for lineno, line in enumerate(iter_lines(path, keep_ends=True), 1):
         if line[-1:] == "\n":
             newline = "\r\n" if line[-2:-1] == "\r" else "\n"
             body = line[: -len(newline)]

@@ -44,7 +44,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple
 
 from phrasescore.errors import InputError
-from phrasescore.files import AtomicOutput, ReadPosition, display_name, iter_raw_lines
+from phrasescore.files import AtomicOutput, ReadPosition, display_name, iter_lines
 
 log = logging.getLogger(__name__)
 
@@ -96,11 +96,7 @@ def read_phrase_table(
     """
     name = display_name(path)
     num_scores = -1
-    for lineno, raw in enumerate(iter_raw_lines(path, position), 1):
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise InputError(f"invalid UTF-8 at byte {exc.start}", name, lineno) from None
+    for lineno, line in enumerate(iter_lines(path, keep_ends=True, position=position), 1):
         if line[-1:] == "\n":
             if line[-2:-1] == "\r":
                 newline, body = "\r\n", line[:-2]
