@@ -134,20 +134,35 @@ def compute_signature(tensors: dict[str, torch.Tensor], core: dict[str, str]) ->
     return digest.hexdigest()[:16]
 
 
-def save_model(path: str, model: TrainedModel) -> str:
-    """Write ``model`` to ``path`` atomically; returns (and sets) its signature."""
-    tensors = state_tensors(model.network)
-    core = _metadata_core(model)
-    model.signature = compute_signature(tensors, core)
+def save_network_file(
+    path: str,
+    network: torch.nn.Module,
+    core: dict[str, str],
+    info: dict[str, Any],
+    file_format: str,
+    version: int,
+) -> str:
+    """Write weights + metadata (``core``: configuration, vocabularies...) atomically; returns
+    the signature over weights and ``core``. Shared by model and language-model files."""
+    tensors = state_tensors(network)
+    signature = compute_signature(tensors, core)
     metadata = {
-        "format": FORMAT,
-        "format_version": str(FORMAT_VERSION),
+        "format": file_format,
+        "format_version": str(version),
         "phrasescore_version": __version__,
-        "signature": model.signature,
-        "info": json.dumps(model.info, sort_keys=True, default=str),
+        "signature": signature,
+        "info": json.dumps(info, sort_keys=True, default=str),
         **core,
     }
     write_safetensors(path, tensors, metadata)
+    return signature
+
+
+def save_model(path: str, model: TrainedModel) -> str:
+    """Write ``model`` to ``path`` atomically; returns (and sets) its signature."""
+    model.signature = save_network_file(
+        path, model.network, _metadata_core(model), model.info, FORMAT, FORMAT_VERSION
+    )
     return model.signature
 
 

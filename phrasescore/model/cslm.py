@@ -45,7 +45,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from phrasescore import __version__
 from phrasescore.errors import ModelFileError
 from phrasescore.model.config import TrainConfig
 from phrasescore.text.vocab import BOS_ID, PAD_ID
@@ -219,20 +218,11 @@ def _core(lm: TrainedLM) -> dict[str, str]:
 
 def save_lm(path: str, lm: TrainedLM) -> str:
     """Write ``lm`` to ``path`` atomically; returns (and sets) its signature."""
-    from phrasescore.model.checkpoint import compute_signature, state_tensors, write_safetensors
+    from phrasescore.model.checkpoint import save_network_file
 
-    tensors = state_tensors(lm.network)
-    core = _core(lm)
-    lm.signature = compute_signature(tensors, core)
-    metadata = {
-        "format": LM_FORMAT,
-        "format_version": str(LM_FORMAT_VERSION),
-        "phrasescore_version": __version__,
-        "signature": lm.signature,
-        "info": json.dumps(lm.info, sort_keys=True, default=str),
-        **core,
-    }
-    write_safetensors(path, tensors, metadata)
+    lm.signature = save_network_file(
+        path, lm.network, _core(lm), lm.info, LM_FORMAT, LM_FORMAT_VERSION
+    )
     return lm.signature
 
 
