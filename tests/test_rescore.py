@@ -241,3 +241,25 @@ def test_models_of_different_directions_are_refused(tiny_model_path, tmp_path, c
     assert proc.returncode == 0, proc.stderr
     before = [len(e.scores) for e in read_phrase_table(str(TABLES[4]))]
     assert [len(e.scores) for e in read_phrase_table(str(out))] == [n + 2 for n in before]
+
+
+def test_subword_model_trains_and_rescores(tmp_path, corpus_files):
+    model = tmp_path / "sw.safetensors"
+    proc = run_cli(
+        "train",
+        *corpus_files,
+        "-o",
+        model,
+        "--preset",
+        "tiny",
+        "--subwords",
+        "300",
+        "--max-steps",
+        "3",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert load_model(str(model)).tgt_vocab.kind == "subword"
+    out = tmp_path / "out.gz"
+    result = rescore_table(str(TABLES[0]), [str(model)], str(out), progress=False)
+    assert result.lines == 300
+    assert all(0 < float(e.scores[-1]) <= 1 for e in read_phrase_table(str(out)))
