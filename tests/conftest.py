@@ -40,7 +40,18 @@ def corpus_files(tmp_path_factory) -> tuple[str, str]:
     return write_lines(folder / "train.en", src), write_lines(folder / "train.fr", tgt)
 
 
-def train_tiny(path, source, target, valid=None, src_lang="en", tgt_lang="fr", resume=False, **kw):
+def train_tiny(
+    path,
+    source,
+    target,
+    valid=None,
+    src_lang="en",
+    tgt_lang="fr",
+    resume=False,
+    arch="cho",
+    model_overrides=None,
+    **kw,
+):
     """Train a ``tiny``-preset model with ``phrasescore train``'s job function; ``kw`` are the
     training overrides (max_steps, learning_rate, seed, ...). Returns the TrainResult."""
     from phrasescore.jobs import run_training
@@ -61,6 +72,8 @@ def train_tiny(path, source, target, valid=None, src_lang="en", tgt_lang="fr", r
         threads=None,
         resume=resume,
         overrides=kw,
+        arch=arch,
+        model_overrides=model_overrides,
     )
 
 

@@ -10,7 +10,6 @@ import torch
 from click.testing import CliRunner
 
 from phrasescore.cli import cli
-from phrasescore.jobs import run_training
 from phrasescore.model import build_network
 from phrasescore.model.checkpoint import load_model, save_model
 from phrasescore.model.config import ModelConfig, TrainConfig, preset
@@ -18,7 +17,7 @@ from phrasescore.model.lstm import DeepLSTMEncoderDecoder, reverse_within
 from phrasescore.scoring import PairScorer
 from phrasescore.train import Trainer, learning_rate_at
 
-from .conftest import DATA, sample_pairs, write_lines
+from .conftest import DATA, sample_pairs, train_tiny, write_lines
 
 TABLE = DATA / "moses" / "multi30k.head300.phrase-table.gz"
 NBEST = DATA / "nbest" / "multi30k.test2016.ids0-4.100best.nbest.gz"
@@ -27,24 +26,15 @@ NBEST_SOURCE = DATA / "nbest" / "multi30k.test2016.head5.tok.lc.en"
 
 def train_arch(path, src, tgt, arch, resume=False, model_overrides=None, **overrides):
     """``phrasescore train --arch ARCH --preset tiny`` on SRC TGT, validated on themselves."""
-    return run_training(
-        model_path=str(path),
-        source=src,
-        target=tgt,
-        phrase_table=None,
+    return train_tiny(
+        path,
+        src,
+        tgt,
         valid=(src, tgt),
-        preset="tiny",
-        src_lang="en",
-        tgt_lang="fr",
-        tokenize=False,
-        lowercase=False,
-        device="cpu",
-        amp=False,
-        threads=None,
         resume=resume,
-        overrides=overrides,
         arch=arch,
         model_overrides=model_overrides,
+        **overrides,
     )
 
 
