@@ -1,6 +1,9 @@
-# The two commands of the README: `make demo` runs the main job on the example data, `make test`
-# runs the tests. Both install the package first when it is not importable (`make install`).
+# The two commands of the README: `make demo` runs the main job on the example data (outputs in
+# build/example), `make test` runs the tests. Both install the package first when it is not
+# importable (`make install`).
 PYTHON ?= python3
+# ruff finds no extensionless script in a folder: the development scripts are named one by one
+LINTED = phrasescore tests $(wildcard tools/*)
 export OMP_WAIT_POLICY ?= PASSIVE
 
 .PHONY: install ensure-installed demo test lint format
@@ -16,12 +19,12 @@ demo: ensure-installed
 	bash examples/run.sh
 
 test: ensure-installed
-	$(PYTHON) -m ruff check phrasescore tests
+	$(PYTHON) -m ruff check $(LINTED)
 	$(PYTHON) -m pytest -q tests
 
 lint:
-	$(PYTHON) -m ruff check phrasescore tests
-	$(PYTHON) -m ruff format --check phrasescore tests
+	$(PYTHON) -m ruff check $(LINTED)
+	$(PYTHON) -m ruff format --check $(LINTED)
 
 format:
-	$(PYTHON) -m ruff format phrasescore tests
+	$(PYTHON) -m ruff format $(LINTED)

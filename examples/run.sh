@@ -1,20 +1,25 @@
 #!/usr/bin/env bash
 # The main job end to end on the shipped English->French example system (Multi30k):
 #   1. train the default model on examples/corpus (tokenised, lowercased, as the Moses system),
-#   2. rescore examples/model/phrase-table.gz with it (+1 column: p(target | source)),
-#   3. write examples/model/moses.rescored.ini (one more feature and weight),
+#   2. rescore a copy of examples/model (OUT/model/phrase-table.gz) with it (+1 column:
+#      p(target | source)),
+#   3. write OUT/model/moses.rescored.ini (one more feature and weight),
 #   4. print what was produced and the next command (MERT).
-# Usage: examples/run.sh [--quick] [--minutes M]
+# Everything is written under OUT (default build/example in the checkout); examples/ is only read.
+# Usage: examples/run.sh [--quick] [--minutes M] [--out OUT]
 #   --quick    about 1 minute of training (CI); the default trains for 4 minutes.
+#   --out OUT  the output directory (default build/example).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 minutes=4
+out="$(dirname "$here")/build/example"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --quick) minutes=1; shift ;;
     --minutes) minutes="$2"; shift 2 ;;
-    -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --out) out="$2"; shift 2 ;;
+    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -27,9 +32,11 @@ fi
 phrasescore() { python3 -m phrasescore "$@"; }
 
 corpus="$here/corpus"
-model_dir="$here/model"
-out="$here/out"
-mkdir -p "$out"
+mkdir -p "$out/model"
+out="$(cd "$out" && pwd)"
+model_dir="$out/model"
+# the Moses system's files are copied, so that the rescored table and ini lie beside them
+cp "$here/model/moses.ini" "$here/model/phrase-table.gz" "$model_dir/"
 started=$(date +%s)
 
 echo "== 1/2 training the default model for up to $minutes minute(s) on $(zcat "$corpus/train.tok.lc.en.gz" | wc -l) sentence pairs" >&2

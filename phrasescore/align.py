@@ -34,11 +34,13 @@ from itertools import zip_longest
 import numpy as np
 import torch
 
+from phrasescore.bundle import TrainedModel
 from phrasescore.errors import InputError
 from phrasescore.files import AtomicOutput, iter_lines
-from phrasescore.model.checkpoint import TrainedModel, load_model
-from phrasescore.scoring import resolve_device
-from phrasescore.text.vocab import BOS_ID, EOS_ID, EOS_TOKEN, PAD_ID
+from phrasescore.hardware import resolve_device
+from phrasescore.jobs import model_for
+from phrasescore.text.corpus import pad_ids
+from phrasescore.text.vocab import BOS_ID, EOS_ID, EOS_TOKEN
 
 log = logging.getLogger(__name__)
 
@@ -140,15 +142,6 @@ def _blocks(pairs: Iterator[tuple[str, str]], size: int) -> Iterator[list[tuple[
         yield block
 
 
-def _padded(rows: list[list[int]], first: int | None, last: int | None, device) -> torch.Tensor:
-    body = [
-        ([first] if first is not None else []) + r + ([last] if last is not None else [])
-        for r in rows
-    ]
-    longest = max(len(r) for r in body)
-    return torch.tensor([r + [PAD_ID] * (longest - len(r)) for r in body], device=device)
-
-
 @torch.inference_mode()
 def align_block(model: TrainedModel, block: list[tuple[str, str]], device):
     """(source words, target words, word-level α) of each pair of ``block``."""
@@ -157,9 +150,9 @@ def align_block(model: TrainedModel, block: list[tuple[str, str]], device):
     tgt_words = [model.tgt_text(t) for _, t in block]
     src = [word_pieces(model.src_vocab, w) for w in src_words]
     tgt = [word_pieces(model.tgt_vocab, w) for w in tgt_words]
-    src_ids = _padded([ids for ids, _ in src], None, EOS_ID, device)
+    src_ids = torch.from_numpy(pad_ids([ids for ids, _ in src], last=EOS_ID)).to(device)
     src_len = torch.tensor([len(ids) + 1 for ids, _ in src], device=device)
-    tgt_in = _padded([ids for ids, _ in tgt], BOS_ID, None, device)
+    tgt_in = torch.from_numpy(pad_ids([ids for ids, _ in tgt], first=BOS_ID)).to(device)
     alpha = network.attention_weights(network.encode(src_ids, src_len), tgt_in).float().cpu()
     out = []
     for b in range(len(block)):
@@ -182,10 +175,7 @@ def align_files(
 ) -> AlignResult:
     """Write the hard alignment of every pair to ``output`` (and PNGs to ``plot_dir``)."""
     dev = resolve_device(device)
-    if model is None:
-        if model_path is None:
-            raise InputError("give a --model")
-        model = load_model(model_path, dev)
+    model = model_for(model, model_path, dev)
     arch = model.config.arch
     if arch != "attention" or not hasattr(model.network, "attention_weights"):
         raise InputError(

@@ -18,6 +18,126 @@ from phrasescore.errors import InputError
 EXIT_INPUT_ERROR = 1
 
 
+# ---------------------------------------------------------------------------- shared options
+class RegistryChoice(click.Choice):
+    """A choice among the names of a registry, read when first needed (so that ``--help`` does
+    not import the networks)."""
+
+    def __init__(self, names):
+        self._names = names
+        self._choices = None
+        super().__init__([])
+
+    @property
+    def choices(self):
+        if self._choices is None:
+            self._choices = tuple(self._names())
+        return self._choices
+
+    @choices.setter
+    def choices(self, value):
+        pass
+
+
+def _architectures():
+    from phrasescore.model.config import ARCHITECTURES
+
+    return ARCHITECTURES
+
+
+def _presets():
+    from phrasescore.model.config import ARCH_PRESETS
+
+    return dict.fromkeys(name for table in ARCH_PRESETS.values() for name in table)
+
+
+def _lm_presets():
+    from phrasescore.model.cslm import LM_PRESETS
+
+    return LM_PRESETS
+
+
+def _optimizers():
+    from phrasescore.model.config import OPTIMIZERS
+
+    return OPTIMIZERS
+
+
+def _set_threads(ctx, param, value):
+    if value:
+        from phrasescore.hardware import set_threads
+
+        set_threads(value)
+    return value
+
+
+device_option = click.option(
+    "--device", default="auto", show_default=True, help="auto, cpu or cuda."
+)
+threads_option = click.option(
+    "--threads",
+    type=int,
+    expose_value=False,
+    callback=_set_threads,
+    help="CPU threads for PyTorch.",
+)
+no_progress_option = click.option("--no-progress", is_flag=True, help="No progress bar.")
+
+
+def model_option(help: str = "Model file."):
+    """``-m/--model``: one model file, required."""
+    return click.option("-m", "--model", "model_path", required=True, help=help)
+
+
+def _options(*decorators):
+    """One decorator applying ``decorators`` in the order written (first: highest in --help)."""
+
+    def apply(func):
+        for decorator in reversed(decorators):
+            func = decorator(func)
+        return func
+
+    return apply
+
+
+def training_options(file: str, batch_help: str, epochs_type: type, epochs_help: str):
+    """The options ``train`` and ``train-lm`` share, from --batch-tokens to --resume."""
+    return _options(
+        click.option("--batch-tokens", type=int, help=batch_help),
+        click.option("--epochs", type=epochs_type, help=epochs_help),
+        click.option("--max-steps", type=int, help="Stop after this many updates."),
+        click.option("--max-minutes", type=float, help="Stop after this much training time."),
+        click.option("--valid-every", type=int, help="Validate every N steps."),
+        click.option("--patience", type=int, help="Stop after N validations without improvement."),
+        click.option("--seed", type=int, help="Random seed (same seed, same run)."),
+        device_option,
+        click.option("--amp/--no-amp", default=None, help="bf16 autocast (default: on for CUDA)."),
+        threads_option,
+        click.option("--resume", is_flag=True, help=f"Continue from {file}.checkpoint exactly."),
+    )
+
+
+text_options = _options(
+    click.option(
+        "--tokenize", is_flag=True, help="Raw text: run the Moses tokenizer (sacremoses)."
+    ),
+    click.option("--lowercase", is_flag=True, help="Lowercase the text."),
+)
+
+
+def _train_overrides(settings: dict) -> dict:
+    """The TrainConfig overrides of the training options (``lr`` is ``learning_rate``)."""
+    return {("learning_rate" if key == "lr" else key): value for key, value in settings.items()}
+
+
+def _echo_trained(result) -> None:
+    click.echo(
+        f"{result.model_path}\tvalid_ppl={result.best_valid_ppl:.2f}\t"
+        f"unigram_ppl={result.unigram_valid_ppl:.1f}\tsteps={result.steps}\t"
+        f"signature={result.signature}"
+    )
+
+
 def _fail_cleanly(func):
     """Turn InputError (and Ctrl-C) into a one-line message and a non-zero exit code."""
 
@@ -62,14 +182,14 @@ def cli(verbose: int, quiet: bool) -> None:
 )
 @click.option(
     "--preset",
-    type=click.Choice(["default", "paper", "tiny"]),
+    type=RegistryChoice(_presets),
     default="default",
     show_default=True,
     help="Model and training sizes of the architecture (see README).",
 )
 @click.option(
     "--arch",
-    type=click.Choice(["cho", "lstm", "attention"]),
+    type=RegistryChoice(_architectures),
     default="cho",
     show_default=True,
     help="cho: RNN Encoder-Decoder (Cho et al. 2014); lstm: deep LSTM, source reversed "
@@ -81,26 +201,15 @@ def cli(verbose: int, quiet: bool) -> None:
 )
 @click.option("--src-lang", default="en", show_default=True, help="Source language (tokeniser).")
 @click.option("--tgt-lang", default="fr", show_default=True, help="Target language (tokeniser).")
-@click.option("--tokenize", is_flag=True, help="Raw text: run the Moses tokenizer (sacremoses).")
-@click.option("--lowercase", is_flag=True, help="Lowercase the text.")
+@text_options
 @click.option("--vocab-size", type=int, help="Words per side (default 15000).")
 @click.option("--subwords", type=int, help="Use a sentencepiece vocabulary of N pieces per side.")
 @click.option("--max-length", type=int, help="Skip pairs longer than this (tokens; default 50).")
-@click.option(
-    "--optimizer", type=click.Choice(["adam", "adadelta", "sgd"]), help="Override the preset."
-)
+@click.option("--optimizer", type=RegistryChoice(_optimizers), help="Override the preset.")
 @click.option("--lr", type=float, help="Learning rate (Adadelta: 1.0; Adam: 1e-3; SGD: 0.7).")
-@click.option("--batch-tokens", type=int, help="Target tokens per batch.")
-@click.option("--epochs", type=float, help="Maximum epochs (may be fractional, e.g. 7.5).")
-@click.option("--max-steps", type=int, help="Stop after this many updates.")
-@click.option("--max-minutes", type=float, help="Stop after this much training time.")
-@click.option("--valid-every", type=int, help="Validate every N steps.")
-@click.option("--patience", type=int, help="Stop after N validations without improvement.")
-@click.option("--seed", type=int, help="Random seed (same seed, same run).")
-@click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda.")
-@click.option("--amp/--no-amp", default=None, help="bf16 autocast (default: on for CUDA).")
-@click.option("--threads", type=int, help="CPU threads for PyTorch.")
-@click.option("--resume", is_flag=True, help="Continue from MODEL.checkpoint exactly.")
+@training_options(
+    "MODEL", "Target tokens per batch.", float, "Maximum epochs (may be fractional, e.g. 7.5)."
+)
 @_fail_cleanly
 def train(
     source,
@@ -116,25 +225,13 @@ def train(
     tgt_lang,
     tokenize,
     lowercase,
-    vocab_size,
-    subwords,
-    max_length,
-    optimizer,
-    lr,
-    batch_tokens,
-    epochs,
-    max_steps,
-    max_minutes,
-    valid_every,
-    patience,
-    seed,
     device,
     amp,
-    threads,
     resume,
+    **settings,
 ):
     """Train an encoder-decoder (--arch) on SOURCE TARGET (parallel files, plain or gzip)."""
-    from phrasescore.jobs import run_training
+    from phrasescore.train import run_training
 
     result = run_training(
         model_path=model_path,
@@ -149,30 +246,66 @@ def train(
         lowercase=lowercase,
         device=device,
         amp=amp,
-        threads=threads,
+        threads=None,  # set by --threads
         resume=resume,
-        overrides=dict(
-            vocab_size=vocab_size,
-            subwords=subwords,
-            max_length=max_length,
-            optimizer=optimizer,
-            learning_rate=lr,
-            batch_tokens=batch_tokens,
-            epochs=epochs,
-            max_steps=max_steps,
-            max_minutes=max_minutes,
-            valid_every=valid_every,
-            patience=patience,
-            seed=seed,
-        ),
+        overrides=_train_overrides(settings),
         arch=arch,
         model_overrides=dict(layers=layers, reverse_source=False if no_reverse else None),
     )
-    click.echo(
-        f"{result.model_path}\tvalid_ppl={result.best_valid_ppl:.2f}\t"
-        f"unigram_ppl={result.unigram_valid_ppl:.1f}\tsteps={result.steps}\t"
-        f"signature={result.signature}"
+    _echo_trained(result)
+
+
+@cli.command("train-lm")
+@click.argument("corpus")
+@click.option("-o", "--output", "model_path", required=True, help="LM file to write.")
+@click.option("--valid", help="Validation text (else a held-out slice of CORPUS).")
+@click.option(
+    "--preset",
+    type=RegistryChoice(_lm_presets),
+    default="default",
+    show_default=True,
+    help="Sizes (paper: order 7, 512-dim embeddings, 3072-1536-1024 relu layers).",
+)
+@click.option("--order", type=int, help="n of the n-gram model (default: the preset's).")
+@click.option("--lang", default="fr", show_default=True, help="Language (tokeniser).")
+@text_options
+@click.option("--vocab-size", type=int, help="Words in the vocabulary (default 15000).")
+@click.option("--max-length", type=int, help="Skip longer training sentences (default 100).")
+@click.option("--lr", type=float, help="Learning rate (Adam).")
+@training_options("LM", "Tokens per batch.", int, "Maximum epochs.")
+@_fail_cleanly
+def train_lm(
+    corpus,
+    model_path,
+    valid,
+    preset,
+    order,
+    lang,
+    tokenize,
+    lowercase,
+    device,
+    amp,
+    resume,
+    **settings,
+):
+    """Train the CSLM target language model (SPEC §3.6) on CORPUS (target-language text)."""
+    from phrasescore.train_lm import run_lm_training
+
+    result = run_lm_training(
+        model_path=model_path,
+        corpus=corpus,
+        valid=valid,
+        preset=preset,
+        order=order,
+        lang=lang,
+        tokenize=tokenize,
+        lowercase=lowercase,
+        device=device,
+        amp=amp,
+        resume=resume,
+        overrides=_train_overrides(settings),
     )
+    _echo_trained(result)
 
 
 @cli.command()
@@ -180,14 +313,9 @@ def train(
 @_fail_cleanly
 def info(model_path):
     """Print what a model file (or a CSLM file) is: architecture, sizes, vocabularies, training."""
-    from phrasescore.model.checkpoint import load_model, read_header
-    from phrasescore.model.cslm import LM_FORMAT, load_lm
+    from phrasescore.info import describe_file
 
-    if read_header(model_path).get("format") == LM_FORMAT:
-        described = load_lm(model_path).describe()
-    else:
-        described = load_model(model_path).describe()
-    for key, value in described.items():
+    for key, value in describe_file(model_path).items():
         click.echo(f"{key}: {value}")
 
 
@@ -227,7 +355,7 @@ def info(model_path):
     show_default=True,
     help="Initial weight of each new feature in the ini.",
 )
-@click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda.")
+@device_option
 @click.option(
     "--dtype",
     type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
@@ -250,9 +378,9 @@ def info(model_path):
     show_default=True,
     help="Lines per chunk (the unit of --resume).",
 )
-@click.option("--threads", type=int, help="CPU threads for PyTorch.")
+@threads_option
 @click.option("--resume", is_flag=True, help="Continue an interrupted run from its last chunk.")
-@click.option("--no-progress", is_flag=True, help="No progress bar.")
+@no_progress_option
 @_fail_cleanly
 def rescore(
     table,
@@ -271,17 +399,14 @@ def rescore(
     dtype,
     batch_tokens,
     chunk_lines,
-    threads,
     resume,
     no_progress,
 ):
     """Add the models' p(target | source) to every line of a Moses phrase TABLE (- for stdin)."""
-    from phrasescore.jobs import set_threads
     from phrasescore.rescore import RescoreOptions, run_rescore
 
     if normalize and logprob:
         raise click.UsageError("--normalize and --logprob exclude each other")
-    set_threads(threads)
     options = RescoreOptions(
         normalize=normalize,
         logprob=logprob,
@@ -322,7 +447,7 @@ def rescore(
 @cli.command("nbest")
 @click.argument("nbest_path", metavar="NBEST")
 @click.option("--source", required=True, help="Decoder input, one sentence per id (tokenised).")
-@click.option("-m", "--model", "model_path", required=True, help="Model file.")
+@click.option("-m", "--model", "model_path", help="Model file (optional with --lm).")
 @click.option("--name", default="RNNEncDec0", show_default=True, help="Feature name (no '_').")
 @click.option("--lm", help="CSLM (train-lm): also add CSLM0= log p(hypothesis).")
 @click.option("--lm-name", default="CSLM0", show_default=True, help="Name of the --lm feature.")
@@ -331,9 +456,9 @@ def rescore(
 @click.option("--weights", help="moses.ini or 'Name= w ...' file: re-rank each id's hypotheses.")
 @click.option("--one-best", is_flag=True, help="With --weights: print the best hypothesis per id.")
 @click.option("--batch-tokens", type=int, default=8192, show_default=True, help="Per batch.")
-@click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda.")
-@click.option("--threads", type=int, help="CPU threads for PyTorch.")
-@click.option("--no-progress", is_flag=True, help="No progress bar.")
+@device_option
+@threads_option
+@no_progress_option
 @_fail_cleanly
 def nbest(
     nbest_path,
@@ -348,14 +473,14 @@ def nbest(
     one_best,
     batch_tokens,
     device,
-    threads,
     no_progress,
 ):
-    """Add log p(hypothesis | source) to every line of a Moses n-best list NBEST (- for stdin)."""
-    from phrasescore.jobs import set_threads
+    """Add log p(hypothesis | source) to every line of a Moses n-best list NBEST (- for stdin).
+
+    With --lm and no -m, adds the CSLM's log p(hypothesis) alone.
+    """
     from phrasescore.rescore_nbest import NBestOptions, rescore_nbest
 
-    set_threads(threads)
     options = NBestOptions(
         name=name,
         normalize=normalize,
@@ -378,7 +503,7 @@ def nbest(
 
 @cli.command()
 @click.argument("input_path", metavar="[INPUT]", default="-", required=False)
-@click.option("-m", "--model", "model_path", required=True, help="Model file.")
+@model_option()
 @click.option("-o", "--output", default="-", show_default=True, help="Output file (.gz: gzip).")
 @click.option("--beam", type=int, default=5, show_default=True, help="Beam size (1: greedy).")
 @click.option("--nbest", type=int, help="Write a Moses n-best list of K hypotheses per sentence.")
@@ -395,9 +520,9 @@ def nbest(
 @click.option("--reference", help="Reference translations: print BLEU and chrF (sacrebleu).")
 @click.option("--name", default="RNNEncDec0", show_default=True, help="n-best feature name.")
 @click.option("--batch-size", type=int, default=32, show_default=True, help="Sentences per batch.")
-@click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda.")
-@click.option("--threads", type=int, help="CPU threads for PyTorch.")
-@click.option("--no-progress", is_flag=True, help="No progress bar.")
+@device_option
+@threads_option
+@no_progress_option
 @_fail_cleanly
 def translate(
     input_path,
@@ -413,24 +538,17 @@ def translate(
     name,
     batch_size,
     device,
-    threads,
     no_progress,
 ):
     """Translate INPUT (a file, or - for stdin) line by line with beam search."""
-    from phrasescore.jobs import set_threads
-    from phrasescore.search import SearchOptions
     from phrasescore.translate import TranslateOptions, translate_file
 
-    set_threads(threads)
-    options = TranslateOptions(
-        search=SearchOptions(
-            beam=beam,
-            nbest=nbest or 1,
-            max_length=max_length,
-            length_penalty=length_penalty,
-            forbid_unk=no_unk,
-        ),
-        nbest_output=nbest is not None,
+    options = TranslateOptions.from_flags(
+        beam=beam,
+        nbest=nbest,
+        max_length=max_length,
+        length_penalty=length_penalty,
+        forbid_unk=no_unk,
         detokenize=detokenize,
         feature_name=name,
         batch_size=batch_size,
@@ -462,7 +580,7 @@ def translate(
 @_fail_cleanly
 def evaluate(hypotheses, reference, tokenize, lowercase):
     """BLEU and chrF of HYPOTHESES against REFERENCE (sacrebleu), with sacrebleu's signatures."""
-    from phrasescore.translate import evaluate_files
+    from phrasescore.evaluate import evaluate_files
 
     for line in evaluate_files(hypotheses, reference, tokenize, lowercase).lines():
         click.echo(line)
@@ -470,7 +588,7 @@ def evaluate(hypotheses, reference, tokenize, lowercase):
 
 @cli.command()
 @click.argument("phrases", nargs=-1, required=True, metavar="PHRASE... | -")
-@click.option("-m", "--model", "model_path", required=True, help="Model file.")
+@model_option()
 @click.option("-n", "--samples", type=int, default=100, show_default=True, help="Samples drawn.")
 @click.option("--top", type=int, default=10, show_default=True, help="Targets kept per phrase.")
 @click.option("--beam", is_flag=True, help="Add the beam-search --top best to the candidates.")
@@ -478,8 +596,8 @@ def evaluate(hypotheses, reference, tokenize, lowercase):
 @click.option("--seed", type=int, default=1, show_default=True, help="Sampling seed.")
 @click.option("--max-length", type=int, help="Most target tokens (default 2 x source + 10).")
 @click.option("--no-unk", is_flag=True, help="Never output the unknown-word symbol.")
-@click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda.")
-@click.option("--threads", type=int, help="CPU threads for PyTorch.")
+@device_option
+@threads_option
 @_fail_cleanly
 def sample(
     phrases,
@@ -492,17 +610,14 @@ def sample(
     max_length,
     no_unk,
     device,
-    threads,
 ):
     """Best target phrases for each source PHRASE by sampling (Cho et al. 2014, Table 3).
 
     Prints one line per target: source, log p, target and, with --phrase-table, 'in-table' or
     'new', tab-separated.
     """
-    from phrasescore.jobs import set_threads
-    from phrasescore.translate import SampleOptions, read_phrases, sample_phrases
+    from phrasescore.sample import SampleOptions, read_phrases, sample_phrases
 
-    set_threads(threads)
     options = SampleOptions(
         samples=samples,
         top=top,
@@ -522,26 +637,10 @@ def sample(
             click.echo("\t".join(fields))
 
 
-# ---------------------------------------------------------------------------- Moses model dirs
-@cli.command("ini-tables")
-@click.argument("moses_ini")
-@click.option("--factors", is_flag=True, help="Add INPUT_FACTORS and OUTPUT_FACTORS columns.")
-@_fail_cleanly
-def ini_tables(moses_ini, factors):
-    """Print the phrase tables of MOSES_INI: NAME<TAB>CLASS<TAB>PATH<TAB>NUM_FEATURES per line.
-
-    Paths are expanded and resolved relative to the ini's directory; '-' when a table has none.
-    """
-    from phrasescore.moses_model import format_table_rows, read_ini_tables
-
-    for row in format_table_rows(read_ini_tables(moses_ini), factors=factors):
-        click.echo(row)
-
-
-# ---------------------------------------------------------------------------- analyses, CSLM
+# ---------------------------------------------------------------------------- analyses
 @cli.command()
 @click.argument("phrases_path", metavar="[PHRASES]", required=False)
-@click.option("-m", "--model", "model_path", required=True, help="Model file.")
+@model_option()
 @click.option(
     "-o", "--output", "prefix", required=True, help="Output prefix: PREFIX.npy and PREFIX.tsv."
 )
@@ -573,8 +672,8 @@ def ini_tables(moses_ini, factors):
     help="Map projection (auto: t-SNE if scikit-learn is installed, else PCA).",
 )
 @click.option("--seed", type=int, default=1, show_default=True, help="t-SNE seed.")
-@click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda.")
-@click.option("--threads", type=int, help="CPU threads for PyTorch.")
+@device_option
+@threads_option
 @_fail_cleanly
 def represent(
     phrases_path,
@@ -593,18 +692,15 @@ def represent(
     method,
     seed,
     device,
-    threads,
 ):
     """Phrase vectors (the encoder's summary c) and word embeddings of a model (Cho et al.
     2014, Fig. 4-5): PHRASES is a file of phrases, one per line (- for stdin).
 
     With --neighbours, prints one line per neighbour: query, rank, cosine, phrase (tab-separated).
     """
-    from phrasescore.jobs import set_threads
     from phrasescore.represent import RepresentOptions
     from phrasescore.represent import represent as run_represent
 
-    set_threads(threads)
     options = RepresentOptions(
         phrase_table=phrase_table,
         side=side,
@@ -627,7 +723,7 @@ def represent(
 
 @cli.command()
 @click.argument("table")
-@click.option("-m", "--model", "model_path", required=True, help="Model file.")
+@model_option()
 @click.option("--sources", "sources_path", help="Source phrases to compare, one per line.")
 @click.option(
     "--sample", type=int, default=10, show_default=True, help="Else: sample N source phrases..."
@@ -650,8 +746,8 @@ def represent(
     help="Pairs sampled for the scatter and correlations (0: all).",
 )
 @click.option("--seed", type=int, default=1, show_default=True, help="Sampling seed.")
-@click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda.")
-@click.option("--threads", type=int, help="CPU threads for PyTorch.")
+@device_option
+@threads_option
 @_fail_cleanly
 def compare(
     table,
@@ -667,15 +763,12 @@ def compare(
     max_pairs,
     seed,
     device,
-    threads,
 ):
     """The model's top targets beside the phrase TABLE's (Cho et al. 2014, Table 2-3, Fig. 3),
     and the rank correlations of its log p with the table's columns; markdown on stdout."""
     from phrasescore.compare import CompareOptions, format_comparison
     from phrasescore.compare import compare as run_compare
-    from phrasescore.jobs import set_threads
 
-    set_threads(threads)
     options = CompareOptions(
         sources_path=sources_path,
         sample=sample,
@@ -692,117 +785,24 @@ def compare(
         click.echo(line)
 
 
-@cli.command("train-lm")
-@click.argument("corpus")
-@click.option("-o", "--output", "model_path", required=True, help="LM file to write.")
-@click.option("--valid", help="Validation text (else a held-out slice of CORPUS).")
-@click.option(
-    "--preset",
-    type=click.Choice(["default", "paper", "tiny"]),
-    default="default",
-    show_default=True,
-    help="Sizes (paper: order 7, 512-dim embeddings, 3072-1536-1024 relu layers).",
-)
-@click.option("--order", type=int, help="n of the n-gram model (default: the preset's).")
-@click.option("--lang", default="fr", show_default=True, help="Language (tokeniser).")
-@click.option("--tokenize", is_flag=True, help="Raw text: run the Moses tokenizer (sacremoses).")
-@click.option("--lowercase", is_flag=True, help="Lowercase the text.")
-@click.option("--vocab-size", type=int, help="Words in the vocabulary (default 15000).")
-@click.option("--max-length", type=int, help="Skip longer training sentences (default 100).")
-@click.option("--lr", type=float, help="Learning rate (Adam).")
-@click.option("--batch-tokens", type=int, help="Tokens per batch.")
-@click.option("--epochs", type=int, help="Maximum epochs.")
-@click.option("--max-steps", type=int, help="Stop after this many updates.")
-@click.option("--max-minutes", type=float, help="Stop after this much training time.")
-@click.option("--valid-every", type=int, help="Validate every N steps.")
-@click.option("--patience", type=int, help="Stop after N validations without improvement.")
-@click.option("--seed", type=int, help="Random seed (same seed, same run).")
-@click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda.")
-@click.option("--amp/--no-amp", default=None, help="bf16 autocast (default: on for CUDA).")
-@click.option("--threads", type=int, help="CPU threads for PyTorch.")
-@click.option("--resume", is_flag=True, help="Continue from LM.checkpoint exactly.")
-@_fail_cleanly
-def train_lm(
-    corpus,
-    model_path,
-    valid,
-    preset,
-    order,
-    lang,
-    tokenize,
-    lowercase,
-    vocab_size,
-    max_length,
-    lr,
-    batch_tokens,
-    epochs,
-    max_steps,
-    max_minutes,
-    valid_every,
-    patience,
-    seed,
-    device,
-    amp,
-    threads,
-    resume,
-):
-    """Train the CSLM target language model (SPEC §3.6) on CORPUS (target-language text)."""
-    from phrasescore.train_lm import run_lm_training
-
-    result = run_lm_training(
-        model_path=model_path,
-        corpus=corpus,
-        valid=valid,
-        preset=preset,
-        order=order,
-        lang=lang,
-        tokenize=tokenize,
-        lowercase=lowercase,
-        device=device,
-        amp=amp,
-        threads=threads,
-        resume=resume,
-        overrides=dict(
-            vocab_size=vocab_size,
-            max_length=max_length,
-            learning_rate=lr,
-            batch_tokens=batch_tokens,
-            epochs=epochs,
-            max_steps=max_steps,
-            max_minutes=max_minutes,
-            valid_every=valid_every,
-            patience=patience,
-            seed=seed,
-        ),
-    )
-    click.echo(
-        f"{result.model_path}\tvalid_ppl={result.best_valid_ppl:.2f}\t"
-        f"unigram_ppl={result.unigram_valid_ppl:.1f}\tsteps={result.steps}\t"
-        f"signature={result.signature}"
-    )
-
-
-# ---------------------------------------------------------------------------- alignments
 @cli.command()
 @click.argument("source")
 @click.argument("target")
-@click.option("-m", "--model", "model_path", required=True, help="Attention model file.")
+@model_option("Attention model file.")
 @click.option("-o", "--output", default="-", show_default=True, help="Output file (.gz: gzip).")
 @click.option("--plot", "plot_dir", help="Also draw each pair's alignment matrix: DIR/NNNNNN.png.")
 @click.option("--batch-size", type=int, default=32, show_default=True, help="Pairs per batch.")
-@click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda.")
-@click.option("--threads", type=int, help="CPU threads for PyTorch.")
+@device_option
+@threads_option
 @_fail_cleanly
-def align(source, target, model_path, output, plot_dir, batch_size, device, threads):
+def align(source, target, model_path, output, plot_dir, batch_size, device):
     """Word alignments of SOURCE TARGET (parallel files) from an attention model's weights.
 
     One line per pair, Moses 'i-j' (source word i, target word j, 0-based): each target word to
     the source word it attends to most, end-of-sentence excluded (Bahdanau et al. 2015, Fig. 3).
     """
     from phrasescore.align import align_files
-    from phrasescore.jobs import set_threads
 
-    set_threads(threads)
     result = align_files(
         source, target, model_path, output, plot_dir, device=device, batch_size=batch_size
     )
@@ -814,22 +814,30 @@ def align(source, target, model_path, output, plot_dir, batch_size, device, thre
     )
 
 
-# ---------------------------------------------------------------------------- Moses tables
+# ---------------------------------------------------------------------------- Moses files
+@cli.command("ini-tables")
+@click.argument("moses_ini")
+@click.option("--factors", is_flag=True, help="Add INPUT_FACTORS and OUTPUT_FACTORS columns.")
+@_fail_cleanly
+def ini_tables(moses_ini, factors):
+    """Print the phrase tables of MOSES_INI: NAME<TAB>CLASS<TAB>PATH<TAB>NUM_FEATURES per line.
+
+    Paths are expanded and resolved relative to the ini's directory; '-' when a table has none.
+    """
+    from phrasescore.tables import ini_table_rows
+
+    for row in ini_table_rows(moses_ini, factors=factors):
+        click.echo(row)
+
+
 @cli.command("check-table")
 @click.argument("table")
 @_fail_cleanly
 def check_table(table):
     """Read and validate a Moses phrase TABLE (plain or gzip, - for stdin) in one pass."""
-    from phrasescore.moses.phrase_table import check_phrase_table
+    from phrasescore.tables import check_table as run_check_table
 
-    stats = check_phrase_table(table)
-    logging.getLogger("phrasescore.cli").info(
-        "%s: %d lines, %d source phrases (runs of equal sources), %d scores per line",
-        table,
-        stats.lines,
-        stats.source_groups,
-        stats.num_scores,
-    )
+    run_check_table(table)
 
 
 @cli.command("copy-table")
@@ -838,16 +846,96 @@ def check_table(table):
 @_fail_cleanly
 def copy_table(table, output):
     """Copy a phrase TABLE through phrasescore's reader and writer (validating it)."""
-    from phrasescore.moses.phrase_table import copy_phrase_table
+    from phrasescore.tables import copy_table as run_copy_table
 
-    stats = copy_phrase_table(table, output)
-    logging.getLogger("phrasescore.cli").info(
-        "%s: %d lines, %d scores per line, written to %s",
-        table,
-        stats.lines,
-        stats.num_scores,
-        output,
+    run_copy_table(table, output)
+
+
+# ---------------------------------------------------------------------------- MERT A/B
+@cli.command()
+@click.option("--baseline", required=True, help="The baseline system's moses.ini.")
+@click.option(
+    "--candidate",
+    "candidates",
+    multiple=True,
+    required=True,
+    metavar="[NAME=]INI",
+    help="A candidate system's moses.ini (e.g. what rescore --moses-ini wrote); repeatable.",
+)
+@click.option(
+    "--dev", nargs=2, required=True, metavar="SRC REF", help="Tuning set (tokenised as the system)."
+)
+@click.option(
+    "--test", "tests", nargs=3, multiple=True, metavar="NAME SRC REF", help="Test set; repeatable."
+)
+@click.option("--workdir", required=True, help="Working directory (a rerun resumes there).")
+@click.option("--moses-home", help="mosesdecoder build (default: $MOSES_HOME, else $MOSES).")
+@click.option(
+    "--runs", type=click.IntRange(1, 5), default=3, show_default=True, help="MERT runs per system."
+)
+@click.option(
+    "--seeds",
+    default="1234,5678,9012,3456,7890",
+    show_default=True,
+    help="MERT seeds (mert --rseed), one per run, comma-separated.",
+)
+@click.option(
+    "--jobs", type=click.IntRange(min=1), default=2, show_default=True, help="MERT runs at a time."
+)
+@click.option(
+    "--decoder-threads",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Decoder threads per run.",
+)
+@click.option(
+    "--max-iterations",
+    type=click.IntRange(min=1),
+    default=25,
+    show_default=True,
+    help="mert-moses.pl --maximum-iterations.",
+)
+@click.option("--mert-flags", default="", help="More mert-moses.pl flags (e.g. --batch-mira).")
+@click.option(
+    "--bleu-tokenize",
+    default="none",
+    show_default=True,
+    help="sacrebleu tokenizer (none: the text is tokenised already, as multi-bleu.perl).",
+)
+@click.option(
+    "--bootstrap-samples",
+    type=click.IntRange(min=10),
+    default=1000,
+    show_default=True,
+    help="Paired bootstrap resamples.",
+)
+@_fail_cleanly
+def ab(baseline, candidates, dev, tests, workdir, moses_home, seeds, **settings):
+    """Does a new phrase-table column move BLEU? MERT A/B of a baseline against candidates.
+
+    Tunes every system --runs times with mert-moses.pl (different seeds, tables filtered once per
+    system), decodes every --test set with every tuned ini and prints BLEU mean ± sd, the tuned
+    weights of each candidate's new features and the paired bootstrap p-value against the
+    baseline.
+    """
+    from phrasescore.mert_ab import ComparisonOptions, compare_systems, format_report
+
+    try:
+        seed_list = tuple(int(seed) for seed in seeds.split(","))
+    except ValueError:
+        raise InputError(f"--seeds {seeds!r}: give integers separated by commas") from None
+    results = compare_systems(
+        baseline,
+        list(candidates),
+        tuple(dev),
+        [tuple(t) for t in tests],
+        workdir,
+        moses_home=moses_home,
+        options=ComparisonOptions(seeds=seed_list, **settings),
     )
+    for line in format_report(results, [t[0] for t in tests]):
+        click.echo(line)
 
 
 def main() -> None:

@@ -30,11 +30,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from phrasescore.bundle import TrainedModel
 from phrasescore.errors import InputError
 from phrasescore.files import display_name
-from phrasescore.model.checkpoint import TrainedModel, load_model
+from phrasescore.hardware import resolve_device
+from phrasescore.jobs import model_for
 from phrasescore.moses.phrase_table import iter_source_groups, read_phrase_table
-from phrasescore.scoring import PairScorer, resolve_device
+from phrasescore.scoring import PairScorer
 
 log = logging.getLogger(__name__)
 
@@ -222,10 +224,7 @@ def compare(
     if options.top < 1 or options.sample < 0 or options.max_pairs < 0 or options.proposals < 0:
         raise InputError("--top must be >= 1; --sample, --max-pairs, --proposals >= 0")
     dev = resolve_device(device)
-    if model is None:
-        if model_path is None:
-            raise InputError("give a --model")
-        model = load_model(model_path, dev)
+    model = model_for(model, model_path, dev)
     wanted = _read_sources_file(options.sources_path) if options.sources_path else None
     groups, pair_sample, lines, n_scores = _scan_table(table, options, wanted)
     log.info("%s: %d lines; %d pairs kept for the correlations", table, lines, len(pair_sample))
@@ -235,39 +234,16 @@ def compare(
         raise InputError(f"--column must be between 1 and {n_scores} (the table's scores)")
     names = column_names(n_scores)
     column = options.column - 1
-    if wanted is not None:
-        missing = [s for s in wanted if s not in groups]
-        if missing:
-            log.warning("not in the table: %s", "; ".join(missing))
-        ordered = [(s, groups[s]) for s in wanted if s in groups]
-    else:
-        ordered = list(groups.items())
-        if not ordered and options.sample:
-            log.warning(
-                "no source phrase has %d targets or more and %d words or more",
-                options.min_targets,
-                options.min_words,
-            )
     scorer = PairScorer(model, device=dev, batch_tokens=options.batch_tokens)
-    comparisons = []
-    for source, rows in ordered:
-        logprob = scorer.score_phrases([source] * len(rows), [t for t, _ in rows]).logprob
-        candidates = [
-            Candidate(t, scores[column], float(lp))
-            for (t, scores), lp in zip(rows, logprob, strict=True)
-        ]
-        by_table = sorted(candidates, key=lambda c: (-c.table_score, c.target))[: options.top]
-        by_model = sorted(candidates, key=lambda c: (-c.logprob, c.target))[: options.top]
-        comparison = SourceComparison(source, len(rows), by_table, by_model)
-        if options.proposals:
-            known = {" ".join(model.tgt_text.normalize_tokenized(t)) for t, _ in rows}
-            comparison.proposals = propose(model, source, known, options, dev)
-        comparisons.append(comparison)
+    comparisons = [
+        _compare_source(scorer, source, rows, column, options, dev)
+        for source, rows in _ordered_groups(groups, wanted, options)
+    ]
     correlations: list[Correlation] = []
     length_rho = float("nan")
     if pair_sample:
-        logprob = scorer.score_phrases([p[0] for p in pair_sample], [p[1] for p in pair_sample])
-        logp = logprob.logprob
+        logp = scorer.score_phrases([p[0] for p in pair_sample], [p[1] for p in pair_sample])
+        logp = logp.logprob
         scores = np.array([p[2] for p in pair_sample], dtype=np.float64)
         for j in range(n_scores):
             correlations.append(Correlation(j + 1, names[j], spearman(logp, scores[:, j])))
@@ -291,6 +267,40 @@ def compare(
         options.scatter_path,
         length_rho,
     )
+
+
+def _ordered_groups(groups, wanted: list[str] | None, options: CompareOptions):
+    """The (source, rows) to compare: the wanted sources in their order, or the sample."""
+    if wanted is not None:
+        missing = [s for s in wanted if s not in groups]
+        if missing:
+            log.warning("not in the table: %s", "; ".join(missing))
+        return [(s, groups[s]) for s in wanted if s in groups]
+    ordered = list(groups.items())
+    if not ordered and options.sample:
+        log.warning(
+            "no source phrase has %d targets or more and %d words or more",
+            options.min_targets,
+            options.min_words,
+        )
+    return ordered
+
+
+def _compare_source(scorer, source: str, rows, column: int, options: CompareOptions, device):
+    """The table's and the model's top targets of one source (and the model's proposals)."""
+    model = scorer.model
+    logprob = scorer.score_phrases([source] * len(rows), [t for t, _ in rows]).logprob
+    candidates = [
+        Candidate(t, scores[column], float(lp))
+        for (t, scores), lp in zip(rows, logprob, strict=True)
+    ]
+    by_table = sorted(candidates, key=lambda c: (-c.table_score, c.target))[: options.top]
+    by_model = sorted(candidates, key=lambda c: (-c.logprob, c.target))[: options.top]
+    comparison = SourceComparison(source, len(rows), by_table, by_model)
+    if options.proposals:
+        known = {" ".join(model.tgt_text.normalize_tokenized(t)) for t, _ in rows}
+        comparison.proposals = propose(model, source, known, options, device)
+    return comparison
 
 
 def propose(

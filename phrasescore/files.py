@@ -18,6 +18,7 @@ import sys
 import tempfile
 import zlib
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import BinaryIO
 
 from phrasescore.errors import InputError
@@ -30,12 +31,6 @@ _READ_BUFFER = 1 << 20
 def display_name(path: str) -> str:
     """The name used in messages: ``<stdin>``/``<stdout>`` for ``-``."""
     return "<stdin>" if path == "-" else path
-
-
-def is_gzip(path: str) -> bool:
-    """True when the file starts with the gzip magic bytes."""
-    with open(path, "rb") as handle:
-        return handle.read(2) == GZIP_MAGIC
 
 
 def open_binary_input(path: str) -> BinaryIO:
@@ -130,11 +125,6 @@ def iter_lines(
         yield line
 
 
-def count_lines(path: str) -> int:
-    """Number of lines in ``path`` (a final line without newline counts)."""
-    return sum(1 for _ in iter_raw_lines(path))
-
-
 def default_file_mode() -> int:
     """0666 less the umask: the mode open() would give a new file."""
     return 0o666 & ~_umask()
@@ -149,6 +139,34 @@ def _umask() -> int:
 def gzip_writer(raw: BinaryIO) -> gzip.GzipFile:
     """A gzip stream with a fixed header, so that equal content gives equal bytes."""
     return gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=GZIP_LEVEL, mtime=0)
+
+
+def _temporary_beside(path: str) -> tuple[int, str]:
+    """(fd, name) of a new hidden temporary file in ``path``'s directory, with the mode open()
+    would give a new file (mkstemp makes 0600)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    os.chmod(tmp, default_file_mode())
+    return fd, tmp
+
+
+@contextmanager
+def atomic_path(path: str) -> Iterator[str]:
+    """Yield a temporary file name beside ``path`` for a writer that wants a name (safetensors,
+    ``torch.save``); it is renamed to ``path`` when the block completes and removed otherwise.
+
+    The one atomic-write rule of the package, as :class:`AtomicOutput` for streams.
+    """
+    if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        raise InputError("output directory does not exist", path)
+    fd, tmp = _temporary_beside(path)
+    os.close(fd)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 class AtomicOutput:
@@ -174,13 +192,9 @@ class AtomicOutput:
         if self.path == "-":
             raw: BinaryIO = sys.stdout.buffer
         else:
-            directory = os.path.dirname(os.path.abspath(self.path))
-            if not os.path.isdir(directory):
+            if not os.path.isdir(os.path.dirname(os.path.abspath(self.path))):
                 raise InputError("output directory does not exist", self.path)
-            fd, self._tmp = tempfile.mkstemp(
-                prefix=f".{os.path.basename(self.path)}.", suffix=".tmp", dir=directory
-            )
-            os.chmod(self._tmp, default_file_mode())  # mkstemp makes 0600
+            fd, self._tmp = _temporary_beside(self.path)
             raw = os.fdopen(fd, "wb", buffering=_READ_BUFFER)
         self._raw = raw
         stream: BinaryIO = raw

@@ -1,4 +1,9 @@
-"""What the machine can do: its processor and its measured matrix-multiply rate.
+"""The machine: which device and precision a job runs on, its threads, its processor and its
+measured matrix-multiply rate.
+
+Every job picks its device with :func:`resolve_device` and its threads with :func:`set_threads`;
+the scoring engine asks :func:`resolve_dtype` for ``--dtype auto``. ``/proc/cpuinfo`` is read in
+one place, :func:`cpu_info`.
 
 Benchmarks report throughput as a fraction of the peak measured *in the same run*: the 2-core
 machines differ (Intel with AMX, AMD EPYC with AVX-512 BF16) and their load changes, so a figure
@@ -7,36 +12,75 @@ measured elsewhere or earlier would not compare.
 
 from __future__ import annotations
 
+import functools
 import platform
 import resource
 import time
 
 import torch
 
+from phrasescore.errors import InputError
+
+BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+"""CPU flags of native bf16 matrix units."""
+REPORTED_FLAGS = ("avx512_bf16", "amx_bf16", "amx_tile", "avx512f")
+
+
+# ---------------------------------------------------------------------------- device and threads
+def resolve_device(name: str) -> torch.device:
+    """``auto`` is CUDA when available, else CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise InputError("--device cuda was asked for, but PyTorch sees no CUDA device")
+    return torch.device(name)
+
+
+def set_threads(threads: int | None) -> None:
+    """Use ``threads`` CPU threads in PyTorch (None or 0: PyTorch's default)."""
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def native_bf16(device: torch.device) -> bool:
+    """True where bf16 matrix products run natively: CUDA, or a CPU with AVX-512 BF16 or AMX."""
+    if device.type == "cuda":
+        return True
+    return bool(cpu_info()[1] & BF16_FLAGS)
+
+
+def resolve_dtype(name: str, device: torch.device) -> str:
+    """``auto``: bfloat16 where it is native (see :func:`native_bf16`), else float32."""
+    if name != "auto":
+        return name
+    return "bfloat16" if native_bf16(device) else "float32"
+
+
+# ---------------------------------------------------------------------------- the processor
+@functools.lru_cache(maxsize=1)
+def cpu_info() -> tuple[str | None, frozenset[str]]:
+    """(model name, flags) of the first processor in ``/proc/cpuinfo``; (None, {}) without one."""
+    name: str | None = None
+    flags: frozenset[str] | None = None
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if name is None and line.startswith("model name"):
+                    name = line.split(":", 1)[1].strip()
+                elif flags is None and line.startswith("flags"):
+                    flags = frozenset(line.split(":", 1)[1].split())
+                if name is not None and flags is not None:
+                    break
+    except OSError:
+        pass
+    return name, flags or frozenset()
+
 
 def describe_processor() -> str:
     """Model name, core count and PyTorch's CPU capability (e.g. ``AVX512``, ``AMX``)."""
-    name = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    name = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    flags = ""
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("flags"):
-                    have = set(line.split(":", 1)[1].split())
-                    flags = " ".join(
-                        f for f in ("avx512_bf16", "amx_bf16", "amx_tile", "avx512f") if f in have
-                    )
-                    break
-    except OSError:
-        pass
+    name, have = cpu_info()
+    name = name or platform.processor() or "unknown"
+    flags = " ".join(f for f in REPORTED_FLAGS if f in have)
     capability = torch.backends.cpu.get_cpu_capability()
     return (
         f"{name}, {torch.get_num_threads()} threads, torch {torch.__version__} "

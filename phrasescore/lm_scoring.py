@@ -19,8 +19,8 @@ Words outside the vocabulary are scored as ``<unk>`` (the usual closed-vocabular
 
 Features:
 
-* :func:`lm_nbest_feature` adds ``CSLM0= log p(hypothesis)`` (sentence mode) to every line of a
-  Moses n-best list, every other byte unchanged (SPEC §2.3);
+* ``phrasescore nbest --lm`` (:mod:`phrasescore.rescore_nbest`) adds ``CSLM0= log p(hypothesis)``
+  (sentence mode) to every line of a Moses n-best list, every other byte unchanged (SPEC §2.3);
 * :class:`LMPhraseColumn` gives p(target phrase) = exp(max(log p, -100)) (phrase mode) as a
   phrase-table column: a probability, since Moses takes ln of every column (SPEC §2.1).
 """
@@ -28,14 +28,13 @@ Features:
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from phrasescore.model.cslm import TrainedLM, load_lm
+from phrasescore.bundle import TrainedLM
 from phrasescore.text.vocab import BOS_ID, EOS_ID, PAD_ID
 
 log = logging.getLogger(__name__)
@@ -167,100 +166,3 @@ class LMPhraseColumn:
         return [
             format_probability(probability_from_logprob(float(v))) for v in self.logprobs(targets)
         ]
-
-
-# ---------------------------------------------------------------------------- n-best feature
-def with_feature(entry, name: str, value: float):
-    """``entry`` (an :class:`~phrasescore.moses.nbest.NBestEntry`) with ``name= value`` added
-    after its last feature, as :func:`~phrasescore.moses.nbest.add_feature` writes it; the
-    result is an entry again, so that several features can be added."""
-    from phrasescore.errors import InputError
-    from phrasescore.moses.nbest import check_feature_name, format_feature_value
-
-    check_feature_name(name)
-    labels = {token[:-1] for token in entry.features.split() if token[-1] in "=:"}
-    if name in labels:
-        raise InputError(f"feature {name!r} is already in this line", entry.path, entry.lineno)
-    features = entry.features
-    end = len(features.rstrip())
-    value_text = format_feature_value(value)
-    return entry._replace(features=f"{features[:end]} {name}= {value_text}{features[end:]}")
-
-
-@dataclass
-class LMNBestResult:
-    output: str
-    hypotheses: int
-    seconds: float
-
-
-def lm_nbest_feature(
-    nbest: str,
-    lm_path: str | None = None,
-    output: str = "-",
-    name: str = DEFAULT_LM_FEATURE,
-    device: str = "cpu",
-    block_hypotheses: int = 4000,
-    progress: bool = True,
-    lm: TrainedLM | None = None,
-) -> LMNBestResult:
-    """Add ``name= log p(hypothesis </s> | <s>)`` to every line of a Moses n-best list.
-
-    The value is a log score (used by MERT as it is); every other byte of each line, the total
-    included, is unchanged. The list is streamed in blocks of ``block_hypotheses`` lines.
-    """
-    from itertools import islice
-
-    from tqdm import tqdm
-
-    from phrasescore.errors import InputError
-    from phrasescore.files import AtomicOutput
-    from phrasescore.moses.nbest import add_feature, check_feature_name, read_nbest
-    from phrasescore.scoring import resolve_device
-
-    check_feature_name(name)
-    dev = resolve_device(device)
-    if lm is None:
-        if lm_path is None:
-            raise InputError("give a language model (--lm)")
-        lm = load_lm(lm_path, dev)
-    scorer = LMScorer(lm, dev)
-    log.info("n-best CSLM feature %s with language model %s", name, lm.signature)
-    started = time.monotonic()
-    count = 0
-    entries = read_nbest(nbest)
-    with (
-        AtomicOutput(output) as out,
-        tqdm(disable=not progress, unit=" hyps", unit_scale=True, dynamic_ncols=True) as bar,
-    ):
-        while True:
-            block = list(islice(entries, block_hypotheses))
-            if not block:
-                break
-            values = scorer.score_sentences([e.hypothesis for e in block]).logprob
-            out.writelines(
-                add_feature(e, name, float(v)) for e, v in zip(block, values, strict=True)
-            )
-            count += len(block)
-            bar.update(len(block))
-    seconds = time.monotonic() - started
-    log.info("%d hypotheses scored in %.1f s", count, seconds)
-    return LMNBestResult("<stdout>" if output == "-" else output, count, seconds)
-
-
-def with_lm_feature(groups, scorer: LMScorer, name: str = DEFAULT_LM_FEATURE):
-    """The n-best ``groups`` (lists of entries) with ``name= log p(hypothesis)`` added to each
-    entry's features (:func:`with_feature`); used by ``phrasescore nbest --lm`` before its own
-    feature is added, so re-ranking with weights sees both."""
-    entries = [e for group in groups for e in group]
-    values = scorer.score_sentences([e.hypothesis for e in entries]).logprob
-    out, position = [], 0
-    for group in groups:
-        out.append(
-            [
-                with_feature(e, name, float(v))
-                for e, v in zip(group, values[position : position + len(group)], strict=True)
-            ]
-        )
-        position += len(group)
-    return out

@@ -45,10 +45,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from phrasescore.bundle import TrainedModel
 from phrasescore.errors import InputError
 from phrasescore.files import AtomicOutput, display_name, iter_lines
-from phrasescore.model.checkpoint import TrainedModel, load_model
-from phrasescore.scoring import resolve_device
+from phrasescore.hardware import resolve_device
+from phrasescore.jobs import model_for
 from phrasescore.text.vocab import EOS_ID, SPECIAL_TOKENS
 
 log = logging.getLogger(__name__)
@@ -105,20 +106,6 @@ def read_phrase_file(path: str) -> list[str]:
     return phrases
 
 
-def _counts_of(entry) -> list[float] | None:
-    """The counts field of a phrase-table entry (the 2nd field after the scores), or None."""
-    if entry.tail is None:
-        return None
-    fields = entry.tail.split("|||")
-    if len(fields) < 2:
-        return None
-    try:
-        counts = [float(x) for x in fields[1].split()]
-    except ValueError:
-        return None
-    return counts if len(counts) >= 2 else None
-
-
 def frequent_table_phrases(
     table: str, side: str, limit: int, min_words: int = 1
 ) -> list[tuple[str, float]]:
@@ -142,7 +129,7 @@ def frequent_table_phrases(
         phrase = entry.source if side == "source" else entry.target
         if min_words > 1 and len(phrase.split()) < min_words:
             continue
-        values = _counts_of(entry)
+        values = entry.counts()
         if values is None:
             missing += 1
             counts[phrase] = counts.get(phrase, 0.0) + 1.0
@@ -402,8 +389,7 @@ def represent(
     if options.neighbours < 0 or options.words < 0:
         raise InputError("--neighbours and --words must not be negative")
     dev = resolve_device(device)
-    if model is None:
-        model = load_model(model_path, dev)
+    model = model_for(model, model_path, dev)
     log.info(
         "phrase vectors: the summary vector of the %s encoder (%s), %d dimensions",
         model.config.arch,
@@ -412,6 +398,36 @@ def represent(
     )
     files: list[str] = []
     method = None
+    phrases, token_lists = _choose_phrases(phrases_path, model, options)
+    vectors = np.zeros((0, model.config.hidden_dim), dtype=np.float32)
+    neighbours: list[tuple[str, list[Neighbour]]] = []
+    if phrases:
+        vectors = phrase_vectors(model, token_lists, dev, options.batch_size)
+        files += write_projector_files(output_prefix, vectors, phrases)
+        if options.neighbours:
+            neighbours = _neighbours(phrases, vectors, options)
+        if options.map_path:
+            coords, method = project_2d(vectors, options.method, options.seed)
+            draw_map(
+                options.map_path,
+                coords,
+                phrases,
+                f"Phrase representations c ({method}, {model.config.arch} encoder)",
+                options.labels,
+            )
+            files.append(options.map_path)
+    if options.words:
+        word_files, word_method = _write_word_vectors(model, output_prefix, options)
+        files += word_files
+        method = word_method or method
+    elif options.word_map_path:
+        raise InputError("--word-map needs --words N")
+    log.info("wrote %s", ", ".join(files))
+    return RepresentResult(phrases, vectors, files, neighbours, method)
+
+
+def _choose_phrases(phrases_path: str | None, model: TrainedModel, options: RepresentOptions):
+    """(phrases, their token lists): of the table, the file or the queries."""
     text = model.src_text
     if options.phrase_table:
         if options.side == "target":
@@ -438,54 +454,43 @@ def represent(
     for phrase, tokens in zip(phrases, token_lists, strict=True):
         if not tokens:
             raise InputError(f"phrase {phrase!r} has no tokens")
-    vectors = np.zeros((0, model.config.hidden_dim), dtype=np.float32)
-    neighbours: list[tuple[str, list[Neighbour]]] = []
-    if phrases:
-        vectors = phrase_vectors(model, token_lists, dev, options.batch_size)
-        files += write_projector_files(output_prefix, vectors, phrases)
-        if options.neighbours:
-            first_row: dict[str, int] = {}
-            for row, phrase in enumerate(phrases):
-                first_row.setdefault(phrase, row)
-            distinct = list(first_row.values())  # a phrase given twice is listed once
-            queries = options.queries or list(first_row)
-            rows = [distinct.index(first_row[q]) for q in dict.fromkeys(queries)]
-            matrix = vectors[distinct]
-            unit = normalize_rows(matrix.astype(np.float64))
-            for q, found in zip(
-                rows, nearest_neighbours(matrix, rows, options.neighbours), strict=True
-            ):
-                neighbours.append(
-                    (
-                        phrases[distinct[q]],
-                        [Neighbour(phrases[distinct[i]], float(unit[i] @ unit[q])) for i in found],
-                    )
-                )
-        if options.map_path:
-            coords, method = project_2d(vectors, options.method, options.seed)
+    return phrases, token_lists
+
+
+def _neighbours(phrases: list[str], vectors: np.ndarray, options: RepresentOptions):
+    """(query, its nearest neighbours) of each query (every distinct phrase by default)."""
+    first_row: dict[str, int] = {}
+    for row, phrase in enumerate(phrases):
+        first_row.setdefault(phrase, row)
+    distinct = list(first_row.values())  # a phrase given twice is listed once
+    queries = options.queries or list(first_row)
+    rows = [distinct.index(first_row[q]) for q in dict.fromkeys(queries)]
+    matrix = vectors[distinct]
+    unit = normalize_rows(matrix.astype(np.float64))
+    return [
+        (
+            phrases[distinct[q]],
+            [Neighbour(phrases[distinct[i]], float(unit[i] @ unit[q])) for i in found],
+        )
+        for q, found in zip(rows, nearest_neighbours(matrix, rows, options.neighbours), strict=True)
+    ]
+
+
+def _write_word_vectors(model: TrainedModel, output_prefix: str, options: RepresentOptions):
+    """The word embeddings of both sides (and the source words' map): (files, map method)."""
+    files: list[str] = []
+    method = None
+    for side, tag in (("source", "src"), ("target", "tgt")):
+        matrix, words = word_embeddings(model, side, options.words)
+        files += write_projector_files(f"{output_prefix}.{tag}-words", matrix, words)
+        if side == "source" and options.word_map_path:
+            coords, method = project_2d(matrix, options.method, options.seed)
             draw_map(
-                options.map_path,
+                options.word_map_path,
                 coords,
-                phrases,
-                f"Phrase representations c ({method}, {model.config.arch} encoder)",
+                words,
+                f"Source word embeddings ({method}, {len(words)} most frequent words)",
                 options.labels,
             )
-            files.append(options.map_path)
-    if options.words:
-        for side, tag in (("source", "src"), ("target", "tgt")):
-            matrix, words = word_embeddings(model, side, options.words)
-            files += write_projector_files(f"{output_prefix}.{tag}-words", matrix, words)
-            if side == "source" and options.word_map_path:
-                coords, method = project_2d(matrix, options.method, options.seed)
-                draw_map(
-                    options.word_map_path,
-                    coords,
-                    words,
-                    f"Source word embeddings ({method}, {len(words)} most frequent words)",
-                    options.labels,
-                )
-                files.append(options.word_map_path)
-    elif options.word_map_path:
-        raise InputError("--word-map needs --words N")
-    log.info("wrote %s", ", ".join(files))
-    return RepresentResult(phrases, vectors, files, neighbours, method)
+            files.append(options.word_map_path)
+    return files, method

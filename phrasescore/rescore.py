@@ -25,7 +25,6 @@ an uninterrupted run with the same flags.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -36,18 +35,20 @@ from itertools import islice
 import numpy as np
 from tqdm import tqdm
 
+from phrasescore import __version__
+from phrasescore.bundle import TrainedModel, load_lm, load_model
 from phrasescore.errors import InputError
-from phrasescore.files import ReadPosition, display_name, gzip_writer
+from phrasescore.files import AtomicOutput, ReadPosition, display_name, gzip_writer, iter_lines
+from phrasescore.hardware import resolve_device, resolve_dtype
 from phrasescore.lm_scoring import LMPhraseColumn
-from phrasescore.model.checkpoint import TrainedModel, load_model
-from phrasescore.model.cslm import load_lm
+from phrasescore.moses.ini import update_moses_ini_text
 from phrasescore.moses.phrase_table import (
     format_entry,
     format_probability,
     probability_from_logprob,
     read_phrase_table,
 )
-from phrasescore.scoring import PairScorer, resolve_device, resolve_dtype
+from phrasescore.scoring import PairScorer
 
 log = logging.getLogger(__name__)
 
@@ -166,14 +167,10 @@ class _PartialOutput:
         self._write_state()
 
     def _write_state(self) -> None:
-        tmp = self.state_path + ".tmp"
-        with open(tmp, "w") as fh:
+        with AtomicOutput(self.state_path, compress=False) as fh:
             json.dump(
                 {"identity": self.identity, "lines": self.lines_done, "bytes": self.bytes_done}, fh
             )
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.state_path)
 
     def finish(self) -> None:
         if self.compress and self.bytes_done == 0:
@@ -287,43 +284,10 @@ def rescore_table(
     dev = resolve_device(device)
     options.dtype = resolve_dtype(options.dtype, dev)  # 'auto' fixed here: part of the resume key
     log.info("device %s, dtype %s", dev, options.dtype)
-    inverse_model_paths = list(inverse_model_paths or [])
-    lm_columns = [LMPhraseColumn(load_lm(path, dev), dev) for path in lm_paths or []]
-    if models is None:
-        if not model_paths and not inverse_model_paths and not lm_columns:
-            raise InputError("give at least one --model (or --lm)")
-        models = [load_model(path, dev) for path in model_paths]
-    inverse_models = [load_model(path, dev) for path in inverse_model_paths]
-    check_directions(models, inverse_models, model_paths, inverse_model_paths)
-    directions = [False] * len(models) + [True] * len(inverse_models)
-    models = list(models) + inverse_models
-    model_paths = list(model_paths) + inverse_model_paths
-    scorers = [
-        PairScorer(m, device=dev, dtype=options.dtype, batch_tokens=options.batch_tokens)
-        for m in models
-    ]
-    signatures = [m.signature for m in models]
-    names = [
-        f"phrasescore{'-inverse' if inverse else ''}:{m.signature}"
-        for m, inverse in zip(models, directions, strict=True)
-    ]
-    names += [column.name for column in lm_columns]
-    if options.unk_column:
-        if not models:
-            raise InputError("--unk-column counts with a model's vocabularies: give a --model")
-        names.append("unknown-words")
-    for model, path in zip(models, model_paths or [""] * len(models), strict=False):
-        log.info("model %s: %s, signature %s", path, model.config.arch, model.signature)
-    identity = {
-        "input": _input_identity(table),
-        "models": signatures,
-        "inverse": directions,
-        "options": options.key(),
-        "version": 1,
-    }
-    if lm_columns:
-        identity["lms"] = [column.lm.signature for column in lm_columns]
-    sink = _StdoutOutput() if output == "-" else _PartialOutput(output, identity)
+    columns = NewColumns.load(
+        model_paths, models, inverse_model_paths or [], lm_paths or [], options, dev
+    )
+    sink = _StdoutOutput() if output == "-" else _PartialOutput(output, columns.identity(table))
     start_line = sink.open(resume)
     position = ReadPosition()
     entries = read_phrase_table(table, position=position)
@@ -336,57 +300,11 @@ def rescore_table(
                 table,
             )
     started = time.monotonic()
-    lines = start_line
-    distinct_sources = 0
-    last_source = None
-    # Progress in bytes of the input file (compressed bytes for gzip), so that tqdm can show an
-    # ETA; lines and pairs/s go in the postfix.
-    bar = tqdm(
-        disable=not progress,
-        total=position.size,
-        unit="B",
-        unit_scale=True,
-        dynamic_ncols=True,
-        desc="rescore",
-    )
+    counter = _Progress(progress, position, start_line, started)
     try:
-        while True:
-            chunk = list(islice(entries, options.chunk_lines))
-            if not chunk:
-                break
-            sources = [e.source for e in chunk]
-            targets = [e.target for e in chunk]
-            for s in sources:
-                if s != last_source:
-                    distinct_sources += 1
-                    last_source = s
-            columns = []
-            first_scored = None
-            for scorer, inverse in zip(scorers, directions, strict=True):
-                if inverse:
-                    scored = scorer.score_phrases(targets, sources)
-                else:
-                    scored = scorer.score_phrases(sources, targets)
-                first_scored = first_scored or scored
-                columns.append(column_values(scored, options))
-            for lm_column in lm_columns:
-                columns.append(lm_column.values(sources, targets))
-            if options.unk_column:
-                columns.append(unknown_values(first_scored))
-            text = "".join(
-                format_entry(entry, [col[i] for col in columns]) for i, entry in enumerate(chunk)
-            )
-            sink.append_chunk(text, len(chunk))
-            lines += len(chunk)
-            elapsed = time.monotonic() - started
-            if bar.total is None and position.size:
-                bar.total = position.size
-            bar.update(position.bytes_read() - bar.n)
-            bar.set_postfix(
-                lines=str(lines),
-                pairs_s=f"{(lines - start_line) / max(elapsed, 1e-9):.0f}",
-                refresh=False,
-            )
+        while chunk := list(islice(entries, options.chunk_lines)):
+            sink.append_chunk(columns.format_chunk(chunk), len(chunk))
+            counter.update(chunk)
         sink.finish()
     except InputError:
         # a bad input line: resuming cannot help, so leave nothing behind
@@ -396,36 +314,154 @@ def rescore_table(
         sink.close_incomplete()
         raise
     finally:
-        bar.close()
-    seconds = time.monotonic() - started
+        counter.close()
     result = RescoreResult(
         output=output,
-        lines=lines,
-        distinct_sources=distinct_sources,
-        seconds=seconds,
-        new_columns=len(names),
-        column_names=names,
-        signatures=signatures,
+        lines=counter.lines,
+        distinct_sources=counter.distinct_sources,
+        seconds=time.monotonic() - started,
+        new_columns=len(columns.names),
+        column_names=columns.names,
+        signatures=columns.signatures,
         resumed_from_line=start_line,
     )
-    log.info(
-        "rescored %d lines (%d distinct sources%s) in %.1f s, %.0f pairs/s: %s (+%d column%s, "
-        "models %s)",
-        lines,
-        distinct_sources,
-        f", resumed after line {start_line}" if start_line else "",
-        seconds,
-        result.pairs_per_second,
-        display_name(output) if output != "-" else "<stdout>",
-        len(names),
-        "" if len(names) == 1 else "s",
-        ", ".join(signatures),
-    )
+    _log_result(result)
     return result
 
 
-def model_digest(signatures: list[str]) -> str:
-    return hashlib.sha256(",".join(signatures).encode()).hexdigest()[:16]
+class NewColumns:
+    """The columns added to each line: one per model (direct, then inverse), one per CSLM, and
+    the unknown-word column."""
+
+    def __init__(self, models, directions, lm_columns, options: RescoreOptions, device):
+        self.options = options
+        self.directions = directions
+        self.lm_columns = lm_columns
+        self.scorers = [
+            PairScorer(m, device=device, dtype=options.dtype, batch_tokens=options.batch_tokens)
+            for m in models
+        ]
+        self.signatures = [m.signature for m in models]
+        self.names = [
+            f"phrasescore{'-inverse' if inverse else ''}:{m.signature}"
+            for m, inverse in zip(models, directions, strict=True)
+        ]
+        self.names += [column.name for column in lm_columns]
+        if options.unk_column:
+            if not models:
+                raise InputError("--unk-column counts with a model's vocabularies: give a --model")
+            self.names.append("unknown-words")
+
+    @classmethod
+    def load(cls, model_paths, models, inverse_paths, lm_paths, options, device) -> NewColumns:
+        """Load the models and CSLMs (``models``: the direct ones, already loaded)."""
+        lm_columns = [LMPhraseColumn(load_lm(path, device), device) for path in lm_paths]
+        if models is None:
+            if not model_paths and not inverse_paths and not lm_columns:
+                raise InputError("give at least one --model (or --lm)")
+            models = [load_model(path, device) for path in model_paths]
+        inverse_models = [load_model(path, device) for path in inverse_paths]
+        check_directions(models, inverse_models, model_paths, inverse_paths)
+        directions = [False] * len(models) + [True] * len(inverse_models)
+        columns = cls(list(models) + inverse_models, directions, lm_columns, options, device)
+        paths = list(model_paths) + list(inverse_paths)
+        all_models = list(models) + inverse_models
+        for model, path in zip(all_models, paths or [""] * len(all_models), strict=False):
+            log.info("model %s: %s, signature %s", path, model.config.arch, model.signature)
+        return columns
+
+    def identity(self, table: str) -> dict:
+        """What a partial output was made from: input, models, flags (the resume key)."""
+        identity = {
+            "input": _input_identity(table),
+            "models": self.signatures,
+            "inverse": self.directions,
+            "options": self.options.key(),
+            "version": 1,
+        }
+        if self.lm_columns:
+            identity["lms"] = [column.lm.signature for column in self.lm_columns]
+        return identity
+
+    def format_chunk(self, chunk) -> str:
+        """The output lines of a chunk of table entries."""
+        sources = [e.source for e in chunk]
+        targets = [e.target for e in chunk]
+        columns = []
+        first_scored = None
+        for scorer, inverse in zip(self.scorers, self.directions, strict=True):
+            if inverse:
+                scored = scorer.score_phrases(targets, sources)
+            else:
+                scored = scorer.score_phrases(sources, targets)
+            first_scored = first_scored or scored
+            columns.append(column_values(scored, self.options))
+        for lm_column in self.lm_columns:
+            columns.append(lm_column.values(sources, targets))
+        if self.options.unk_column:
+            columns.append(unknown_values(first_scored))
+        return "".join(
+            format_entry(entry, [col[i] for col in columns]) for i, entry in enumerate(chunk)
+        )
+
+
+class _Progress:
+    """Lines and distinct sources done, and the progress bar: in bytes of the input file
+    (compressed bytes for gzip), so that tqdm can show an ETA; lines and pairs/s in the
+    postfix."""
+
+    def __init__(self, enabled: bool, position: ReadPosition, start_line: int, started: float):
+        self.position = position
+        self.start_line = start_line
+        self.started = started
+        self.lines = start_line
+        self.distinct_sources = 0
+        self.last_source = None
+        self.bar = tqdm(
+            disable=not enabled,
+            total=position.size,
+            unit="B",
+            unit_scale=True,
+            dynamic_ncols=True,
+            desc="rescore",
+        )
+
+    def update(self, chunk) -> None:
+        for entry in chunk:
+            if entry.source != self.last_source:
+                self.distinct_sources += 1
+                self.last_source = entry.source
+        self.lines += len(chunk)
+        elapsed = time.monotonic() - self.started
+        bar = self.bar
+        if bar.total is None and self.position.size:
+            bar.total = self.position.size
+        bar.update(self.position.bytes_read() - bar.n)
+        bar.set_postfix(
+            lines=str(self.lines),
+            pairs_s=f"{(self.lines - self.start_line) / max(elapsed, 1e-9):.0f}",
+            refresh=False,
+        )
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _log_result(result: RescoreResult) -> None:
+    names = result.column_names
+    log.info(
+        "rescored %d lines (%d distinct sources%s) in %.1f s, %.0f pairs/s: %s (+%d column%s, "
+        "models %s)",
+        result.lines,
+        result.distinct_sources,
+        f", resumed after line {result.resumed_from_line}" if result.resumed_from_line else "",
+        result.seconds,
+        result.pairs_per_second,
+        display_name(result.output) if result.output != "-" else "<stdout>",
+        len(names),
+        "" if len(names) == 1 else "s",
+        ", ".join(result.signatures),
+    )
 
 
 @dataclass
@@ -461,26 +497,14 @@ def run_rescore(
     The new ini declares one more feature and weight per added column, points at the new
     table, and carries a comment with the models' signatures, so that a score can be traced.
     """
-    from phrasescore.files import AtomicOutput, iter_lines
-    from phrasescore.moses.ini import update_moses_ini_text
-
     output = output or default_output_path(table)
     n_new = len(model_paths) + len(inverse_model_paths or []) + len(lm_paths or [])
     n_new += 1 if options.unk_column else 0
-    ini_text = None
+    ini = None
     if moses_ini:
         if output == "-":
             raise InputError("--moses-ini needs an output file, not standard output")
-        ini_text = "".join(iter_lines(moses_ini, keep_ends=True))
-        # Refuse a table the ini does not name before any output is written.
-        update_moses_ini_text(
-            ini_text,
-            ini_table or table,
-            os.path.abspath(output),
-            n_new=n_new,
-            weights=[weight] * n_new,
-            ini_path=moses_ini,
-        )
+        ini = _IniUpdate(moses_ini, ini_table or table, os.path.abspath(output), n_new, weight)
     result = rescore_table(
         table,
         model_paths,
@@ -492,33 +516,54 @@ def run_rescore(
         inverse_model_paths=inverse_model_paths,
         lm_paths=lm_paths,
     )
-    if ini_text is None:
+    if ini is None:
         return RescoreJobResult(result)
     ini_out = ini_out or default_ini_out(moses_ini)
-    comment = (
-        f"# phrasescore {__import__('phrasescore').__version__}: {result.new_columns} column(s) "
-        f"added to {ini_table or table}: {', '.join(result.column_names)}"
-    )
-    # An absolute path: the ini module keeps the old table's directory text (relative,
-    # absolute or ${VAR}) when the new table is beside the old one, whatever the current directory.
-    update = update_moses_ini_text(
-        ini_text,
-        ini_table or table,
-        os.path.abspath(output),
-        n_new=n_new,
-        weights=[weight] * n_new,
-        comment=comment,
-        ini_path=moses_ini,
-    )
-    with AtomicOutput(ini_out, compress=False) as out:
-        out.write(update.text)
-    log.info(
-        "wrote %s: %s now has %d scores (weights %s added)",
-        ini_out,
-        update.feature,
-        update.new_num_features,
-        " ".join(str(w) for w in update.added_weights),
-    )
-    for note in update.notes:
-        log.warning("%s", note)
-    return RescoreJobResult(result, ini_out, update)
+    return RescoreJobResult(result, ini_out, ini.write(ini_out, result))
+
+
+class _IniUpdate:
+    """The moses.ini of the rescored table: checked before the table is rescored (a table the
+    ini does not name is refused before any output is written), written after."""
+
+    def __init__(self, ini_path: str, table: str, new_table: str, n_new: int, weight: float):
+        self.ini_path = ini_path
+        self.table = table
+        # An absolute path: the ini module keeps the old table's directory text (relative,
+        # absolute or ${VAR}) when the new table is beside the old one, whatever the current
+        # directory.
+        self.new_table = new_table
+        self.n_new = n_new
+        self.weights = [weight] * n_new
+        self.text = "".join(iter_lines(ini_path, keep_ends=True))
+        self._update()
+
+    def _update(self, comment: str | None = None):
+        return update_moses_ini_text(
+            self.text,
+            self.table,
+            self.new_table,
+            n_new=self.n_new,
+            weights=self.weights,
+            comment=comment,
+            ini_path=self.ini_path,
+        )
+
+    def write(self, ini_out: str, result: RescoreResult):
+        comment = (
+            f"# phrasescore {__version__}: {result.new_columns} column(s) "
+            f"added to {self.table}: {', '.join(result.column_names)}"
+        )
+        update = self._update(comment)
+        with AtomicOutput(ini_out, compress=False) as out:
+            out.write(update.text)
+        log.info(
+            "wrote %s: %s now has %d scores (weights %s added)",
+            ini_out,
+            update.feature,
+            update.new_num_features,
+            " ".join(str(w) for w in update.added_weights),
+        )
+        for note in update.notes:
+            log.warning("%s", note)
+        return update

@@ -44,12 +44,14 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
+from phrasescore.bundle import TrainedModel, load_lm
 from phrasescore.errors import InputError
 from phrasescore.files import AtomicOutput, display_name, iter_lines
-from phrasescore.model.checkpoint import TrainedModel, load_model
+from phrasescore.hardware import resolve_device
+from phrasescore.jobs import model_for
+from phrasescore.lm_scoring import LMScorer
 from phrasescore.moses.nbest import (
     NBestEntry,
-    add_feature,
     check_feature_name,
     format_feature_value,
     iter_nbest_groups,
@@ -57,8 +59,9 @@ from phrasescore.moses.nbest import (
     read_nbest,
     read_weights,
     total_score,
+    with_feature,
 )
-from phrasescore.scoring import PairScorer, resolve_device
+from phrasescore.scoring import PairScorer
 
 log = logging.getLogger(__name__)
 
@@ -147,129 +150,174 @@ def rescore_nbest(
     progress: bool = True,
     model: TrainedModel | None = None,
 ) -> NBestResult:
-    """Add the model's feature to every hypothesis of ``nbest`` (see the module docstring)."""
+    """Add the model's feature (and the CSLM's) to every hypothesis of ``nbest`` (see the
+    module docstring); with an ``options.lm`` and no model, the CSLM feature alone."""
     options = options or NBestOptions()
-    check_feature_name(options.name)
-    if nbest == "-" and source == "-":
-        raise InputError("the n-best list and --source cannot both be standard input")
-    if options.one_best and not options.weights:
-        raise InputError("--one-best needs --weights (the weights that pick the best hypothesis)")
-    new_names = [options.name] + ([options.lm_name] if options.lm else [])
-    if options.lm:
-        check_feature_name(options.lm_name)
-        if options.lm_name == options.name:
-            raise InputError(f"the model and the LM feature are both named {options.name}")
-    weights = None
-    if options.weights:
-        weights = read_weights(options.weights)
-        for name in new_names:
-            if name not in weights:
-                raise InputError(
-                    f"gives no weight for the new feature {name}: add a line "
-                    f"'{name}= 1.0' (or the weight MERT found) to its [weight] section",
-                    display_name(options.weights),
-                )
-            if len(weights[name]) != 1:
-                raise InputError(
-                    f"{name} has one value but {len(weights[name])} weights",
-                    display_name(options.weights),
-                )
+    with_model = model is not None or model_path is not None or not options.lm
+    names = _check_options(nbest, source, options, with_model)
+    weights = _read_weights(options.weights, names) if options.weights else None
     sources = read_source(source)
     dev = resolve_device(device)
-    if model is None:
-        if model_path is None:
-            raise InputError("give a --model")
-        model = load_model(model_path, dev)
-    scorer = PairScorer(model, device=dev, batch_tokens=options.batch_tokens)
-    log.info("n-best rescoring with model %s, feature %s", model.signature, options.name)
-    lm_scorer = None
-    if options.lm:
-        from phrasescore.lm_scoring import LMScorer
-        from phrasescore.model.cslm import load_lm
-
-        lm = load_lm(options.lm, dev)
-        lm_scorer = LMScorer(lm, dev)
-        log.info("and with language model %s, feature %s", lm.signature, options.lm_name)
-    best_texts: list[str] | None = [""] * len(sources) if options.one_best else None
-    sentences = hypotheses = changed = 0
-    last_id = -1
+    features = _features(options, dev, model_for(model, model_path, dev) if with_model else None)
+    writer = _Writer(options, weights, len(sources))
     started = time.monotonic()
     bar = tqdm(disable=not progress, unit=" hyps", unit_scale=True, dynamic_ncols=True)
     try:
         with AtomicOutput(output) as out:
             groups = iter_nbest_groups(read_nbest(nbest))
             for block in _blocks(groups, options.block_hypotheses):
-                if lm_scorer is not None:  # the LM feature first, in each entry's features
-                    from phrasescore.lm_scoring import with_lm_feature
-
-                    block = with_lm_feature(block, lm_scorer, options.lm_name)
                 entries = [e for group in block for e in group]
                 srcs = [_source_of(e, sources, source) for e in entries]
-                scored = scorer.score_phrases(srcs, [e.hypothesis for e in entries])
-                values = scored.logprob / scored.n_tokens if options.normalize else scored.logprob
-                position = 0
-                for group in block:
-                    group_values = [float(v) for v in values[position : position + len(group)]]
-                    position += len(group)
-                    last_id = max(last_id, group[0].id)
-                    if weights is None:
-                        out.writelines(
-                            add_feature(e, options.name, v)
-                            for e, v in zip(group, group_values, strict=True)
-                        )
-                        continue
-                    lines, best, was_best = _rerank(group, group_values, weights, options)
-                    changed += best.hypothesis != was_best.hypothesis
-                    if best_texts is not None:
-                        best_texts[group[0].id] = best.hypothesis
-                    else:
-                        out.writelines(lines)
-                sentences += len(block)
-                hypotheses += len(entries)
+                hyps = [e.hypothesis for e in entries]
+                for name, score in features:
+                    entries = [
+                        with_feature(e, name, float(v))
+                        for e, v in zip(entries, score(srcs, hyps), strict=True)
+                    ]
+                writer.write_block(_regroup(entries, block), out)
                 bar.update(len(entries))
-            if last_id + 1 != len(sources):
-                raise InputError(
-                    f"the n-best list ends with sentence id {last_id} but the source has "
-                    f"{len(sources)} lines: the list and the source do not match (give exactly "
-                    "the source lines that were decoded)",
-                    display_name(nbest),
-                )
-            if best_texts is not None:
-                out.writelines(text + "\n" for text in best_texts)
+            writer.finish(out, nbest)
     finally:
         bar.close()
     seconds = time.monotonic() - started
     result = NBestResult(
         "<stdout>" if output == "-" else output,
-        sentences,
-        hypotheses,
+        writer.sentences,
+        writer.hypotheses,
         seconds,
-        changed if weights else None,
+        writer.changed if weights else None,
     )
     log.info(
         "%d hypotheses of %d sentences scored in %.1f s (%.0f hypotheses/s)%s",
-        hypotheses,
-        sentences,
+        writer.hypotheses,
+        writer.sentences,
         seconds,
         result.hypotheses_per_second,
-        f"; re-ranking changed the best hypothesis of {changed} sentences" if weights else "",
+        f"; re-ranking changed the best hypothesis of {writer.changed} sentences"
+        if weights
+        else "",
     )
     return result
 
 
-def _rerank(
-    group: list[NBestEntry], values: list[float], weights: dict, options: NBestOptions
-) -> tuple[list[str], NBestEntry, NBestEntry]:
-    """The lines of one id ordered by their new totals (written in the total field), the new
-    best entry and the old one (best original total).
+def _check_options(nbest: str, source: str, options: NBestOptions, with_model: bool) -> list[str]:
+    """The names of the features to add, in order, after checking the options."""
+    if with_model:
+        check_feature_name(options.name)
+    if nbest == "-" and source == "-":
+        raise InputError("the n-best list and --source cannot both be standard input")
+    if options.one_best and not options.weights:
+        raise InputError("--one-best needs --weights (the weights that pick the best hypothesis)")
+    names = ([options.lm_name] if options.lm else []) + ([options.name] if with_model else [])
+    if options.lm:
+        check_feature_name(options.lm_name)
+        if with_model and options.lm_name == options.name:
+            raise InputError(f"the model and the LM feature are both named {options.name}")
+    return names
 
-    The new feature enters the total with the value as written (6 significant digits), so the
-    totals can be recomputed from the output.
+
+def _read_weights(path: str, names: list[str]) -> dict[str, list[float]]:
+    """The weights of ``path``, which must weigh each new feature."""
+    weights = read_weights(path)
+    for name in names:
+        if name not in weights:
+            raise InputError(
+                f"gives no weight for the new feature {name}: add a line "
+                f"'{name}= 1.0' (or the weight MERT found) to its [weight] section",
+                display_name(path),
+            )
+        if len(weights[name]) != 1:
+            raise InputError(
+                f"{name} has one value but {len(weights[name])} weights", display_name(path)
+            )
+    return weights
+
+
+def _features(options: NBestOptions, device, model: TrainedModel | None):
+    """(name, score(sources, hypotheses) -> values) of each feature to add, in line order:
+    the CSLM's first, then the model's."""
+    features = []
+    if options.lm:
+        lm = load_lm(options.lm, device)
+        lm_scorer = LMScorer(lm, device)
+        log.info(
+            "n-best rescoring with language model %s, feature %s", lm.signature, options.lm_name
+        )
+        features.append(
+            (options.lm_name, lambda srcs, hyps: lm_scorer.score_sentences(hyps).logprob)
+        )
+    if model is not None:
+        scorer = PairScorer(model, device=device, batch_tokens=options.batch_tokens)
+        log.info("n-best rescoring with model %s, feature %s", model.signature, options.name)
+
+        def model_values(srcs, hyps):
+            scored = scorer.score_phrases(srcs, hyps)
+            return scored.logprob / scored.n_tokens if options.normalize else scored.logprob
+
+        features.append((options.name, model_values))
+    return features
+
+
+def _regroup(entries: list[NBestEntry], block: list[list[NBestEntry]]) -> list[list[NBestEntry]]:
+    """``entries`` cut into groups of the sizes of ``block``'s."""
+    groups, position = [], 0
+    for group in block:
+        groups.append(entries[position : position + len(group)])
+        position += len(group)
+    return groups
+
+
+class _Writer:
+    """Writes the scored groups: as they are, re-ranked by ``weights``, or the 1-best texts."""
+
+    def __init__(self, options: NBestOptions, weights: dict | None, n_sources: int):
+        self.options = options
+        self.weights = weights
+        self.n_sources = n_sources
+        self.best_texts: list[str] | None = [""] * n_sources if options.one_best else None
+        self.sentences = self.hypotheses = self.changed = 0
+        self.last_id = -1
+
+    def write_block(self, groups: list[list[NBestEntry]], out) -> None:
+        for group in groups:
+            self.last_id = max(self.last_id, group[0].id)
+            self.sentences += 1
+            self.hypotheses += len(group)
+            if self.weights is None:
+                out.writelines(e.line() for e in group)
+                continue
+            lines, best, was_best = _rerank(group, self.weights, self.options)
+            self.changed += best.hypothesis != was_best.hypothesis
+            if self.best_texts is not None:
+                self.best_texts[group[0].id] = best.hypothesis
+            else:
+                out.writelines(lines)
+
+    def finish(self, out, nbest: str) -> None:
+        """Refuse a list that ends before the source; write the 1-best texts."""
+        if self.last_id + 1 != self.n_sources:
+            raise InputError(
+                f"the n-best list ends with sentence id {self.last_id} but the source has "
+                f"{self.n_sources} lines: the list and the source do not match (give exactly "
+                "the source lines that were decoded)",
+                display_name(nbest),
+            )
+        if self.best_texts is not None:
+            out.writelines(text + "\n" for text in self.best_texts)
+
+
+def _rerank(
+    group: list[NBestEntry], weights: dict, options: NBestOptions
+) -> tuple[list[str], NBestEntry, NBestEntry]:
+    """The lines of one id, new features added, ordered by their new totals (written in the
+    total field), the new best entry and the old one (best original total).
+
+    The new features enter the total with their values as written (6 significant digits), so
+    the totals can be recomputed from the output.
     """
     totals = []
-    for entry, value in zip(group, values, strict=True):
+    for entry in group:
         features = parse_features(entry.features, entry.path, entry.lineno)
-        features.append((options.name, [float(format_feature_value(value))]))
         try:
             totals.append(total_score(features, weights))
         except InputError as exc:
@@ -278,10 +326,5 @@ def _rerank(
             ) from None
     old_best = max(range(len(group)), key=lambda i: (float(group[i].total), -i))
     order = sorted(range(len(group)), key=lambda i: (-totals[i], i))
-    lines = [
-        add_feature(
-            group[i]._replace(total=_total_field(group[i], totals[i])), options.name, values[i]
-        )
-        for i in order
-    ]
+    lines = [group[i]._replace(total=_total_field(group[i], totals[i])).line() for i in order]
     return lines, group[order[0]], group[old_best]

@@ -28,46 +28,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from phrasescore.bundle import TrainedModel
+from phrasescore.hardware import resolve_dtype
 from phrasescore.model.base import EncoderDecoder, EncoderOutput, select_rows
-from phrasescore.model.checkpoint import TrainedModel
 from phrasescore.text.vocab import BOS_ID, EOS_ID
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` is CUDA when available, else CPU."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        from phrasescore.errors import InputError
-
-        raise InputError("--device cuda was asked for, but PyTorch sees no CUDA device")
-    return torch.device(name)
-
-
-def native_bf16(device: torch.device) -> bool:
-    """True where bf16 matrix products run natively: CUDA, or a CPU with AVX-512 BF16 or AMX."""
-    if device.type == "cuda":
-        return True
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return bool(flags & {"avx512_bf16", "amx_bf16"})
-    except OSError:
-        pass
-    return False
-
-
-def resolve_dtype(name: str, device: torch.device) -> str:
-    """``auto``: bfloat16 where it is native (see :func:`native_bf16`), else float32."""
-    if name != "auto":
-        return name
-    return "bfloat16" if native_bf16(device) else "float32"
 
 
 def phrase_tokens(normalizer, phrase: str) -> list[str]:
@@ -200,7 +168,7 @@ class PairScorer:
         positions = torch.from_numpy(np.argsort(np.concatenate([p[0] for p in pieces]))).to(
             self.device
         )
-        merged = concat_encodings([p[1] for p in pieces])
+        merged = concat_encodings(self.network, [p[1] for p in pieces])
         return select_rows(merged, positions)
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
@@ -231,38 +199,8 @@ class PairScorer:
                 per_tok[i] = token_lp[row]
 
 
-def concat_encodings(encodings: list[EncoderOutput]) -> EncoderOutput:
-    """Concatenate encoder outputs along the batch; source-position tensors (the ``mask``
-    [B, S] and the tensors [B, S, ...] of 3 or more dimensions beside it) are padded to the
-    longest source first (mask with False, the others with 0). 2-dimensional tensors other than
-    the mask are per-source vectors [B, D] and never padded, even when D happens to equal S."""
-    if len(encodings) == 1:
-        return encodings[0]
-    if "mask" not in encodings[0]:
-        return {k: torch.cat([e[k] for e in encodings]) for k in encodings[0]}
-    longest = max(e["mask"].shape[1] for e in encodings)
-    merged: dict[str, list[torch.Tensor]] = {k: [] for k in encodings[0]}
-    for enc in encodings:
-        pad = longest - enc["mask"].shape[1]
-        for key, value in enc.items():
-            positional = key == "mask" or value.dim() >= 3
-            if pad and positional and value.shape[1] == enc["mask"].shape[1]:
-                shape = list(value.shape)
-                shape[1] = pad
-                value = torch.cat([value, value.new_zeros(shape)], dim=1)
-            merged[key].append(value)
-    return {k: torch.cat(v) for k, v in merged.items()}
-
-
-def score_pairs(
-    model: TrainedModel,
-    sources: Sequence[list[str]],
-    targets: Sequence[list[str]],
-    per_token: bool = False,
-    device: str = "cpu",
-    dtype: str = "float32",
-) -> ScoredPairs:
-    """Convenience wrapper: score token-list pairs with a fresh :class:`PairScorer`."""
-    return PairScorer(model, device=device, dtype=dtype).score_tokens(
-        sources, targets, per_token=per_token
-    )
+def concat_encodings(network: EncoderDecoder, encodings: list[EncoderOutput]) -> EncoderOutput:
+    """Encoder outputs of ``network`` joined along the batch, padded as its architecture says
+    (:meth:`~phrasescore.model.base.EncoderDecoder.concat_encodings`: the declared per-position
+    outputs are padded to the longest source, per-source vectors never are)."""
+    return network.concat_encodings(encodings)

@@ -49,6 +49,7 @@ from torch import Tensor
 
 from phrasescore.errors import InputError
 from phrasescore.model.base import EncoderDecoder, EncoderOutput, select_rows
+from phrasescore.text.corpus import pad_ids
 from phrasescore.text.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 log = logging.getLogger(__name__)
@@ -121,9 +122,7 @@ def encode_sources(
 ) -> EncoderOutput:
     """Encode id lists (EOS appended here), padded to the longest with their lengths given."""
     lengths = [len(ids) + 1 for ids in src_ids]
-    longest = max(lengths)
-    rows = [list(ids) + [EOS_ID] + [PAD_ID] * (longest - len(ids) - 1) for ids in src_ids]
-    src = torch.tensor(rows, dtype=torch.long, device=device)
+    src = torch.from_numpy(pad_ids(src_ids, last=EOS_ID)).to(device)
     return network.encode(src, torch.tensor(lengths, dtype=torch.long, device=device))
 
 

@@ -26,15 +26,23 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
 from phrasescore import __version__
+from phrasescore.bundle import TrainedModel, save_model
 from phrasescore.errors import InputError
+from phrasescore.hardware import resolve_device, set_threads
+from phrasescore.jobs import check_files_exist
 from phrasescore.model import build_network
-from phrasescore.model.checkpoint import TrainedModel, save_model
-from phrasescore.model.config import ModelConfig, TrainConfig
+from phrasescore.model.config import (
+    ARCH_PRESETS,
+    ARCHITECTURES,
+    DEFAULT_LEARNING_RATE,
+    ModelConfig,
+    TrainConfig,
+)
+from phrasescore.model.config import preset as preset_configs
 from phrasescore.text.corpus import (
     ParallelDataset,
     TokenBudgetBatcher,
@@ -264,7 +272,7 @@ class Trainer:
 
     def read_signature(self) -> str:
         """The signature of the model file saved earlier (e.g. by the run resumed)."""
-        from phrasescore.model.checkpoint import read_metadata
+        from phrasescore.bundle import read_metadata
 
         return read_metadata(self.model_path)["signature"]
 
@@ -318,21 +326,46 @@ class Trainer:
     def _run(self, resume: bool) -> TrainResult:
         ckpt = self.read_checkpoint(self.checkpoint_path) if resume else None
         if ckpt is not None:
-            meta = ckpt["meta"]
-            self.mcfg = self.config_class.from_dict(meta["model_config"])
-            saved = TrainConfig.from_dict(meta["train_config"])
-            # budgets may be changed on resume; everything else is the checkpoint's
-            for key in ("epochs", "max_steps", "max_minutes", "patience"):
-                setattr(saved, key, getattr(self.tcfg, key))
-            self.tcfg = saved
-            self.preset = meta["preset"]
-            log.info("resuming from %s at %s", self.checkpoint_path, meta["position"])
+            self._restore_configs(ckpt["meta"])
+        run = self._start(ckpt)
+        bar = tqdm(
+            total=self.tcfg.max_steps,
+            initial=run.position["step"],
+            disable=not self.progress,
+            unit="step",
+            dynamic_ncols=True,
+        )
+        try:
+            stopped = self._train(run, bar)
+        except KeyboardInterrupt:
+            run.position["elapsed"] = time.monotonic() - run.started
+            self._save_checkpoint(run.network, run.optimizer, run.position, run.vocab_states)
+            log.warning(
+                "interrupted at step %d; checkpoint saved, continue with --resume",
+                run.position["step"],
+            )
+            raise
+        finally:
+            bar.close()
+        return self._finish(run, stopped)
+
+    def _restore_configs(self, meta: dict[str, Any]) -> None:
+        """The configuration of the run resumed; only the budgets may be changed on resume."""
+        self.mcfg = self.config_class.from_dict(meta["model_config"])
+        saved = TrainConfig.from_dict(meta["train_config"])
+        for key in ("epochs", "max_steps", "max_minutes", "patience"):
+            setattr(saved, key, getattr(self.tcfg, key))
+        self.tcfg = saved
+        self.preset = meta["preset"]
+        log.info("resuming from %s at %s", self.checkpoint_path, meta["position"])
+
+    def _start(self, ckpt: dict[str, Any] | None) -> _Run:
+        """Data, network, optimiser and position: fresh, or those of the checkpoint."""
         tcfg = self.tcfg
         torch.manual_seed(tcfg.seed)
         src_text, tgt_text, src_vocab, tgt_vocab, train, valid = self.prepare(
             tcfg, ckpt["meta"]["vocab"] if ckpt else None
         )
-        vocab_states = [src_vocab.to_state(), tgt_vocab.to_state()]
         network = self.new_network(src_vocab, tgt_vocab).to(self.device)
         optimizer = make_optimizer(network, tcfg)
         position = {"epoch": 0, "batch": 0, "step": 0, "best": math.inf, "bad": 0, "history": []}
@@ -343,13 +376,12 @@ class Trainer:
             torch.set_rng_state(ckpt["torch_rng"])
             position.update(ckpt["meta"]["position"])
         unigram = unigram_perplexity(train, valid, len(tgt_vocab))
-        n_params = sum(p.numel() for p in network.parameters())
         log.info(
             "training %s (%s preset, %d parameters) on %d pairs, validating on %d; "
             "unigram validation perplexity %.1f",
             self.mcfg.arch,
             self.preset,
-            n_params,
+            sum(p.numel() for p in network.parameters()),
             len(train),
             len(valid),
             unigram,
@@ -357,130 +389,107 @@ class Trainer:
         batcher = TokenBudgetBatcher(
             train, tcfg.batch_tokens, shuffle=True, seed=tcfg.seed, max_pairs=tcfg.batch_pairs
         )
-
-        def save_best() -> str:
-            return self.write_model(
-                network,
-                (src_text, tgt_text),
-                (src_vocab, tgt_vocab),
-                info={
-                    "preset": self.preset,
-                    "train_config": tcfg.to_dict(),
-                    "data": self.data.describe(),
-                    "steps": position["step"],
-                    "valid_ppl": position["best"],
-                    "unigram_valid_ppl": unigram,
-                    "phrasescore_version": __version__,
-                },
-            )
-
         network.train()
-        started = time.monotonic() - position["elapsed"]
-        window_nll, window_tokens = 0.0, 0
-        stopped = "epochs"
-        signature = ""
-        use_amp = self.amp
-        amp_dtype = torch.bfloat16
-        bar = tqdm(
-            total=tcfg.max_steps,
-            initial=position["step"],
-            disable=not self.progress,
-            unit="step",
-            dynamic_ncols=True,
+        return _Run(
+            network=network,
+            optimizer=optimizer,
+            train=train,
+            valid=valid,
+            batcher=batcher,
+            texts=(src_text, tgt_text),
+            vocabs=(src_vocab, tgt_vocab),
+            vocab_states=[src_vocab.to_state(), tgt_vocab.to_state()],
+            unigram=unigram,
+            position=position,
+            started=time.monotonic() - position["elapsed"],
+            tick=time.monotonic(),
         )
-        tick = time.monotonic()
-        tokens_since = 0
-        scheduled = tcfg.lr_halve_after_epochs is not None
-        current_lr = None
-        try:
-            while position["epoch"] < tcfg.epochs:
-                batches = batcher.batches(position["epoch"])
-                while position["batch"] < len(batches):
-                    epoch_position = position["epoch"] + position["batch"] / len(batches)
-                    if epoch_position >= tcfg.epochs:  # a fractional number of epochs
-                        stopped = "epochs"
-                        raise StopIteration
-                    if scheduled:
-                        lr = learning_rate_at(tcfg, epoch_position)
-                        if lr != current_lr:
-                            for group in optimizer.param_groups:
-                                group["lr"] = lr
-                            if current_lr is not None:
-                                log.info("epoch %.2f: learning rate %g", epoch_position, lr)
-                            current_lr = lr
-                    idx = batches[position["batch"]]
-                    batch = collate(train, idx, self.device)
-                    mask = batch.tgt_out != 0
-                    with torch.autocast(self.device.type, dtype=amp_dtype, enabled=use_amp):
-                        nll = network.loss(
-                            batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out, mask
-                        )
-                    n_tok = int(batch.n_tgt_tokens)
-                    optimizer.zero_grad(set_to_none=True)
-                    # mean over target tokens, or over pairs (Sutskever et al. divide the
-                    # summed gradient by the batch's 128 sentences)
-                    (nll / (len(idx) if tcfg.loss_per_sentence else n_tok)).backward()
-                    if tcfg.clip_norm:
-                        torch.nn.utils.clip_grad_norm_(network.parameters(), tcfg.clip_norm)
-                    optimizer.step()
-                    position["batch"] += 1
-                    position["step"] += 1
-                    window_nll += float(nll.detach())
-                    window_tokens += n_tok
-                    tokens_since += n_tok
-                    now = time.monotonic()
-                    if now - tick >= 1.0:
-                        bar.set_postfix(
-                            epoch=position["epoch"] + 1,
-                            loss=f"{window_nll / max(window_tokens, 1):.3f}",
-                            tok_s=f"{tokens_since / (now - tick):.0f}",
-                        )
-                        tick, tokens_since = now, 0
-                    bar.update(1)
-                    step = position["step"]
-                    if step % tcfg.valid_every == 0:
-                        signature = self._validate(
-                            network, valid, position, window_nll, window_tokens, save_best
-                        )
-                        window_nll, window_tokens = 0.0, 0
-                        if position["bad"] >= tcfg.patience:
-                            stopped = "early stopping"
-                            raise StopIteration
-                    position["elapsed"] = time.monotonic() - started
-                    if step % tcfg.checkpoint_every == 0:
-                        self._save_checkpoint(network, optimizer, position, vocab_states)
-                    if tcfg.max_steps is not None and step >= tcfg.max_steps:
-                        stopped = "max steps"
-                        raise StopIteration
-                    if (
-                        tcfg.max_minutes is not None
-                        and position["elapsed"] >= 60 * tcfg.max_minutes
-                    ):
-                        stopped = "time limit"
-                        raise StopIteration
-                position["epoch"] += 1
-                position["batch"] = 0
-        except StopIteration:
-            pass
-        except KeyboardInterrupt:
-            position["elapsed"] = time.monotonic() - started
-            self._save_checkpoint(network, optimizer, position, vocab_states)
-            log.warning(
-                "interrupted at step %d; checkpoint saved, continue with --resume",
-                position["step"],
+
+    def _train(self, run: _Run, bar) -> str:
+        """Steps until a budget or early stopping ends the run; returns why it stopped."""
+        position, tcfg = run.position, self.tcfg
+        while position["epoch"] < tcfg.epochs:
+            batches = run.batcher.batches(position["epoch"])
+            while position["batch"] < len(batches):
+                epoch_position = position["epoch"] + position["batch"] / len(batches)
+                if epoch_position >= tcfg.epochs:  # a fractional number of epochs
+                    return "epochs"
+                self._schedule_learning_rate(run, epoch_position)
+                self._step(run, batches[position["batch"]], bar)
+                stopped = self._after_step(run)
+                if stopped:
+                    return stopped
+            position["epoch"] += 1
+            position["batch"] = 0
+        return "epochs"
+
+    def _schedule_learning_rate(self, run: _Run, epoch_position: float) -> None:
+        if self.tcfg.lr_halve_after_epochs is None:
+            return
+        lr = learning_rate_at(self.tcfg, epoch_position)
+        if lr != run.current_lr:
+            for group in run.optimizer.param_groups:
+                group["lr"] = lr
+            if run.current_lr is not None:
+                log.info("epoch %.2f: learning rate %g", epoch_position, lr)
+            run.current_lr = lr
+
+    def _step(self, run: _Run, idx, bar) -> None:
+        """One update on the batch of pair indices ``idx``."""
+        tcfg, network, position = self.tcfg, run.network, run.position
+        batch = collate(run.train, idx, self.device)
+        mask = batch.tgt_out != 0
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp):
+            nll = network.loss(batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out, mask)
+        n_tok = int(batch.n_tgt_tokens)
+        run.optimizer.zero_grad(set_to_none=True)
+        # mean over target tokens, or over pairs (Sutskever et al. divide the summed gradient by
+        # the batch's 128 sentences)
+        (nll / (len(idx) if tcfg.loss_per_sentence else n_tok)).backward()
+        if tcfg.clip_norm:
+            torch.nn.utils.clip_grad_norm_(network.parameters(), tcfg.clip_norm)
+        run.optimizer.step()
+        position["batch"] += 1
+        position["step"] += 1
+        run.window_nll += float(nll.detach())
+        run.window_tokens += n_tok
+        run.tokens_since += n_tok
+        now = time.monotonic()
+        if now - run.tick >= 1.0:
+            bar.set_postfix(
+                epoch=position["epoch"] + 1,
+                loss=f"{run.window_nll / max(run.window_tokens, 1):.3f}",
+                tok_s=f"{run.tokens_since / (now - run.tick):.0f}",
             )
-            raise
-        finally:
-            bar.close()
-        position["elapsed"] = time.monotonic() - started
-        if window_tokens or not position["history"]:
-            signature = self._validate(
-                network, valid, position, window_nll, window_tokens, save_best
-            )
-        self._save_checkpoint(network, optimizer, position, vocab_states)
-        if not signature:
-            signature = self.read_signature()
-        epochs_done = position["epoch"] + position["batch"] / max(len(batcher.batches(0)), 1)
+            run.tick, run.tokens_since = now, 0
+        bar.update(1)
+
+    def _after_step(self, run: _Run) -> str | None:
+        """Validate and checkpoint when due; why the run stops now, or None to go on."""
+        tcfg, position = self.tcfg, run.position
+        step = position["step"]
+        if step % tcfg.valid_every == 0:
+            run.signature = self._validate(run)
+            if position["bad"] >= tcfg.patience:
+                return "early stopping"
+        position["elapsed"] = time.monotonic() - run.started
+        if step % tcfg.checkpoint_every == 0:
+            self._save_checkpoint(run.network, run.optimizer, position, run.vocab_states)
+        if tcfg.max_steps is not None and step >= tcfg.max_steps:
+            return "max steps"
+        if tcfg.max_minutes is not None and position["elapsed"] >= 60 * tcfg.max_minutes:
+            return "time limit"
+        return None
+
+    def _finish(self, run: _Run, stopped: str) -> TrainResult:
+        """The last validation and checkpoint, and the result."""
+        position = run.position
+        position["elapsed"] = time.monotonic() - run.started
+        if run.window_tokens or not position["history"]:
+            run.signature = self._validate(run)
+        self._save_checkpoint(run.network, run.optimizer, position, run.vocab_states)
+        signature = run.signature or self.read_signature()
+        epochs_done = position["epoch"] + position["batch"] / max(len(run.batcher.batches(0)), 1)
         log.info(
             "stopped (%s) after %d steps, %.2f epochs, %.0f s; best validation perplexity %.2f "
             "(unigram %.1f); model %s (signature %s)",
@@ -489,7 +498,7 @@ class Trainer:
             epochs_done,
             position["elapsed"],
             position["best"],
-            unigram,
+            run.unigram,
             self.model_path,
             signature,
         )
@@ -499,13 +508,20 @@ class Trainer:
             steps=position["step"],
             epochs_done=epochs_done,
             best_valid_ppl=position["best"],
-            unigram_valid_ppl=unigram,
+            unigram_valid_ppl=run.unigram,
             stopped=stopped,
             history=position["history"],
         )
 
-    def _validate(self, network, valid, position, window_nll, window_tokens, save_best) -> str:
-        ppl = evaluate_perplexity(network, valid, self.device, max(self.tcfg.batch_tokens, 2000))
+    def _validate(self, run: _Run) -> str:
+        """Validation perplexity; saves the model when it is the best so far (its signature,
+        else ""). Starts a new window of training loss."""
+        position = run.position
+        ppl = evaluate_perplexity(
+            run.network, run.valid, self.device, max(self.tcfg.batch_tokens, 2000)
+        )
+        window_nll, window_tokens = run.window_nll, run.window_tokens
+        run.window_nll, run.window_tokens = 0.0, 0
         train_ppl = math.exp(window_nll / window_tokens) if window_tokens else float("nan")
         position["history"].append(
             {
@@ -519,7 +535,7 @@ class Trainer:
         if ppl < position["best"]:
             position["best"] = ppl
             position["bad"] = 0
-            signature = save_best()
+            signature = self._save_best(run)
             note = "best so far, saved"
         else:
             position["bad"] += 1
@@ -537,7 +553,117 @@ class Trainer:
             log.warning("could not draw %s: %s", self.curve_path, exc)
         return signature
 
+    def _save_best(self, run: _Run) -> str:
+        return self.write_model(
+            run.network,
+            run.texts,
+            run.vocabs,
+            info={
+                "preset": self.preset,
+                "train_config": self.tcfg.to_dict(),
+                "data": self.data.describe(),
+                "steps": run.position["step"],
+                "valid_ppl": run.position["best"],
+                "unigram_valid_ppl": run.unigram,
+                "phrasescore_version": __version__,
+            },
+        )
 
-def seed_everything(seed: int) -> None:
-    torch.manual_seed(seed)
-    np.random.seed(seed % (2**32))
+
+@dataclass
+class _Run:
+    """The state of one run between steps (the resumable part is ``position``)."""
+
+    network: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    train: ParallelDataset
+    valid: ParallelDataset
+    batcher: TokenBudgetBatcher
+    texts: tuple
+    vocabs: tuple
+    vocab_states: list
+    unigram: float
+    position: dict[str, Any]
+    started: float
+    tick: float
+    window_nll: float = 0.0
+    window_tokens: int = 0
+    tokens_since: int = 0
+    current_lr: float | None = None
+    signature: str = ""
+
+
+# ---------------------------------------------------------------------------- the job
+def run_training(
+    model_path: str,
+    source: str | None,
+    target: str | None,
+    phrase_table: str | None,
+    valid,
+    preset: str,
+    src_lang: str,
+    tgt_lang: str,
+    tokenize: bool,
+    lowercase: bool,
+    device: str,
+    amp: bool | None,
+    threads: int | None,
+    resume: bool,
+    overrides: dict,
+    arch: str = "cho",
+    model_overrides: dict | None = None,
+) -> TrainResult:
+    """``phrasescore train``: check the arguments, configure, run :class:`Trainer`.
+
+    ``arch`` picks the architecture and its presets; ``overrides`` set
+    :class:`~phrasescore.model.config.TrainConfig` fields and ``model_overrides``
+    :class:`~phrasescore.model.config.ModelConfig` fields (``layers``, ``reverse_source``), None
+    meaning the preset's. On ``resume`` both come from the checkpoint instead.
+    """
+    if phrase_table and (source or target):
+        raise InputError("give either SOURCE TARGET or --phrase-table, not both")
+    if not phrase_table and not (source and target):
+        raise InputError("give SOURCE TARGET files, or --phrase-table TABLE")
+    if arch not in ARCHITECTURES:
+        raise InputError(f"unknown architecture {arch!r} (one of {', '.join(ARCHITECTURES)})")
+    if preset not in ARCH_PRESETS[arch]:
+        raise InputError(f"unknown preset {preset!r}")
+    check_files_exist([source, target, phrase_table, *(valid or [])])
+    set_threads(threads)
+    dev = resolve_device(device)
+    mcfg, tcfg = preset_configs(preset, arch)
+    apply_overrides(tcfg, overrides)
+    for key, value in (model_overrides or {}).items():
+        if value is not None:
+            if arch != "lstm" and key in ("layers", "reverse_source"):
+                flag = "--layers" if key == "layers" else "--no-reverse"
+                raise InputError(f"{flag} is an option of --arch lstm, not of --arch {arch}")
+            setattr(mcfg, key, value)
+    if mcfg.layers < 1:
+        raise InputError(f"--layers must be at least 1, got {mcfg.layers}")
+    if (
+        overrides.get("optimizer") in DEFAULT_LEARNING_RATE
+        and overrides.get("learning_rate") is None
+    ):
+        tcfg.learning_rate = DEFAULT_LEARNING_RATE[overrides["optimizer"]]
+    data = TrainingData(
+        src_path=source,
+        tgt_path=target,
+        phrase_table=phrase_table,
+        valid_src=valid[0] if valid else None,
+        valid_tgt=valid[1] if valid else None,
+        src_lang=src_lang,
+        tgt_lang=tgt_lang,
+        tokenize=tokenize,
+        lowercase=lowercase,
+    )
+    use_amp = dev.type == "cuda" if amp is None else amp
+    trainer = Trainer(model_path, data, mcfg, tcfg, dev, preset=preset, amp=use_amp)
+    return trainer.run(resume=resume)
+
+
+def apply_overrides(tcfg: TrainConfig, overrides: dict | None) -> None:
+    """Set the :class:`TrainConfig` fields of ``overrides`` that are not None."""
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            setattr(tcfg, key, value)

@@ -8,34 +8,28 @@ empty source), the network (:class:`~phrasescore.model.cslm.FeedForwardLM`, whos
 encoder-decoder's signature) and the model file (:func:`~phrasescore.model.cslm.save_lm`).
 
 Perplexity is per token over the words and the ``</s>`` of each sentence (``<s>`` is context,
-never predicted), with words outside the vocabulary scored as ``<unk>``; ``bin/bench-lm`` compares
+never predicted), with words outside the vocabulary scored as ``<unk>``; ``tools/bench-lm`` compares
 it with a count-based Kneser-Ney model on the same tokens and vocabulary.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from phrasescore.bundle import TrainedLM, read_lm_metadata, save_lm
 from phrasescore.errors import InputError
 from phrasescore.files import iter_lines
+from phrasescore.hardware import resolve_device, set_threads
+from phrasescore.jobs import check_files_exist
 from phrasescore.model.config import TrainConfig
-from phrasescore.model.cslm import (
-    LM_PRESETS,
-    FeedForwardLM,
-    LMConfig,
-    TrainedLM,
-    lm_preset,
-    read_lm_metadata,
-    save_lm,
-)
+from phrasescore.model.cslm import LM_PRESETS, FeedForwardLM, LMConfig, lm_preset
 from phrasescore.text.corpus import ParallelDataset
 from phrasescore.text.tokenize import TextNormalizer
 from phrasescore.text.vocab import WordVocabulary, vocabulary_from_state
-from phrasescore.train import Trainer, TrainingData, TrainResult
+from phrasescore.train import Trainer, TrainingData, TrainResult, apply_overrides
 
 log = logging.getLogger(__name__)
 
@@ -134,16 +128,12 @@ def run_lm_training(
 
     ``overrides`` sets :class:`~phrasescore.model.config.TrainConfig` fields (None: the preset's).
     """
-    from phrasescore.jobs import set_threads
-    from phrasescore.scoring import resolve_device
-
     if preset not in LM_PRESETS:
         raise InputError(f"unknown preset {preset!r} (one of {', '.join(LM_PRESETS)})")
     for path in [corpus] + ([valid] if valid else []):
         if path == "-":
             raise InputError("train-lm reads its files twice: give a file, not standard input")
-        if not os.path.isfile(path):
-            raise InputError("no such file", path)
+        check_files_exist([path])
     set_threads(threads)
     dev = resolve_device(device)
     mcfg, tcfg = lm_preset(preset)
@@ -151,9 +141,7 @@ def run_lm_training(
         if order < 2:
             raise InputError(f"--order must be at least 2, got {order}")
         mcfg.order = order
-    for key, value in (overrides or {}).items():
-        if value is not None:
-            setattr(tcfg, key, value)
+    apply_overrides(tcfg, overrides)
     data = LMData(
         tgt_path=corpus, valid_tgt=valid, tgt_lang=lang, tokenize=tokenize, lowercase=lowercase
     )

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from phrasescore.bundle import load_model
 from phrasescore.cli import cli
 from phrasescore.compare import CompareOptions, compare, rank_average, spearman
-from phrasescore.model.checkpoint import load_model
 from phrasescore.moses.phrase_table import read_phrase_table
 
 from .conftest import TEXT, write_lines

@@ -13,11 +13,12 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from phrasescore.bundle import load_lm, load_model
 from phrasescore.cli import cli
 from phrasescore.errors import ModelFileError
-from phrasescore.lm_scoring import LMPhraseColumn, LMScorer, lm_nbest_feature, perplexity
-from phrasescore.model.checkpoint import load_model
-from phrasescore.model.cslm import FeedForwardLM, LMConfig, load_lm
+from phrasescore.lm_scoring import LMPhraseColumn, LMScorer, perplexity
+from phrasescore.model.cslm import FeedForwardLM, LMConfig
+from phrasescore.moses.nbest import read_nbest
 from phrasescore.moses.phrase_table import read_phrase_table
 from phrasescore.text.vocab import BOS_ID, PAD_ID
 from phrasescore.train import Trainer
@@ -137,20 +138,39 @@ def test_scorer_modes(trained):
     assert np.allclose(alone, sentences.logprob, atol=1e-5)
 
 
-def test_nbest_feature_leaves_every_other_byte_unchanged(trained, tmp_path):
+def test_nbest_command_with_lm_alone_adds_the_cslm_feature(trained, tmp_path):
+    """``nbest LIST --source SRC --lm LM`` (no -m): CSLM0 alone, as Cho et al. used the CSLM."""
+    source = write_lines(tmp_path / "source.en", sample_pairs(1)[0])  # a stand-in source
     out = tmp_path / "out.nbest"
-    result = lm_nbest_feature(str(NBEST), trained[0], str(out), progress=False)
+    args = ["-q", "nbest", str(NBEST), "--source", source, "--lm", trained[0], "-o", str(out)]
+    result = CliRunner().invoke(cli, args + ["--no-progress"])
+    assert result.exit_code == 0, result.output
     original = NBEST.read_bytes().decode("utf-8").splitlines(keepends=True)
     written = out.read_bytes().decode("utf-8").splitlines(keepends=True)
-    assert result.hypotheses == len(original) == len(written)
+    assert len(original) == len(written)
     scorer = LMScorer(load_lm(trained[0]))
     for before, after in zip(original, written, strict=True):
         found = re.findall(r" CSLM0= (\S+)", after)
-        assert len(found) == 1
+        assert len(found) == 1 and "RNNEncDec0" not in after
         assert after.replace(f" CSLM0= {found[0]}", "", 1) == before
         hypothesis = before.split("|||")[1]
         expected = scorer.score_sentences([hypothesis]).logprob[0]
         assert float(found[0]) == pytest.approx(expected, rel=1e-5, abs=1e-4)
+    # re-ranking with the CSLM weight alone
+    counts: dict[str, int] = {}
+    for name, values in next(read_nbest(str(NBEST))).parsed_features():
+        counts[name] = counts.get(name, 0) + len(values)
+    lines = [f"{name}= " + " ".join(["0.1"] * n) for name, n in counts.items() if "_" not in name]
+    weights = write_lines(tmp_path / "w", [*lines, "CSLM0= 1.0"])
+    ranked = tmp_path / "ranked.nbest"
+    result = CliRunner().invoke(
+        cli, args[:-1] + [str(ranked), "--no-progress", "--weights", weights]
+    )
+    assert result.exit_code == 0, result.output
+    assert len(ranked.read_text(encoding="utf-8").splitlines()) == len(original)
+    # neither a model nor a language model
+    result = CliRunner().invoke(cli, ["nbest", str(NBEST), "--source", source])
+    assert result.exit_code == 1 and "--model" in result.output
 
 
 def test_phrase_column_is_a_probability(trained):
@@ -207,7 +227,7 @@ def test_bench_lm_kneser_ney_baseline_is_a_distribution():
     import importlib.machinery
     import importlib.util
 
-    path = str(Path(__file__).parent.parent / "bin" / "bench-lm")
+    path = str(Path(__file__).parent.parent / "tools" / "bench-lm")
     loader = importlib.machinery.SourceFileLoader("bench_lm", path)
     module = importlib.util.module_from_spec(importlib.util.spec_from_loader("bench_lm", loader))
     loader.exec_module(module)

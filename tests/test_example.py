@@ -12,14 +12,19 @@ from phrasescore.moses.phrase_table import format_entry, read_phrase_table
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def test_example_run_quick():
+def test_example_run_quick(tmp_path):
+    before = sorted(p.relative_to(EXAMPLES) for p in EXAMPLES.rglob("*"))
     proc = subprocess.run(
-        ["bash", str(EXAMPLES / "run.sh"), "--quick"], capture_output=True, text=True, timeout=900
+        ["bash", str(EXAMPLES / "run.sh"), "--quick", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "mert-moses.pl" in proc.stdout and "phrase-table.rescored.gz" in proc.stdout
+    assert sorted(p.relative_to(EXAMPLES) for p in EXAMPLES.rglob("*")) == before  # only read
     table_in = EXAMPLES / "model" / "phrase-table.gz"
-    table_out = EXAMPLES / "model" / "phrase-table.rescored.gz"
+    table_out = tmp_path / "model" / "phrase-table.rescored.gz"
     with (
         gzip.open(table_in, "rt", encoding="utf-8") as a,
         gzip.open(table_out, "rt", encoding="utf-8") as b,
@@ -31,7 +36,7 @@ def test_example_run_quick():
         assert len(new.scores) == len(old.scores) + 1
         assert format_entry(new._replace(scores=new.scores[:-1])) == format_entry(old)
         assert 0 < float(new.scores[-1]) <= 1
-    ini = (EXAMPLES / "model" / "moses.rescored.ini").read_text()
+    ini = (tmp_path / "model" / "moses.rescored.ini").read_text()
     (table,) = list_phrase_tables(ini)
     assert table.num_features == 5 and table.path == "phrase-table.rescored.gz"
     counts = count_features_and_weights(ini)

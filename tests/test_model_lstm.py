@@ -9,9 +9,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from phrasescore.bundle import load_model, save_model
 from phrasescore.cli import cli
 from phrasescore.model import build_network
-from phrasescore.model.checkpoint import load_model, save_model
 from phrasescore.model.config import ModelConfig, TrainConfig, preset
 from phrasescore.model.lstm import DeepLSTMEncoderDecoder, reverse_within
 from phrasescore.scoring import PairScorer

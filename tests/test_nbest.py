@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from phrasescore.bundle import load_model
 from phrasescore.cli import cli
-from phrasescore.model.checkpoint import load_model
 from phrasescore.moses.nbest import (
     format_feature_value,
     iter_nbest_groups,

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from phrasescore.bundle import load_model
 from phrasescore.cli import cli
-from phrasescore.model.checkpoint import load_model
 from phrasescore.represent import (
     RepresentOptions,
     frequent_table_phrases,

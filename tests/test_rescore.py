@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from phrasescore.model.checkpoint import load_model
+from phrasescore.bundle import load_model
 from phrasescore.moses.ini import count_features_and_weights
 from phrasescore.moses.phrase_table import format_entry, read_phrase_table
 from phrasescore.rescore import RescoreOptions, rescore_table

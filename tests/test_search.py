@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import Tensor
 
+from phrasescore.bundle import load_model
 from phrasescore.errors import InputError
 from phrasescore.model.base import EncoderDecoder
-from phrasescore.model.checkpoint import load_model
 from phrasescore.model.config import ModelConfig
 from phrasescore.scoring import PairScorer
 from phrasescore.search import (

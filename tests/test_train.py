@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from phrasescore.bundle import load_model, save_model
 from phrasescore.errors import ModelFileError
-from phrasescore.model.checkpoint import load_model, save_model
 from phrasescore.model.config import TrainConfig
 from phrasescore.scoring import PairScorer
 from phrasescore.train import Trainer, TrainingData, prepare_data

@@ -11,8 +11,8 @@ import torch
 from click.testing import CliRunner
 from sacremoses import MosesDetokenizer
 
+from phrasescore.bundle import load_model
 from phrasescore.cli import cli
-from phrasescore.model.checkpoint import load_model
 from phrasescore.moses.nbest import iter_nbest_groups, read_nbest
 from phrasescore.scoring import PairScorer
 from phrasescore.search import Hypothesis

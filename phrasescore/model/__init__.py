@@ -1,23 +1,21 @@
-"""The networks (no file or text I/O here) and the architecture registry."""
+"""The networks (ids in, scores out: no file, text or vocabulary here) and their plumbing.
+
+* :mod:`~phrasescore.model.constants` -- the special ids PAD/UNK/BOS/EOS;
+* :mod:`~phrasescore.model.config` -- sizes, training settings, presets, learning rates;
+* :mod:`~phrasescore.model.builders` -- the architecture registry and :func:`build_network`;
+* :mod:`~phrasescore.model.initialization` -- each paper's initial weights;
+* :mod:`~phrasescore.model.base` -- the interface of every encoder-decoder;
+* :mod:`~phrasescore.model.encdec`, :mod:`~phrasescore.model.lstm`,
+  :mod:`~phrasescore.model.attention`, :mod:`~phrasescore.model.cslm` -- the networks;
+* :mod:`~phrasescore.model.checkpoint` -- weights files (safetensors + JSON metadata).
+
+The model file as a whole (network + vocabularies + text settings) is
+:mod:`phrasescore.bundle`.
+"""
 
 from __future__ import annotations
 
-from phrasescore.model.base import EncoderDecoder
-from phrasescore.model.config import ARCHITECTURES, ModelConfig
+from phrasescore.model.builders import NETWORKS, build_network
+from phrasescore.model.config import ARCHITECTURES
 
-
-def build_network(config: ModelConfig) -> EncoderDecoder:
-    """A freshly initialised network of ``config.arch``."""
-    if config.arch == "cho":
-        from phrasescore.model.encdec import GRUEncoderDecoder
-
-        return GRUEncoderDecoder(config)
-    if config.arch == "lstm":
-        from phrasescore.model.lstm import DeepLSTMEncoderDecoder
-
-        return DeepLSTMEncoderDecoder(config)
-    if config.arch == "attention":
-        from phrasescore.model.attention import AttentionEncoderDecoder
-
-        return AttentionEncoderDecoder(config)
-    raise ValueError(f"unknown architecture {config.arch!r} (known: {', '.join(ARCHITECTURES)})")
+__all__ = ["ARCHITECTURES", "NETWORKS", "build_network"]

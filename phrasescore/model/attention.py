@@ -50,15 +50,16 @@ from torch import Tensor, nn
 
 from phrasescore.model.base import EncoderDecoder, EncoderOutput, maxout
 from phrasescore.model.config import ModelConfig
+from phrasescore.model.constants import PAD_ID
 from phrasescore.model.gru import gru_encoder_step, run_gru_encoder
+from phrasescore.model.initialization import init_attention
 from phrasescore.model.lstm import reverse_within
-from phrasescore.text.vocab import PAD_ID
-
-ATTENTION_INIT_STD = 0.001  # W_a, U_a (Bahdanau et al. App. B.1)
 
 
 class AttentionEncoderDecoder(EncoderDecoder):
     """Bahdanau et al. (2015) RNNsearch: bidirectional GRU encoder, additive attention."""
+
+    POSITIONAL_OUTPUTS = ("ann", "ann_proj", "mask")
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -108,20 +109,7 @@ class AttentionEncoderDecoder(EncoderDecoder):
 
     def reset_parameters(self) -> None:
         """Bahdanau et al. App. B.1 (see the module docstring)."""
-        hid = self.config.hidden_dim
-        for name, param in self.named_parameters():
-            if name.endswith("bias") or name.startswith("att_v."):
-                nn.init.zeros_(param)
-            elif name in self.RECURRENT:
-                for block in range(param.shape[1] // hid):
-                    nn.init.orthogonal_(param.data[:, block * hid : (block + 1) * hid])
-            elif name.startswith(("att_state.", "att_annotation.")):
-                nn.init.normal_(param, 0.0, ATTENTION_INIT_STD)
-            else:
-                nn.init.normal_(param, 0.0, self.config.init_std)
-        with torch.no_grad():
-            self.src_embed.weight[PAD_ID].zero_()
-            self.tgt_embed.weight[PAD_ID].zero_()
+        init_attention(self, self.RECURRENT)
 
     # ------------------------------------------------------------------------ encoder
     def encode(self, src: Tensor, src_lengths: Tensor) -> EncoderOutput:

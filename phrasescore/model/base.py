@@ -14,6 +14,11 @@ search, sampling) is written once, here and in ``phrasescore.scoring``/``phrases
 ``logits(features) -> Tensor [N, V]``
     The last (vocabulary) projection; kept separate so that scoring can compute the softmax in
     row chunks and never hold a [tokens, vocabulary] matrix for a whole batch.
+``POSITIONAL_OUTPUTS``
+    The keys of ``encode``'s output that hold one entry per source position ([B, S, ...]);
+    every other tensor is one vector per source. :meth:`EncoderDecoder.concat_encodings` pads
+    exactly those when encodings of different source lengths are joined (as fairseq's
+    ``reorder_encoder_out`` makes reordering an architecture's own business).
 
 p(y | x) = Π_t p(y_t | y_<t, x) (Cho et al. 2014, eq. 4); log p sums over target tokens including
 the end-of-sequence symbol.
@@ -33,6 +38,8 @@ class EncoderDecoder(nn.Module):
     """Base class of the architectures (see the module docstring for the contract)."""
 
     config: ModelConfig
+    POSITIONAL_OUTPUTS: tuple[str, ...] = ()
+    """Keys of the encoder output indexed by source position (see the module docstring)."""
 
     def encode(self, src: Tensor, src_lengths: Tensor) -> EncoderOutput:
         raise NotImplementedError
@@ -58,6 +65,23 @@ class EncoderDecoder(nn.Module):
         raise NotImplementedError
 
     # ------------------------------------------------------------------ written once for all
+    def concat_encodings(self, encodings: list[EncoderOutput]) -> EncoderOutput:
+        """Encoder outputs joined along the batch; the :attr:`POSITIONAL_OUTPUTS` are padded to
+        the longest source first (0, or False for a mask), per-source vectors never are."""
+        if len(encodings) == 1:
+            return encodings[0]
+        positional = self.POSITIONAL_OUTPUTS
+        longest = max((e[k].shape[1] for e in encodings for k in positional), default=0)
+        merged: dict[str, list[Tensor]] = {k: [] for k in encodings[0]}
+        for enc in encodings:
+            for key, value in enc.items():
+                if key in positional and value.shape[1] < longest:
+                    shape = list(value.shape)
+                    shape[1] = longest - value.shape[1]
+                    value = torch.cat([value, value.new_zeros(shape)], dim=1)
+                merged[key].append(value)
+        return {k: torch.cat(v) for k, v in merged.items()}
+
     def loss(
         self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor, tgt_out: Tensor, tgt_mask: Tensor
     ) -> Tensor:

@@ -1,16 +1,17 @@
-"""Model files: safetensors weights plus JSON metadata (configuration, vocabularies, signature).
+"""Weights files: a network's tensors in safetensors plus JSON metadata, nothing executable.
 
-A model file is a single ``.safetensors`` file. Loading it executes no code (no pickle): tensors
-are read by safetensors, everything else is JSON in the file's metadata header:
+Loading executes no code (no pickle): tensors are read by safetensors, everything else is JSON
+strings in the file's metadata header. This module knows networks and tensors only; what the
+metadata means (configuration, vocabularies, text settings) is :mod:`phrasescore.bundle`'s.
 
-``format``          ``phrasescore-model``; anything else is refused
-``format_version``  this module's :data:`FORMAT_VERSION`
-``config``          :class:`~phrasescore.model.config.ModelConfig`
-``src_vocab``/``tgt_vocab``  vocabulary states (words, or a sentencepiece model)
-``src_text``/``tgt_text``    text normalisation (tokenise, lowercase) applied before lookup
-``info``            how the model was trained (preset, data, validation perplexity, steps)
-``signature``       16 hex digits of SHA-256 over weights, configuration and vocabularies: it
-                    names exactly this model in logs, moses.ini comments and reports.
+``signature``  16 hex digits of SHA-256 over the weights (in name order) and the metadata
+               ``core`` (configuration, vocabularies...): it names exactly one model in logs,
+               moses.ini comments and reports, and a damaged file fails to match it.
+
+A file can say anything, so before a network is built from it :func:`check_sizes` refuses
+sizes no phrasescore model has (``hidden_dim 300000`` would ask for terabytes), and
+:func:`check_shapes` builds the network on the ``meta`` device (no memory) and compares every
+tensor shape with the file's, each refusal one :class:`~phrasescore.errors.ModelFileError` line.
 """
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -28,74 +28,23 @@ from safetensors.torch import save_file
 
 from phrasescore import __version__
 from phrasescore.errors import ModelFileError
-from phrasescore.files import default_file_mode
-from phrasescore.model import build_network
-from phrasescore.model.base import EncoderDecoder
-from phrasescore.model.config import ModelConfig
-from phrasescore.text.tokenize import TextNormalizer
-from phrasescore.text.vocab import vocabulary_from_state
+from phrasescore.files import atomic_path
 
-FORMAT = "phrasescore-model"
-FORMAT_VERSION = 1
-
-
-@dataclass
-class TrainedModel:
-    """A network with everything needed to use it on text."""
-
-    network: EncoderDecoder
-    src_vocab: Any
-    tgt_vocab: Any
-    src_text: TextNormalizer
-    tgt_text: TextNormalizer
-    info: dict[str, Any] = field(default_factory=dict)
-    signature: str = ""
-
-    @property
-    def config(self) -> ModelConfig:
-        return self.network.config
-
-    def describe(self) -> dict[str, Any]:
-        """What ``phrasescore info`` prints."""
-        params = sum(p.numel() for p in self.network.parameters())
-        return {
-            "signature": self.signature,
-            "architecture": self.config.arch,
-            "parameters": params,
-            "config": self.config.to_dict(),
-            "source vocabulary": f"{self.src_vocab.kind}, {len(self.src_vocab)} entries",
-            "target vocabulary": f"{self.tgt_vocab.kind}, {len(self.tgt_vocab)} entries",
-            "source text": self.src_text.to_state(),
-            "target text": self.tgt_text.to_state(),
-            **{k: v for k, v in self.info.items()},
-        }
-
-
-def _metadata_core(model: TrainedModel) -> dict[str, str]:
-    return {
-        "config": json.dumps(model.config.to_dict(), sort_keys=True),
-        "src_vocab": json.dumps(model.src_vocab.to_state(), sort_keys=True),
-        "tgt_vocab": json.dumps(model.tgt_vocab.to_state(), sort_keys=True),
-        "src_text": json.dumps(model.src_text.to_state(), sort_keys=True),
-        "tgt_text": json.dumps(model.tgt_text.to_state(), sort_keys=True),
-    }
+MAX_DIM = 1 << 16
+"""Largest width of any layer or embedding (the papers use at most 3072)."""
+MAX_VOCAB = 1 << 24
+"""Largest vocabulary (the papers use at most 80,000 words)."""
+MAX_DEPTH = 64
+"""Largest number of layers and largest n-gram order."""
 
 
 def write_safetensors(
     path: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str]
 ) -> None:
-    """Write a safetensors file atomically (temporary file beside it, then rename)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-    os.close(fd)
-    os.chmod(tmp, default_file_mode())  # mkstemp makes 0600
-    try:
+    """Write a safetensors file atomically (its directory is created if needed)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with atomic_path(path) as tmp:
         save_file(tensors, tmp, metadata=metadata)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def read_header(path: str, what: str = "model") -> dict[str, str]:
@@ -143,7 +92,7 @@ def save_network_file(
     version: int,
 ) -> str:
     """Write weights + metadata (``core``: configuration, vocabularies...) atomically; returns
-    the signature over weights and ``core``. Shared by model and language-model files."""
+    the signature over weights and ``core``."""
     tensors = state_tensors(network)
     signature = compute_signature(tensors, core)
     metadata = {
@@ -158,66 +107,54 @@ def save_network_file(
     return signature
 
 
-def save_model(path: str, model: TrainedModel) -> str:
-    """Write ``model`` to ``path`` atomically; returns (and sets) its signature."""
-    model.signature = save_network_file(
-        path, model.network, _metadata_core(model), model.info, FORMAT, FORMAT_VERSION
-    )
-    return model.signature
+def _limit(name: str) -> int:
+    if name.endswith("vocab_size"):
+        return MAX_VOCAB
+    if name in ("layers", "order"):
+        return MAX_DEPTH
+    return MAX_DIM
 
 
-def read_metadata(path: str) -> dict[str, str]:
-    """The metadata header of a model file, or :class:`ModelFileError` if it is not one."""
-    metadata = read_header(path, "model")
-    if metadata.get("format") == "phrasescore-lm":
-        raise ModelFileError(
-            "this is a CSLM language model (phrasescore train-lm), not an encoder-decoder "
-            "model: give it with --lm",
-            path,
-        )
-    if metadata.get("format") != FORMAT:
-        raise ModelFileError("not a phrasescore model file (no phrasescore metadata)", path)
-    version = int(metadata.get("format_version", "0"))
-    if version > FORMAT_VERSION:
-        raise ModelFileError(
-            f"model file format {version} is newer than this phrasescore reads ({FORMAT_VERSION}); "
-            "upgrade phrasescore",
-            path,
-        )
-    return metadata
+def check_sizes(config: dict[str, Any], path: str) -> None:
+    """Refuse a configuration whose integer sizes are negative or beyond any sane model."""
+    for name, value in config.items():
+        values = value if isinstance(value, list) else [value]
+        for item in values:
+            if isinstance(item, bool) or not isinstance(item, int):
+                continue
+            if not 0 <= item <= _limit(name):
+                raise ModelFileError(
+                    f"damaged or foreign model file: {name} {item} is outside 0..{_limit(name)}",
+                    path,
+                )
 
 
-def load_model(path: str, device: str | torch.device = "cpu") -> TrainedModel:
-    """Load a model file written by :func:`save_model`; refuses anything else clearly."""
-    metadata = read_metadata(path)
-    try:
-        config = ModelConfig.from_dict(json.loads(metadata["config"]))
-        network = build_network(config)
-        tensors = read_tensors(path)
-        src_vocab = vocabulary_from_state(json.loads(metadata["src_vocab"]))
-        tgt_vocab = vocabulary_from_state(json.loads(metadata["tgt_vocab"]))
-        src_text = TextNormalizer.from_state(json.loads(metadata["src_text"]))
-        tgt_text = TextNormalizer.from_state(json.loads(metadata["tgt_text"]))
-        info = json.loads(metadata.get("info", "{}"))
-    except (KeyError, ValueError, TypeError) as exc:
-        raise ModelFileError(f"damaged phrasescore model file ({exc})", path) from None
-    core = {k: metadata[k] for k in ("config", "src_vocab", "tgt_vocab", "src_text", "tgt_text")}
-    if compute_signature(tensors, core) != metadata.get("signature"):
-        raise ModelFileError(
-            "model file is damaged: its signature does not match its content", path
-        )
+def check_shapes(build: Callable[[], torch.nn.Module], tensors: dict[str, Any], path: str) -> None:
+    """Build the network on the meta device (no memory) and refuse a file whose tensors do not
+    have exactly its parameter names and shapes."""
+    with torch.device("meta"):
+        shell = build()
+    expected = {name: tuple(t.shape) for name, t in shell.state_dict().items()}
+    found = {name: tuple(t.shape) for name, t in tensors.items()}
+    if expected == found:
+        return
+    missing = sorted(set(expected) - set(found))
+    unexpected = sorted(set(found) - set(expected))
+    if missing or unexpected:
+        detail = f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}"
+    else:
+        name = next(n for n in sorted(expected) if expected[n] != found[n])
+        detail = f"{name} is {list(found[name])}, the configuration needs {list(expected[name])}"
+    raise ModelFileError(f"weights do not fit the configuration ({detail})", path)
+
+
+def load_weights(
+    network: torch.nn.Module, tensors: dict[str, torch.Tensor], path: str
+) -> torch.nn.Module:
+    """``network`` with the file's ``tensors`` loaded (strictly), in eval mode."""
     try:
         network.load_state_dict(tensors, strict=True)
     except RuntimeError as exc:
         first = str(exc).splitlines()[0]
         raise ModelFileError(f"weights do not fit the configuration ({first})", path) from None
-    network.to(device).eval()
-    return TrainedModel(
-        network=network,
-        src_vocab=src_vocab,
-        tgt_vocab=tgt_vocab,
-        src_text=src_text,
-        tgt_text=tgt_text,
-        info=info,
-        signature=metadata["signature"],
-    )
+    return network.eval()

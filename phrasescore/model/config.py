@@ -38,7 +38,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-ARCHITECTURES = ("cho", "lstm", "attention")
+DEFAULT_LEARNING_RATE = {"adam": 1e-3, "adadelta": 1.0, "sgd": 0.7}
+"""The learning rate each optimiser starts from: Adam's usual 1e-3 (Kingma & Ba 2015), 1.0 for
+Adadelta (Zeiler 2012, as Cho et al. and Bahdanau et al. use it), 0.7 for plain SGD (Sutskever et
+al. 2014 §3.4). The optimisers phrasescore knows are its keys."""
+
+OPTIMIZERS = tuple(DEFAULT_LEARNING_RATE)
 
 
 @dataclass
@@ -71,8 +76,8 @@ class ModelConfig:
 class TrainConfig:
     """How a model is trained; saved with the model for the record."""
 
-    optimizer: str = "adam"  # adam | adadelta | sgd
-    learning_rate: float = 1e-3
+    optimizer: str = "adam"  # one of OPTIMIZERS
+    learning_rate: float = DEFAULT_LEARNING_RATE["adam"]
     # Sutskever et al.: halve the learning rate every ``lr_halve_every_epochs`` epochs once
     # ``lr_halve_after_epochs`` epochs are done (None: a constant learning rate)
     lr_halve_after_epochs: float | None = None
@@ -115,7 +120,7 @@ PRESETS: PresetTable = {
         dict(embedding_dim=100, hidden_dim=1000, maxout_units=500, output_rank=100, dropout=0.0),
         dict(
             optimizer="adadelta",
-            learning_rate=1.0,
+            learning_rate=DEFAULT_LEARNING_RATE["adadelta"],
             clip_norm=1.0,
             batch_pairs=64,
             batch_tokens=100000,
@@ -142,7 +147,7 @@ LSTM_PRESETS: PresetTable = {
         ),
         dict(
             optimizer="sgd",
-            learning_rate=0.7,
+            learning_rate=DEFAULT_LEARNING_RATE["sgd"],
             lr_halve_after_epochs=5.0,
             lr_halve_every_epochs=0.5,
             loss_per_sentence=True,
@@ -178,7 +183,7 @@ ATTENTION_PRESETS: PresetTable = {
         ),
         dict(
             optimizer="adadelta",
-            learning_rate=1.0,
+            learning_rate=DEFAULT_LEARNING_RATE["adadelta"],
             clip_norm=1.0,
             batch_pairs=80,
             batch_tokens=100000,
@@ -193,6 +198,10 @@ ARCH_PRESETS: dict[str, PresetTable] = {
     "lstm": LSTM_PRESETS,
     "attention": ATTENTION_PRESETS,
 }
+
+ARCHITECTURES = tuple(ARCH_PRESETS)
+"""The architecture names (``ModelConfig.arch``); :mod:`phrasescore.model.builders` maps each to
+its network class."""
 
 
 def preset(name: str, arch: str = "cho") -> tuple[ModelConfig, TrainConfig]:

@@ -30,27 +30,23 @@ Contexts
 The network is trained by :mod:`phrasescore.train_lm` with the encoder-decoder's trainer: its
 :meth:`FeedForwardLM.loss` takes the trainer's batch tensors (the source is ignored).
 
-Files: one ``.safetensors`` file like an encoder-decoder model (``phrasescore.model.checkpoint``
-conventions: no pickle, JSON metadata, atomic write, a 16-hex-digit signature) but with
-``format = phrasescore-lm``; :func:`load_lm` reads it, and ``load_model`` refuses it.
+Files: one ``.safetensors`` file like an encoder-decoder model but with
+``format = phrasescore-lm``, written and read by :mod:`phrasescore.bundle` (``save_lm``,
+``load_lm``; ``load_model`` refuses it).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from phrasescore.errors import ModelFileError
 from phrasescore.model.config import TrainConfig
-from phrasescore.text.vocab import BOS_ID, PAD_ID
-
-LM_FORMAT = "phrasescore-lm"
-LM_FORMAT_VERSION = 1
+from phrasescore.model.constants import BOS_ID, PAD_ID
+from phrasescore.model.initialization import init_cslm
 
 
 @dataclass
@@ -129,15 +125,7 @@ class FeedForwardLM(nn.Module):
 
     def reset_parameters(self) -> None:
         """Embeddings N(0, init_std²); hidden layers He-uniform (rectifiers); zero biases."""
-        nn.init.normal_(self.embed.weight, 0.0, self.config.init_std)
-        with torch.no_grad():
-            self.embed.weight[PAD_ID].zero_()
-        for module in self.hidden:
-            if isinstance(module, nn.Linear):
-                nn.init.kaiming_uniform_(module.weight, nonlinearity="relu")
-                nn.init.zeros_(module.bias)
-        nn.init.normal_(self.output.weight, 0.0, self.config.init_std)
-        nn.init.zeros_(self.output.bias)
+        init_cslm(self)
 
     def forward(self, context: Tensor) -> Tensor:
         """Logits [N, V] of the next word for contexts [N, n - 1] (oldest word first)."""
@@ -178,103 +166,3 @@ class FeedForwardLM(nn.Module):
 
     def word_embeddings(self) -> Tensor:
         return self.embed.weight
-
-
-# ---------------------------------------------------------------------------- files
-@dataclass
-class TrainedLM:
-    """A CSLM network with the vocabulary and text settings needed to use it on text."""
-
-    network: FeedForwardLM
-    vocab: Any
-    text: Any  # TextNormalizer
-    info: dict[str, Any] = field(default_factory=dict)
-    signature: str = ""
-
-    @property
-    def config(self) -> LMConfig:
-        return self.network.config
-
-    def describe(self) -> dict[str, Any]:
-        """What describes the file (as ``phrasescore info`` does for encoder-decoders)."""
-        return {
-            "signature": self.signature,
-            "architecture": "cslm (feed-forward n-gram language model)",
-            "parameters": sum(p.numel() for p in self.network.parameters()),
-            "config": self.config.to_dict(),
-            "vocabulary": f"{self.vocab.kind}, {len(self.vocab)} entries",
-            "text": self.text.to_state(),
-            **self.info,
-        }
-
-
-def _core(lm: TrainedLM) -> dict[str, str]:
-    return {
-        "config": json.dumps(lm.config.to_dict(), sort_keys=True),
-        "vocab": json.dumps(lm.vocab.to_state(), sort_keys=True),
-        "text": json.dumps(lm.text.to_state(), sort_keys=True),
-    }
-
-
-def save_lm(path: str, lm: TrainedLM) -> str:
-    """Write ``lm`` to ``path`` atomically; returns (and sets) its signature."""
-    from phrasescore.model.checkpoint import save_network_file
-
-    lm.signature = save_network_file(
-        path, lm.network, _core(lm), lm.info, LM_FORMAT, LM_FORMAT_VERSION
-    )
-    return lm.signature
-
-
-def read_lm_metadata(path: str) -> dict[str, str]:
-    """The metadata of a CSLM file, or :class:`ModelFileError` saying what the file is instead."""
-    from phrasescore.model.checkpoint import read_header
-
-    metadata = read_header(path, "language model")
-    kind = metadata.get("format")
-    if kind == "phrasescore-model":
-        raise ModelFileError(
-            "this is an encoder-decoder model (phrasescore train), not a CSLM language model "
-            "(phrasescore train-lm): give it with --model",
-            path,
-        )
-    if kind != LM_FORMAT:
-        raise ModelFileError("not a phrasescore language model file", path)
-    version = int(metadata.get("format_version", "0"))
-    if version > LM_FORMAT_VERSION:
-        raise ModelFileError(
-            f"language model format {version} is newer than this phrasescore reads "
-            f"({LM_FORMAT_VERSION}); upgrade phrasescore",
-            path,
-        )
-    return metadata
-
-
-def load_lm(path: str, device: str | torch.device = "cpu") -> TrainedLM:
-    """Load a CSLM written by :func:`save_lm` (checks its signature), in eval mode."""
-    from phrasescore.model.checkpoint import compute_signature, read_tensors
-    from phrasescore.text.tokenize import TextNormalizer
-    from phrasescore.text.vocab import vocabulary_from_state
-
-    metadata = read_lm_metadata(path)
-    try:
-        config = LMConfig.from_dict(json.loads(metadata["config"]))
-        network = FeedForwardLM(config)
-        tensors = read_tensors(path)
-        vocab = vocabulary_from_state(json.loads(metadata["vocab"]))
-        text = TextNormalizer.from_state(json.loads(metadata["text"]))
-        info = json.loads(metadata.get("info", "{}"))
-    except (KeyError, ValueError, TypeError) as exc:
-        raise ModelFileError(f"damaged phrasescore language model file ({exc})", path) from None
-    core = {k: metadata[k] for k in ("config", "vocab", "text")}
-    if compute_signature(tensors, core) != metadata.get("signature"):
-        raise ModelFileError(
-            "language model file is damaged: its signature does not match its content", path
-        )
-    try:
-        network.load_state_dict(tensors, strict=True)
-    except RuntimeError as exc:
-        first = str(exc).splitlines()[0]
-        raise ModelFileError(f"weights do not fit the configuration ({first})", path) from None
-    network.to(device).eval()
-    return TrainedLM(network, vocab, text, info, metadata["signature"])

@@ -25,8 +25,9 @@ from torch import Tensor, nn
 
 from phrasescore.model.base import EncoderDecoder, EncoderOutput, maxout
 from phrasescore.model.config import ModelConfig
+from phrasescore.model.constants import PAD_ID
 from phrasescore.model.gru import gru_decoder_step, run_gru_encoder
-from phrasescore.text.vocab import PAD_ID
+from phrasescore.model.initialization import init_cho
 
 
 class GRUEncoderDecoder(EncoderDecoder):
@@ -62,21 +63,11 @@ class GRUEncoderDecoder(EncoderDecoder):
         self.dropout = nn.Dropout(config.dropout)
         self.reset_parameters()
 
+    RECURRENT = ("enc_u_rz", "enc_u_h", "dec_u")
+
     def reset_parameters(self) -> None:
         """N(0, 0.01²) weights, orthogonal recurrent matrices, zero biases (Cho et al. §4.1)."""
-        std = self.config.init_std
-        hid = self.config.hidden_dim
-        for name, param in self.named_parameters():
-            if name.endswith("bias"):
-                nn.init.zeros_(param)
-            elif name in ("enc_u_rz", "enc_u_h", "dec_u"):
-                for block in range(param.shape[1] // hid):
-                    nn.init.orthogonal_(param.data[:, block * hid : (block + 1) * hid])
-            else:
-                nn.init.normal_(param, 0.0, std)
-        with torch.no_grad():
-            self.src_embed.weight[PAD_ID].zero_()
-            self.tgt_embed.weight[PAD_ID].zero_()
+        init_cho(self, self.RECURRENT)
 
     # ------------------------------------------------------------------------ encoder
     def encode(self, src: Tensor, src_lengths: Tensor) -> EncoderOutput:

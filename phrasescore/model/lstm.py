@@ -49,7 +49,8 @@ from torch import Tensor, nn
 
 from phrasescore.model.base import EncoderDecoder, EncoderOutput
 from phrasescore.model.config import ModelConfig
-from phrasescore.text.vocab import PAD_ID
+from phrasescore.model.constants import PAD_ID
+from phrasescore.model.initialization import init_lstm
 
 
 def reverse_within(x: Tensor, lengths: Tensor) -> Tensor:
@@ -94,17 +95,7 @@ class DeepLSTMEncoderDecoder(EncoderDecoder):
     def reset_parameters(self) -> None:
         """U(±init_uniform) for every parameter (Sutskever et al. §3.4), else N(0, init_std²)
         weights and zero biases."""
-        bound = self.config.init_uniform
-        for name, param in self.named_parameters():
-            if bound is not None:
-                nn.init.uniform_(param, -bound, bound)
-            elif "bias" in name:
-                nn.init.zeros_(param)
-            else:
-                nn.init.normal_(param, 0.0, self.config.init_std)
-        with torch.no_grad():
-            self.src_embed.weight[PAD_ID].zero_()
-            self.tgt_embed.weight[PAD_ID].zero_()
+        init_lstm(self)
 
     # ------------------------------------------------------------------------ encoder
     def prepare_source(self, src: Tensor, src_lengths: Tensor) -> Tensor:

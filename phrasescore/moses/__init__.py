@@ -4,10 +4,13 @@ This package knows the formats only (it never imports torch and knows nothing ab
 
 * :mod:`phrasescore.moses.phrase_table` reads phrase tables as a stream and writes them back with
   extra score columns, byte-identical otherwise;
-* :mod:`phrasescore.moses.nbest` reads n-best lists, adds a feature to a line and recomputes total
-  scores from a ``[weight]`` section;
-* :mod:`phrasescore.moses.ini` updates moses.ini so that a phrase table declares more features and
-  weights (modern ``[feature]``/``[weight]`` and old ``[ttable-file]``/``[weight-t]`` formats).
+* :mod:`phrasescore.moses.nbest` reads n-best lists, writes new lines, adds a feature to a line
+  and recomputes total scores from a moses.ini's weights;
+* :mod:`phrasescore.moses.ini` reads moses.ini (its phrase tables, its weights) and updates it so
+  that a phrase table declares more features and weights (modern ``[feature]``/``[weight]`` and
+  old ``[ttable-file]``/``[weight-t]`` formats);
+* :mod:`phrasescore.moses.ini_tables` lists the phrase tables of a moses.ini with resolved paths,
+  one tab-separated row each, for shell scripts.
 """
 
 from phrasescore.moses.ini import (
@@ -21,11 +24,13 @@ from phrasescore.moses.nbest import (
     NBestEntry,
     add_feature,
     format_feature_value,
+    format_nbest_line,
     iter_nbest_groups,
     parse_features,
     read_nbest,
     read_weights,
     total_score,
+    with_feature,
 )
 from phrasescore.moses.phrase_table import (
     PhraseTableEntry,
@@ -53,6 +58,7 @@ __all__ = [
     "count_features_and_weights",
     "format_entry",
     "format_feature_value",
+    "format_nbest_line",
     "format_probability",
     "iter_nbest_groups",
     "iter_source_groups",
@@ -65,5 +71,6 @@ __all__ = [
     "total_score",
     "update_moses_ini",
     "update_moses_ini_text",
+    "with_feature",
     "write_phrase_table",
 ]

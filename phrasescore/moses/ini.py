@@ -65,6 +65,16 @@ SINGLE_SCORE_FEATURES = frozenset(
 )
 """Features that have one score when their line has no ``num-features=``."""
 
+OLD_WEIGHT_SECTIONS = {
+    "weight-d": "d",
+    "weight-l": "lm",
+    "weight-t": "tm",
+    "weight-w": "w",
+    "weight-generation": "g",
+    "weight-i": "I",
+}
+"""Old moses.ini weight sections and the labels old decoders print for them in n-best lists."""
+
 OTHER_BINARY_CLASSES = frozenset({"PhraseDictionaryBinary", "ProbingPT"})
 """Binarised tables for which no binarising command is returned (only a note)."""
 
@@ -568,3 +578,48 @@ def update_moses_ini(
     with AtomicOutput(out_path or ini_path, compress=False) as out:
         out.write(update.text)
     return update
+
+
+def read_weights(ini_text: str, path: str | None = None) -> dict[str, list[float]]:
+    """Feature name -> its weights, in file order: what ``moses -weight-overwrite`` takes and
+    what MERT tuned. The one weights reader of the package (n-best totals use it too).
+
+    ``[weight]`` lines give ``Name -> [w1, w2, ...]``; the old sections ``[weight-d]``,
+    ``[weight-l]``, ``[weight-t]``, ``[weight-w]`` (one weight per line) give ``d``, ``lm``,
+    ``tm``, ``w`` (the labels of old n-best lists, :data:`OLD_WEIGHT_SECTIONS`); other
+    ``[weight-x]`` sections give ``x``. Lines before any section are read as ``[weight]`` lines,
+    so a plain file of ``Name= w1 w2`` lines is a weights file too. As in Moses, ``#`` starts a
+    comment and blank lines are ignored. ``path`` names the file in errors.
+    """
+    weights: dict[str, list[float]] = {}
+    section = "weight"
+    for index, raw in enumerate(ini_text.splitlines(keepends=True)):
+        line = _split_line(index, raw)
+        text = line.text
+        if not text:
+            continue
+        if text.startswith("["):
+            section = text[1:].split("]", 1)[0].strip()
+            continue
+        tokens = text.split()
+        if section == "weight":
+            if not tokens[0].endswith("=") or len(tokens) < 2:
+                raise InputError(
+                    f"cannot read weights in [{section}]: {text!r} (expected 'Name= w1 w2 ...')",
+                    path,
+                    index + 1,
+                )
+            name = tokens[0][:-1]
+            weights[name] = _floats(tokens[1:], f"{name}: weights must be numbers", path, index)
+        elif section.startswith("weight-") and section != "weight-file":
+            label = OLD_WEIGHT_SECTIONS.get(section, section[len("weight-") :])
+            message = f"cannot read weights in [{section}]: {text!r} (expected numbers)"
+            weights.setdefault(label, []).extend(_floats(tokens, message, path, index))
+    return weights
+
+
+def _floats(tokens: list[str], message: str, path: str | None, index: int) -> list[float]:
+    try:
+        return [float(token) for token in tokens]
+    except ValueError:
+        raise InputError(message, path, index + 1) from None

@@ -21,10 +21,10 @@ Moses facts this module implements:
   new values the same way (``-0`` is written ``0``), deterministic for a given float.
 * **Grouping.** The hypotheses of one sentence id are contiguous; :func:`iter_nbest_groups`
   yields them together and refuses an id that comes back after another id.
-* **Weights.** :func:`read_weights` reads a moses.ini ``[weight]`` section (``Name= w1 w2 ...``,
-  as written by ``mert-moses.pl``) or the old per-model sections (``[weight-d]``, ``[weight-l]``,
-  ``[weight-t]``, ``[weight-w]``, one weight per line), mapped to the labels of old n-best lists
-  (``d``, ``lm``, ``tm``, ``w``). A moses total is the dot product of features and weights.
+* **Weights.** :func:`read_weights` reads the weights of a moses.ini or weights file with
+  :func:`phrasescore.moses.ini.read_weights` (modern ``[weight]`` lines and the old per-model
+  sections, mapped to the labels of old n-best lists). A moses total is the dot product of
+  features and weights (:func:`total_score`).
 
 Line endings are kept as read; a last line without a newline is written with ``\\n``.
 """
@@ -38,18 +38,9 @@ from typing import NamedTuple
 
 from phrasescore.errors import InputError
 from phrasescore.files import display_name, iter_lines
+from phrasescore.moses import ini
 
 DELIMITER = "|||"
-
-OLD_WEIGHT_SECTIONS = {
-    "weight-d": "d",
-    "weight-l": "lm",
-    "weight-t": "tm",
-    "weight-w": "w",
-    "weight-generation": "g",
-    "weight-i": "I",
-}
-"""Old moses.ini weight sections and the labels old decoders print for them in n-best lists."""
 
 _NAME_OK = re.compile(r"[A-Za-z][A-Za-z0-9.\-]*\Z")
 
@@ -207,12 +198,28 @@ def format_feature_value(value: float) -> str:
     return "0" if text == "-0" else text
 
 
+def format_nbest_line(
+    sentence_id: int, hypothesis: str, features: Iterable[tuple[str, float]], total: float
+) -> str:
+    """A new n-best line ``id ||| hypothesis ||| Name= v ... ||| total`` (with ``\\n``), values
+    in Moses' format (:func:`format_feature_value`); what ``phrasescore translate --nbest``
+    writes. Check feature names once with :func:`check_feature_name`."""
+    fields = " ".join(f"{name}= {format_feature_value(value)}" for name, value in features)
+    return f"{sentence_id} ||| {hypothesis} ||| {fields} ||| {format_feature_value(total)}\n"
+
+
 def add_feature(entry: NBestEntry, name: str, value: float) -> str:
     """The line of ``entry`` with ``name= value`` added after its last feature value.
 
     Everything else is byte-identical, the total included. Raises InputError for a name with
     ``_`` or a name already in the line.
     """
+    return with_feature(entry, name, value).line()
+
+
+def with_feature(entry: NBestEntry, name: str, value: float) -> NBestEntry:
+    """``entry`` with ``name= value`` added after its last feature value (see
+    :func:`add_feature`); an entry again, so that several features can be added."""
     check_feature_name(name)
     labels = {token[:-1] for token in entry.features.split() if token[-1] in "=:"}
     if name in labels:
@@ -220,43 +227,14 @@ def add_feature(entry: NBestEntry, name: str, value: float) -> str:
     features = entry.features
     end = len(features.rstrip())
     features = f"{features[:end]} {name}= {format_feature_value(value)}{features[end:]}"
-    return entry.line(features)
+    return entry._replace(features=features)
 
 
 def read_weights(path: str) -> dict[str, list[float]]:
-    """Weights by feature name from a moses.ini (or a file of ``Name= w1 w2`` lines).
-
-    ``[weight]`` lines give ``Name -> [w1, w2, ...]``; the old sections ``[weight-d]``,
-    ``[weight-l]``, ``[weight-t]``, ``[weight-w]`` (one weight per line) give ``d``, ``lm``,
-    ``tm``, ``w`` (the labels of old n-best lists); other ``[weight-x]`` sections give ``x``.
-    As in Moses, ``#`` starts a comment and blank lines are ignored.
-    """
-    name = display_name(path)
-    weights: dict[str, list[float]] = {}
-    section = "weight"
-    for lineno, raw in enumerate(iter_lines(path), 1):
-        text = raw.split("#", 1)[0].strip()
-        if not text:
-            continue
-        if text.startswith("["):
-            section = text[1:].split("]", 1)[0].strip()
-            continue
-        tokens = text.split()
-        try:
-            if section == "weight":
-                if not tokens[0].endswith("=") or len(tokens) < 2:
-                    raise ValueError
-                weights[tokens[0][:-1]] = [float(t) for t in tokens[1:]]
-            elif section.startswith("weight-") and section != "weight-file":
-                label = OLD_WEIGHT_SECTIONS.get(section, section[len("weight-") :])
-                weights.setdefault(label, []).extend(float(t) for t in tokens)
-        except ValueError:
-            raise InputError(
-                f"cannot read weights in [{section}]: {text!r} (expected 'Name= w1 w2 ...')",
-                name,
-                lineno,
-            ) from None
-    return weights
+    """Weights by feature name from a moses.ini or a file of ``Name= w1 w2`` lines (``-`` is
+    stdin), read by :func:`phrasescore.moses.ini.read_weights`, the one moses.ini reader."""
+    text = "".join(iter_lines(path, keep_ends=True))
+    return ini.read_weights(text, display_name(path))
 
 
 def total_score(features: list[tuple[str, list[float]]], weights: dict[str, list[float]]) -> float:

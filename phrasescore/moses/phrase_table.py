@@ -74,6 +74,21 @@ class PhraseTableEntry(NamedTuple):
     newline: str
     """The line ending as read: ``"\\n"``, ``"\\r\\n"`` or ``""`` (last line without one)."""
 
+    def counts(self) -> list[float] | None:
+        """The counts field, the 2nd field after the scores (``count(target) count(source)
+        [count(pair)]``, as ``train-model.perl`` writes it), or None when the line has none or
+        it is not at least two numbers."""
+        if self.tail is None:
+            return None
+        fields = self.tail.split(DELIMITER)
+        if len(fields) < 2:
+            return None
+        try:
+            counts = [float(x) for x in fields[1].split()]
+        except ValueError:
+            return None
+        return counts if len(counts) >= 2 else None
+
 
 class TableStats(NamedTuple):
     """What one streaming pass over a table found."""

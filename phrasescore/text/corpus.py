@@ -29,6 +29,7 @@ import torch
 
 from phrasescore.errors import InputError
 from phrasescore.files import display_name, iter_lines
+from phrasescore.moses.phrase_table import read_phrase_table
 from phrasescore.text.tokenize import TextNormalizer
 from phrasescore.text.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Vocabulary
 
@@ -164,9 +165,10 @@ def read_phrase_pairs(
 ) -> PairReader:
     """Stream each distinct (source, target) phrase pair of a Moses phrase table once.
 
-    Only the first two ``|||`` fields are read (whitespace around them stripped, as Moses
-    does); a line with fewer than 3 fields is an :class:`InputError` with file and line. The
-    phrases are Moses-tokenised already, so they go through
+    Lines are split by :func:`phrasescore.moses.phrase_table.read_phrase_table` (the one
+    phrase-table parser; structure checked, scores not parsed): a line with fewer than 3 fields,
+    an empty phrase or a different number of scores is an :class:`InputError` with file and
+    line. The phrases are Moses-tokenised already, so they go through
     :meth:`TextNormalizer.normalize_tokenized` (split, lowercase if asked), never the tokenizer.
     Pairs are distinct after normalisation (lowercasing can merge pairs); the set of 64-bit keys
     (:func:`phrase_pair_key`) costs about 70 bytes per distinct pair.
@@ -175,18 +177,10 @@ def read_phrase_pairs(
     def produce(stats: CorpusStats) -> Iterator[TokenPair]:
         name = display_name(table_path)
         seen: set[int] = set()
-        for lineno, line in enumerate(iter_lines(table_path), 1):
-            fields = line.split("|||", 2)
-            if len(fields) < 3:
-                raise InputError(
-                    "a phrase-table line needs at least 3 fields separated by '|||' "
-                    f"(source ||| target ||| scores), found {len(fields)}",
-                    name,
-                    lineno,
-                )
+        for entry in read_phrase_table(table_path, validate=False):
             stats.lines += 1
-            src_tokens = src_normalizer.normalize_tokenized(fields[0])
-            tgt_tokens = tgt_normalizer.normalize_tokenized(fields[1])
+            src_tokens = src_normalizer.normalize_tokenized(entry.source)
+            tgt_tokens = tgt_normalizer.normalize_tokenized(entry.target)
             if not src_tokens or not tgt_tokens:
                 stats.skipped_empty += 1
                 continue
@@ -502,22 +496,32 @@ class Batch:
 
 
 def _pad(flat: np.ndarray, lengths: np.ndarray, first: int | None, last: int | None) -> np.ndarray:
-    """[B, max(lengths) + 1] int64 rows: ``first`` (if any) + ids + ``last`` (if any), PAD after.
-
-    Exactly one of ``first`` / ``last`` is given, so every row is its length + 1 long.
-    """
+    """[B, W] int64 rows: ``first`` (if any) + ids + ``last`` (if any), PAD after; W is the
+    longest row's length."""
     rows = len(lengths)
-    width = int(lengths.max()) + 1
+    shift = 1 if first is not None else 0
+    width = int(lengths.max()) + shift + (1 if last is not None else 0)
     padded = np.full((rows, width), PAD_ID, dtype=np.int64)
     columns = np.arange(width)
-    shift = 1 if first is not None else 0
     token_mask = (columns >= shift) & (columns < lengths[:, None] + shift)
     padded[token_mask] = flat
     if first is not None:
         padded[:, 0] = first
     if last is not None:
-        padded[np.arange(rows), lengths] = last
+        padded[np.arange(rows), lengths + shift] = last
     return padded
+
+
+def pad_ids(
+    id_lists: Sequence[Sequence[int]], first: int | None = None, last: int | None = None
+) -> np.ndarray:
+    """The one padding rule: [B, W] int64 rows ``first + ids + last`` (each if given), PAD
+    after, e.g. ``pad_ids(sources, last=EOS_ID)`` for an encoder, ``first=BOS_ID`` for a
+    decoder's input. Batches (:func:`make_batch`), search and alignment all pad with it."""
+    if not id_lists:
+        raise ValueError("nothing to pad")
+    flat, lengths = _flatten(id_lists)
+    return _pad(flat, lengths, first, last)
 
 
 def _batch_from_flat(

@@ -13,7 +13,7 @@ see text prepared the same way:
 * with ``lowercase`` the tokens are lowercased *after* tokenising, as ``lowercase.perl`` lowercases
   tokenised text (Python's ``str.lower``; Perl's ``lc`` agrees on these languages).
 
-Measured agreement with ``tokenizer.perl`` (``bin/check-tokenizer``): the raw Multi30k training
+Measured agreement with ``tokenizer.perl`` (``tools/check-tokenizer``): the raw Multi30k training
 text (``multi30k/train.{en,fr}.gz``, 29,000 lines each) tokenised and lowercased here, compared
 line by line with the tokens the Moses system was built from
 (``moses-multi30k/train.tok.lc.{en,fr}.gz``):

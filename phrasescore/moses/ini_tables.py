@@ -1,4 +1,4 @@
-"""A Moses model directory as the ``bin/`` scripts see it: the phrase tables its moses.ini names.
+"""The phrase tables a moses.ini names, paths resolved, as the ``bin/`` scripts loop over them.
 
 ``phrasescore ini-tables MOSES_INI`` prints one line per phrase table,
 ``NAME<TAB>CLASS<TAB>PATH<TAB>NUM_FEATURES`` (``--factors`` adds ``INPUT_FACTORS<TAB>

@@ -1,0 +1,460 @@
+"""The ``ab`` job: does a new phrase-table column move BLEU? A MERT A/B of Moses systems.
+
+For a baseline moses.ini and one or more candidate inis (e.g. the one ``rescore --moses-ini``
+wrote), this job
+
+1. filters every system's phrase tables once, on the dev and test sources together, with Moses'
+   own ``filter-model-given-input.pl``;
+2. tunes every system K times with ``mert-moses.pl`` (seed ``--mertmertargs "--rseed S"``;
+   each run reuses the system's filtered model), at most ``jobs`` runs at a time;
+3. decodes every test set with every tuned configuration (``moses -weight-overwrite``);
+4. reports BLEU per system and test set as mean and standard deviation over the K runs, the
+   tuned weight of each feature the candidate adds, and the paired bootstrap p-value of each
+   candidate against the baseline on the run closest to each system's mean (MultEval's advice:
+   Clark et al. 2011, "Better hypothesis testing for statistical machine translation").
+
+Every step writes its result under a temporary name and renames it when complete, so a run that
+is interrupted resumes where it stopped (MERT itself with ``mert-moses.pl --continue``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import shutil
+import statistics
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from phrasescore.errors import InputError
+from phrasescore.files import AtomicOutput, iter_lines
+from phrasescore.moses.ini import read_weights
+
+log = logging.getLogger(__name__)
+
+#: What the job needs from a Moses installation, relative to MOSES_HOME.
+MOSES_PROGRAMS = {
+    "decoder": "bin/moses",
+    "mert": "bin/mert",
+    "extractor": "bin/extractor",
+    "mert-moses.pl": "scripts/training/mert-moses.pl",
+    "filter-model-given-input.pl": "scripts/training/filter-model-given-input.pl",
+}
+
+
+@dataclass(frozen=True)
+class MosesInstall:
+    """Paths of the Moses programs the A/B job runs."""
+
+    home: Path
+
+    @classmethod
+    def find(cls, home: str | None) -> MosesInstall:
+        """The Moses installation at ``home`` (else $MOSES_HOME, else $MOSES), checked."""
+        home = home or os.environ.get("MOSES_HOME") or os.environ.get("MOSES")
+        if not home:
+            raise InputError(
+                "Moses not found: set MOSES_HOME (or --moses-home) to a mosesdecoder build "
+                "with " + ", ".join(MOSES_PROGRAMS.values())
+            )
+        install = cls(Path(home).resolve())
+        missing = [rel for rel in MOSES_PROGRAMS.values() if not (install.home / rel).is_file()]
+        if missing:
+            raise InputError(f"Moses at {install.home} lacks {', '.join(missing)}")
+        return install
+
+    def program(self, name: str) -> str:
+        return str(self.home / MOSES_PROGRAMS[name])
+
+
+@dataclass(frozen=True)
+class TestSet:
+    """A tokenised source file and its reference, named for the report."""
+
+    name: str
+    source: Path
+    reference: Path
+
+
+@dataclass(frozen=True)
+class System:
+    """A Moses configuration to tune; the first system of a comparison is the baseline."""
+
+    name: str
+    ini: Path
+
+
+@dataclass
+class RunResult:
+    """One tuned run of one system: its weights and the BLEU of each test set."""
+
+    seed: int
+    weights: dict[str, list[float]]
+    bleu: dict[str, float] = field(default_factory=dict)
+    outputs: dict[str, Path] = field(default_factory=dict)
+
+
+@dataclass
+class ComparisonOptions:
+    """How many runs, how much parallelism, how long MERT may iterate."""
+
+    runs: int = 3
+    seeds: tuple[int, ...] = (1234, 5678, 9012, 3456, 7890)
+    jobs: int = 2
+    decoder_threads: int = 1
+    max_iterations: int = 25
+    mert_flags: str = ""
+    bleu_tokenize: str = "none"
+    bootstrap_samples: int = 1000
+
+
+@dataclass
+class SystemResult:
+    """All runs of one system, the new weights it was given, and the test p-values."""
+
+    system: System
+    runs: list[RunResult]
+    new_weights: dict[str, list[float]]
+    p_values: dict[str, float | None] = field(default_factory=dict)
+
+    def bleu_mean_sd(self, test: str) -> tuple[float, float]:
+        scores = [run.bleu[test] for run in self.runs]
+        sd = statistics.stdev(scores) if len(scores) > 1 else 0.0
+        return statistics.fmean(scores), sd
+
+    def closest_to_mean(self, test: str) -> RunResult:
+        mean = self.bleu_mean_sd(test)[0]
+        return min(self.runs, key=lambda run: (abs(run.bleu[test] - mean), run.seed))
+
+
+def _check_input(path: Path, what: str) -> Path:
+    if not path.exists():
+        raise InputError(f"{what}: no such file", path=str(path))
+    if path.is_dir():
+        raise InputError(f"{what}: is a directory", path=str(path))
+    return path.resolve()
+
+
+def _line_count(path: Path) -> int:
+    return sum(1 for _ in iter_lines(str(path)))
+
+
+def _run(
+    command: list[str],
+    cwd: Path,
+    log_name: str,
+    stdin: Path | None = None,
+    stdout: Path | None = None,
+) -> None:
+    """Run a Moses program, its stderr (and stdout unless redirected) in ``cwd/log_name``."""
+    log_path = cwd / log_name
+    log.debug("running in %s: %s", cwd, shlex.join(command))
+    with open(log_path, "wb") as log_file:
+        stdin_file = open(stdin, "rb") if stdin else subprocess.DEVNULL
+        stdout_file = open(stdout, "wb") if stdout else log_file
+        try:
+            result = subprocess.run(
+                command, cwd=cwd, stdin=stdin_file, stdout=stdout_file, stderr=log_file
+            )
+        finally:
+            for handle in (stdin_file, stdout_file):
+                if handle not in (subprocess.DEVNULL, log_file):
+                    handle.close()
+    if result.returncode != 0:
+        raise InputError(
+            f"{Path(command[0]).name} failed with exit code {result.returncode}; see {log_path}"
+        )
+
+
+class Comparison:
+    """The working directory of one A/B comparison and the steps that fill it."""
+
+    def __init__(
+        self,
+        moses: MosesInstall,
+        workdir: Path,
+        systems: list[System],
+        dev: TestSet,
+        tests: list[TestSet],
+        options: ComparisonOptions,
+    ):
+        if options.runs > len(options.seeds):
+            raise InputError(f"--runs {options.runs}: give at least that many --seeds")
+        self.moses = moses
+        self.workdir = workdir.resolve()
+        self.systems = systems
+        self.dev = dev
+        self.tests = tests
+        self.options = options
+
+    # -- step 1: one filtered model per system -------------------------------------------------
+    def filter_input(self) -> Path:
+        """The dev and test sources in one file: what every system's tables are filtered for."""
+        path = self.workdir / "filter-input.txt"
+        if not path.exists():
+            with AtomicOutput(str(path)) as out:
+                for source in [self.dev.source] + [test.source for test in self.tests]:
+                    for line in iter_lines(str(source)):
+                        out.write(line + "\n")
+        return path
+
+    def filtered_ini(self, system: System) -> Path:
+        """``SYSTEM/filtered/moses.ini``: the system's tables cut to the sentences at hand."""
+        system_dir = self.workdir / system.name
+        final = system_dir / "filtered"
+        if not (final / "moses.ini").exists():
+            system_dir.mkdir(parents=True, exist_ok=True)
+            partial = system_dir / "filtered.partial"
+            shutil.rmtree(partial, ignore_errors=True)
+            command = [
+                self.moses.program("filter-model-given-input.pl"),
+                str(partial),
+                str(system.ini),
+                str(self.filter_input()),
+            ]
+            _run(command, system_dir, "filter.log")
+            shutil.rmtree(final, ignore_errors=True)
+            partial.rename(final)
+        return final / "moses.ini"
+
+    # -- step 2: MERT runs -----------------------------------------------------------------------
+    def tune(self, system: System, seed: int) -> Path:
+        """One MERT run of ``system`` with ``seed``; returns the tuned moses.ini."""
+        run_dir = self.workdir / system.name / f"mert-{seed}"
+        tuned = run_dir / "moses.ini"
+        if tuned.exists():
+            return tuned
+        resume = run_dir.exists() and (run_dir / "finished_step.txt").exists()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        filtered = run_dir / "filtered"
+        if not filtered.exists():  # mert-moses.pl reuses WORKDIR/filtered/moses.ini
+            filtered.symlink_to(self.filtered_ini(system).parent)
+        command = (
+            [
+                self.moses.program("mert-moses.pl"),
+                str(self.dev.source),
+                str(self.dev.reference),
+                self.moses.program("decoder"),
+                str(system.ini),
+                f"--mertdir={self.moses.home / 'bin'}",
+                f"--working-dir={run_dir}",
+                f"--decoder-flags=-threads {self.options.decoder_threads}",
+                f"--mertmertargs=--rseed {seed}",
+                f"--maximum-iterations={self.options.max_iterations}",
+            ]
+            + shlex.split(self.options.mert_flags)
+            + (["--continue"] if resume else [])
+        )
+        log.info("%s: MERT run with seed %d%s", system.name, seed, " (resumed)" if resume else "")
+        _run(command, run_dir, "mert.log")
+        if not tuned.exists():
+            raise InputError(f"mert-moses.pl wrote no {tuned}; see {run_dir / 'mert.log'}")
+        return tuned
+
+    # -- step 3: decode the test sets ------------------------------------------------------------
+    def decode(self, system: System, seed: int, tuned: Path, test: TestSet) -> Path:
+        """Translate ``test`` with the filtered model and the tuned weights of one run."""
+        output = tuned.parent / f"{test.name}.out"
+        if output.exists():
+            return output
+        weights = read_weights(tuned.read_text(encoding="utf-8"))
+        overwrite = " ".join(
+            f"{name}= " + " ".join(repr(value) for value in values)
+            for name, values in weights.items()
+        )
+        partial = output.with_name(output.name + ".partial")
+        command = [
+            self.moses.program("decoder"),
+            "-f",
+            str(self.filtered_ini(system)),
+            "-threads",
+            str(self.options.decoder_threads),
+            "-weight-overwrite",
+            overwrite,
+        ]
+        _run(command, tuned.parent, f"{test.name}.decode.log", stdin=test.source, stdout=partial)
+        if _line_count(partial) != _line_count(test.source):
+            raise InputError(
+                f"moses wrote {_line_count(partial)} lines for {test.source}", path=str(partial)
+            )
+        partial.rename(output)
+        return output
+
+    def run_one(self, system: System, seed: int) -> RunResult:
+        tuned = self.tune(system, seed)
+        result = RunResult(seed=seed, weights=read_weights(tuned.read_text(encoding="utf-8")))
+        for test in self.tests:
+            result.outputs[test.name] = self.decode(system, seed, tuned, test)
+        return result
+
+    # -- the whole comparison --------------------------------------------------------------------
+    def run(self) -> list[SystemResult]:
+        """Filter, tune, decode and score every system; the baseline comes first."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.filter_input()
+        seeds = self.options.seeds[: self.options.runs]
+        with ThreadPoolExecutor(max_workers=self.options.jobs) as pool:
+            list(pool.map(self.filtered_ini, self.systems))
+            futures = {
+                (system.name, seed): pool.submit(self.run_one, system, seed)
+                for system in self.systems
+                for seed in seeds
+            }
+            runs = {key: future.result() for key, future in futures.items()}
+        results = []
+        for system in self.systems:
+            system_runs = [runs[(system.name, seed)] for seed in seeds]
+            for run in system_runs:
+                for test in self.tests:
+                    run.bleu[test.name] = corpus_bleu(
+                        run.outputs[test.name], test.reference, self.options.bleu_tokenize
+                    )
+            results.append(SystemResult(system, system_runs, {}))
+        self._add_new_weights(results)
+        self._add_p_values(results)
+        return results
+
+    def _add_new_weights(self, results: list[SystemResult]) -> None:
+        """The weights a candidate has beyond the baseline's features: its new columns."""
+        base = results[0].runs[0].weights
+        for result in results[1:]:
+            for run in result.runs:
+                for name, new in new_feature_weights(base, run.weights).items():
+                    result.new_weights.setdefault(name, []).extend(new)
+
+    def _add_p_values(self, results: list[SystemResult]) -> None:
+        for test in self.tests:
+            references = list(iter_lines(str(test.reference)))
+            base_run = results[0].closest_to_mean(test.name)
+            for result in results[1:]:
+                run = result.closest_to_mean(test.name)
+                result.p_values[test.name] = paired_bootstrap_p(
+                    references,
+                    base_run.outputs[test.name],
+                    run.outputs[test.name],
+                    self.options.bleu_tokenize,
+                    self.options.bootstrap_samples,
+                )
+
+
+def new_feature_weights(
+    base: dict[str, list[float]], candidate: dict[str, list[float]]
+) -> dict[str, list[float]]:
+    """``name[i]`` -> weight for every weight of ``candidate`` beyond the baseline's.
+
+    A column added to a phrase table is a weight past the end of that table's list; a new
+    feature function is a name the baseline lacks.
+    """
+    new = {}
+    for name, values in candidate.items():
+        start = len(base.get(name, []))
+        for index in range(start, len(values)):
+            new[f"{name}[{index}]"] = [values[index]]
+    return new
+
+
+def corpus_bleu(hypotheses: Path, reference: Path, tokenize: str) -> float:
+    """Corpus BLEU of a decoder output (sacrebleu; ``tokenize='none'`` for tokenised text)."""
+    from sacrebleu.metrics import BLEU
+
+    hyps = list(iter_lines(str(hypotheses)))
+    refs = list(iter_lines(str(reference)))
+    return BLEU(tokenize=tokenize).corpus_score(hyps, [refs]).score
+
+
+def paired_bootstrap_p(
+    references: list[str], baseline: Path, candidate: Path, tokenize: str, samples: int
+) -> float | None:
+    """sacrebleu's paired bootstrap resampling (Koehn 2004): p of the candidate vs baseline."""
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    systems = [
+        ("baseline", list(iter_lines(str(baseline)))),
+        ("candidate", list(iter_lines(str(candidate)))),
+    ]
+    test = PairedTest(
+        systems, {"BLEU": BLEU(tokenize=tokenize)}, [references], test_type="bs", n_samples=samples
+    )
+    _, scores = test()
+    return scores["BLEU"][1].p_value
+
+
+def compare_systems(
+    baseline: str,
+    candidates: list[str],
+    dev: tuple[str, str],
+    tests: list[tuple[str, str, str]],
+    workdir: str,
+    moses_home: str | None = None,
+    options: ComparisonOptions | None = None,
+) -> list[SystemResult]:
+    """The ``ab`` job: tune, decode and compare ``candidates`` against ``baseline``.
+
+    ``candidates`` are ``NAME=INI`` or plain paths (named after the file), ``tests`` are
+    ``(name, source, reference)``. Returns one :class:`SystemResult` per system, baseline first.
+    """
+    moses = MosesInstall.find(moses_home)
+    systems = [System("baseline", _check_input(Path(baseline), "baseline moses.ini"))]
+    for spec in candidates:
+        name, sep, path = spec.partition("=")
+        if not sep:
+            name, path = Path(spec).name.removesuffix(".ini"), spec
+        if (
+            name in {s.name for s in systems}
+            or not name.replace("-", "").replace("_", "").replace(".", "").isalnum()
+        ):
+            raise InputError(f"candidate name {name!r}: give each a distinct NAME=INI")
+        systems.append(System(name, _check_input(Path(path), f"candidate {name} moses.ini")))
+    dev_set = TestSet(
+        "dev", _check_input(Path(dev[0]), "dev source"), _check_input(Path(dev[1]), "dev reference")
+    )
+    test_sets = [
+        TestSet(
+            name,
+            _check_input(Path(src), f"test {name} source"),
+            _check_input(Path(ref), f"test {name} reference"),
+        )
+        for name, src, ref in tests
+    ]
+    for test in [dev_set] + test_sets:
+        if _line_count(test.source) != _line_count(test.reference):
+            raise InputError(
+                f"{test.name}: source and reference differ in line count", path=str(test.reference)
+            )
+    comparison = Comparison(
+        moses, Path(workdir), systems, dev_set, test_sets, options or ComparisonOptions()
+    )
+    return comparison.run()
+
+
+def format_report(results: list[SystemResult], tests: list[str]) -> list[str]:
+    """The comparison as a plain-text table, one line per system (what ``ab`` prints)."""
+    runs = len(results[0].runs)
+    header = ["system"] + [f"{test} BLEU (mean ± sd, {runs} runs)" for test in tests]
+    header += [f"p ({test})" for test in tests] + ["new weights (per run)"]
+    rows = [header]
+    for result in results:
+        row = [result.system.name]
+        for test in tests:
+            mean, sd = result.bleu_mean_sd(test)
+            row.append(f"{mean:.2f} ± {sd:.2f}")
+        for test in tests:
+            p = result.p_values.get(test)
+            row.append("-" if p is None else f"{p:.4f}")
+        row.append(
+            ", ".join(
+                f"{name}={'/'.join(f'{v:.4g}' for v in values)}"
+                for name, values in result.new_weights.items()
+            )
+            or "-"
+        )
+        rows.append(row)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]

@@ -1,0 +1,33 @@
+"""The architecture registry (Joey NMT's ``builders.py``): a name in a model file -> a network.
+
+``NETWORKS`` maps every ``ModelConfig.arch`` to its class; the names are those of the presets
+(:data:`~phrasescore.model.config.ARCH_PRESETS`), so a new architecture is one class here and
+one preset table there.
+"""
+
+from __future__ import annotations
+
+from phrasescore.model.attention import AttentionEncoderDecoder
+from phrasescore.model.base import EncoderDecoder
+from phrasescore.model.config import ARCHITECTURES, ModelConfig
+from phrasescore.model.encdec import GRUEncoderDecoder
+from phrasescore.model.lstm import DeepLSTMEncoderDecoder
+
+NETWORKS: dict[str, type[EncoderDecoder]] = {
+    "cho": GRUEncoderDecoder,
+    "lstm": DeepLSTMEncoderDecoder,
+    "attention": AttentionEncoderDecoder,
+}
+"""Architecture name -> network class, in the order of :data:`ARCHITECTURES`."""
+
+if tuple(NETWORKS) != ARCHITECTURES:  # pragma: no cover - a programming error
+    raise ImportError("NETWORKS and the preset tables name different architectures")
+
+
+def build_network(config: ModelConfig) -> EncoderDecoder:
+    """A freshly initialised network of ``config.arch``."""
+    if config.arch not in NETWORKS:
+        raise ValueError(
+            f"unknown architecture {config.arch!r} (known: {', '.join(ARCHITECTURES)})"
+        )
+    return NETWORKS[config.arch](config)

@@ -1,0 +1,94 @@
+"""How each network's weights start (Joey NMT's ``initialization.py``): one function per paper.
+
+* :func:`init_cho` -- Cho et al. (2014) §4.1 / App. A: weights N(0, 0.01²) (``init_std``),
+  recurrent matrices orthogonal (each H x H block of ``[U_r U_z U]`` on its own), biases 0.
+* :func:`init_lstm` -- Sutskever et al. (2014) §3.4: every parameter U(-0.08, 0.08)
+  (``init_uniform``); without ``init_uniform``: N(0, init_std²) weights and zero biases.
+* :func:`init_attention` -- Bahdanau et al. (2015) App. B.1: recurrent matrices orthogonal,
+  W_a and U_a N(0, 0.001²), v_a and biases 0, every other weight N(0, init_std²).
+* :func:`init_cslm` -- the CSLM (Schwenk 2007): embeddings and output N(0, init_std²), rectified
+  hidden layers He-uniform (He et al. 2015), biases 0.
+
+Every scheme ends with the PAD rows of the embeddings at 0 (:func:`zero_padding_rows`). The
+parameters are visited in the network's registration order, so a seed gives the same weights.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from phrasescore.model.constants import PAD_ID
+
+ATTENTION_INIT_STD = 0.001
+"""Standard deviation of W_a and U_a (Bahdanau et al. App. B.1)."""
+
+
+def orthogonal_blocks(param: torch.Tensor, size: int) -> None:
+    """Each [size, size] column block of ``param`` (e.g. ``[U_r U_z U]``) a random orthogonal
+    matrix of its own."""
+    for block in range(param.shape[1] // size):
+        nn.init.orthogonal_(param.data[:, block * size : (block + 1) * size])
+
+
+@torch.no_grad()
+def zero_padding_rows(*embeddings: nn.Embedding) -> None:
+    """e(PAD) = 0: padding contributes nothing to any sum."""
+    for embedding in embeddings:
+        embedding.weight[PAD_ID].zero_()
+
+
+def init_cho(network: nn.Module, recurrent: tuple[str, ...]) -> None:
+    """Cho et al. (2014) §4.1: N(0, init_std²) weights, orthogonal ``recurrent``, zero biases."""
+    config = network.config
+    for name, param in network.named_parameters():
+        if name.endswith("bias"):
+            nn.init.zeros_(param)
+        elif name in recurrent:
+            orthogonal_blocks(param, config.hidden_dim)
+        else:
+            nn.init.normal_(param, 0.0, config.init_std)
+    zero_padding_rows(network.src_embed, network.tgt_embed)
+
+
+def init_lstm(network: nn.Module) -> None:
+    """Sutskever et al. (2014) §3.4: U(±init_uniform) for every parameter, else N(0, init_std²)
+    weights and zero biases."""
+    config = network.config
+    bound = config.init_uniform
+    for name, param in network.named_parameters():
+        if bound is not None:
+            nn.init.uniform_(param, -bound, bound)
+        elif "bias" in name:
+            nn.init.zeros_(param)
+        else:
+            nn.init.normal_(param, 0.0, config.init_std)
+    zero_padding_rows(network.src_embed, network.tgt_embed)
+
+
+def init_attention(network: nn.Module, recurrent: tuple[str, ...]) -> None:
+    """Bahdanau et al. (2015) App. B.1 (see the module docstring)."""
+    config = network.config
+    for name, param in network.named_parameters():
+        if name.endswith("bias") or name.startswith("att_v."):
+            nn.init.zeros_(param)
+        elif name in recurrent:
+            orthogonal_blocks(param, config.hidden_dim)
+        elif name.startswith(("att_state.", "att_annotation.")):
+            nn.init.normal_(param, 0.0, ATTENTION_INIT_STD)
+        else:
+            nn.init.normal_(param, 0.0, config.init_std)
+    zero_padding_rows(network.src_embed, network.tgt_embed)
+
+
+def init_cslm(network: nn.Module) -> None:
+    """Embeddings N(0, init_std²); hidden layers He-uniform (rectifiers); zero biases."""
+    std = network.config.init_std
+    nn.init.normal_(network.embed.weight, 0.0, std)
+    zero_padding_rows(network.embed)
+    for module in network.hidden:
+        if isinstance(module, nn.Linear):
+            nn.init.kaiming_uniform_(module.weight, nonlinearity="relu")
+            nn.init.zeros_(module.bias)
+    nn.init.normal_(network.output.weight, 0.0, std)
+    nn.init.zeros_(network.output.bias)

@@ -1,0 +1,42 @@
+"""The Moses-file jobs: ``check-table``, ``copy-table`` and ``ini-tables``."""
+
+from __future__ import annotations
+
+import logging
+
+from phrasescore.moses.ini_tables import format_table_rows, read_ini_tables
+from phrasescore.moses.phrase_table import check_phrase_table, copy_phrase_table
+
+log = logging.getLogger(__name__)
+
+
+def check_table(table: str):
+    """Read and validate a Moses phrase table in one pass; logs and returns its statistics."""
+    stats = check_phrase_table(table)
+    log.info(
+        "%s: %d lines, %d source phrases (runs of equal sources), %d scores per line",
+        table,
+        stats.lines,
+        stats.source_groups,
+        stats.num_scores,
+    )
+    return stats
+
+
+def copy_table(table: str, output: str):
+    """Copy a phrase table through phrasescore's reader and writer (validating it)."""
+    stats = copy_phrase_table(table, output)
+    log.info(
+        "%s: %d lines, %d scores per line, written to %s",
+        table,
+        stats.lines,
+        stats.num_scores,
+        output,
+    )
+    return stats
+
+
+def ini_table_rows(moses_ini: str, factors: bool = False) -> list[str]:
+    """``NAME<TAB>CLASS<TAB>PATH<TAB>NUM_FEATURES`` (and the factors) of each phrase table of
+    ``moses_ini``."""
+    return format_table_rows(read_ini_tables(moses_ini), factors=factors)

@@ -1,0 +1,138 @@
+"""The MERT A/B job's own logic (no Moses needed): weights, BLEU, bootstrap, the report.
+
+The whole job against a real Moses build is in tests/test_moses_integration.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from phrasescore.errors import InputError
+from phrasescore.mert_ab import (
+    MosesInstall,
+    RunResult,
+    System,
+    SystemResult,
+    compare_systems,
+    corpus_bleu,
+    format_report,
+    new_feature_weights,
+    paired_bootstrap_p,
+)
+from phrasescore.moses.ini import read_weights
+
+SYSTEM = Path(__file__).parent / "data" / "moses-system"
+
+TUNED_INI = """\
+[feature]
+PhraseDictionaryMemory name=TranslationModel0 num-features=5 path=/x/pt.gz input-factor=0 output-factor=0
+KENLM name=LM0 factor=0 path=/x/lm.arpa order=5
+
+[weight]
+# tuned by mert-moses.pl
+LM0= 0.0992
+TranslationModel0= 0.0133 0.0592 0.0546 0.0412 0.0044
+WordPenalty0= -0.2
+"""
+
+
+def test_read_weights_gives_every_feature_in_file_order():
+    weights = read_weights(TUNED_INI)
+    assert list(weights) == ["LM0", "TranslationModel0", "WordPenalty0"]
+    assert weights["TranslationModel0"] == [0.0133, 0.0592, 0.0546, 0.0412, 0.0044]
+    assert weights["WordPenalty0"] == [-0.2]
+
+
+def test_read_weights_refuses_a_non_number_with_its_line():
+    with pytest.raises(InputError, match=r"TranslationModel0: weights must be numbers") as err:
+        read_weights("[weight]\nLM0= 0.5\nTranslationModel0= 0.2 x\n")
+    assert err.value.line == 3
+
+
+def test_new_weights_are_the_added_column_and_the_added_feature():
+    base = {"TranslationModel0": [0.2] * 4, "LM0": [0.5]}
+    cand = {"TranslationModel0": [0.1, 0.2, 0.3, 0.4, 0.05], "LM0": [0.5], "LM1": [0.3]}
+    assert new_feature_weights(base, cand) == {"TranslationModel0[4]": [0.05], "LM1[0]": [0.3]}
+    assert new_feature_weights(base, base) == {}
+
+
+def test_bleu_and_bootstrap_on_real_sentences(tmp_path):
+    refs = (SYSTEM / "test20.fr").read_text(encoding="utf-8").splitlines()
+    same = tmp_path / "same.txt"
+    same.write_text("\n".join(refs) + "\n", encoding="utf-8")
+    worse = tmp_path / "worse.txt"
+    worse.write_text("\n".join(" ".join(r.split()[:-2]) for r in refs) + "\n", encoding="utf-8")
+    assert corpus_bleu(same, SYSTEM / "test20.fr", "none") == pytest.approx(100.0)
+    worse_bleu = corpus_bleu(worse, SYSTEM / "test20.fr", "none")
+    assert 30 < worse_bleu < 95
+    # the reference itself against a clearly worse system: a tiny p; one changed sentence: no evidence
+    assert paired_bootstrap_p(refs, worse, same, "none", 200) < 0.01
+    nearly = tmp_path / "nearly.txt"
+    nearly.write_text("\n".join(refs[:-1] + [refs[-1] + " ."]) + "\n", encoding="utf-8")
+    assert paired_bootstrap_p(refs, same, nearly, "none", 200) > 0.05
+
+
+def _result(name: str, bleus: list[float], new: dict[str, list[float]]) -> SystemResult:
+    runs = [
+        RunResult(seed=s, weights={}, bleu={"test": b})
+        for s, b in zip((1, 2, 3), bleus, strict=False)
+    ]
+    return SystemResult(System(name, Path(f"/x/{name}.ini")), runs, new)
+
+
+def test_mean_sd_closest_run_and_report():
+    base = _result("baseline", [57.0, 57.6, 57.3], {})
+    cand = _result("rnn", [58.0, 57.0, 58.3], {"TranslationModel0[4]": [0.004, 0.011, 0.02]})
+    cand.p_values["test"] = 0.0123
+    mean, sd = cand.bleu_mean_sd("test")
+    assert mean == pytest.approx(57.7667, abs=1e-4)
+    assert sd == pytest.approx(0.6807, abs=1e-4)
+    assert cand.closest_to_mean("test").seed == 1  # 58.0 is nearest 57.77
+    lines = format_report([base, cand], ["test"])
+    assert lines[0].split()[:2] == ["system", "test"]
+    assert lines[1].split()[:4] == ["baseline", "57.30", "±", "0.30"]
+    assert "57.77 ± 0.68" in lines[2] and "0.0123" in lines[2]
+    assert "TranslationModel0[4]=0.004/0.011/0.02" in lines[2]
+
+
+def test_without_moses_one_line_says_what_is_missing(monkeypatch, tmp_path):
+    monkeypatch.delenv("MOSES_HOME", raising=False)
+    monkeypatch.delenv("MOSES", raising=False)
+    with pytest.raises(InputError, match="Moses not found: set MOSES_HOME"):
+        MosesInstall.find(None)
+    with pytest.raises(InputError, match=r"lacks bin/moses, bin/mert"):
+        MosesInstall.find(str(tmp_path))
+    with pytest.raises(InputError, match="Moses not found"):
+        compare_systems("base.ini", [], ("d.en", "d.fr"), [], str(tmp_path / "w"))
+
+
+def test_cli_without_moses_is_one_line_exit_1(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("MOSES_HOME", "MOSES")}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "phrasescore",
+            "ab",
+            "--baseline",
+            "b.ini",
+            "--candidate",
+            "c.ini",
+            "--dev",
+            str(SYSTEM / "dev50.en"),
+            str(SYSTEM / "dev50.fr"),
+            "--workdir",
+            str(tmp_path / "w"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
+    assert "Moses not found: set MOSES_HOME" in proc.stderr

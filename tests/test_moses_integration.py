@@ -1,0 +1,167 @@
+"""phrasescore against a real Moses build (skipped unless MOSES_HOME names one).
+
+A small real system (tests/data/moses-system: 21,605 lines of the Multi30k en->fr table, 50 dev
+and 20 test sentences) with a 5-gram KenLM built by Moses' own lmplz: Moses loads the table and
+the ini that ``rescore --moses-ini`` writes, unedited, and every hypothesis carries the fifth
+TranslationModel0 score; then the ``ab`` job runs a short MERT (2 iterations) per system.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+MOSES_HOME = os.environ.get("MOSES_HOME")
+pytestmark = pytest.mark.skipif(
+    not MOSES_HOME or not Path(MOSES_HOME, "bin", "moses").is_file(),
+    reason="needs a Moses build: set MOSES_HOME (bin/moses, bin/lmplz, scripts/)",
+)
+
+SYSTEM = Path(__file__).parent / "data" / "moses-system"
+FRENCH = Path(__file__).parent.parent / "examples" / "corpus" / "train.tok.lc.fr.gz"
+
+BASELINE_INI = """\
+[input-factors]
+0
+
+[mapping]
+0 T 0
+
+[distortion-limit]
+6
+
+[feature]
+UnknownWordPenalty
+WordPenalty
+PhrasePenalty
+PhraseDictionaryMemory name=TranslationModel0 num-features=4 path={table} input-factor=0 output-factor=0
+Distortion
+KENLM name=LM0 factor=0 path={lm} order=5
+
+[weight]
+UnknownWordPenalty0= 1
+WordPenalty0= -1
+PhrasePenalty0= 0.2
+TranslationModel0= 0.2 0.2 0.2 0.2
+Distortion0= 0.3
+LM0= 0.5
+"""
+
+
+def _phrasescore(*args: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        [sys.executable, "-m", "phrasescore", *args], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+@pytest.fixture(scope="module")
+def moses_system(tmp_path_factory, tiny_model_path) -> dict[str, Path]:
+    """Baseline and rescored inis of the small system, with a KenLM built by lmplz."""
+    folder = tmp_path_factory.mktemp("moses-system")
+    lm = folder / "lm.fr.arpa"
+    with open(lm, "wb") as arpa:
+        zcat = subprocess.Popen(["gzip", "-dc", str(FRENCH)], stdout=subprocess.PIPE)
+        subprocess.run(
+            [str(Path(MOSES_HOME, "bin", "lmplz")), "-o", "5", "-S", "10%", "-T", str(folder)],
+            stdin=zcat.stdout,
+            stdout=arpa,
+            stderr=subprocess.DEVNULL,
+            check=True,
+        )
+        zcat.wait()
+    table = folder / "phrase-table.gz"
+    shutil.copy(SYSTEM / "phrase-table.gz", table)
+    baseline = folder / "moses.ini"
+    baseline.write_text(BASELINE_INI.format(table=table, lm=lm), encoding="utf-8")
+    rescored = folder / "moses.rescored.ini"
+    _phrasescore(
+        "rescore",
+        str(table),
+        "-m",
+        tiny_model_path,
+        "-o",
+        str(folder / "pt.rescored.gz"),
+        "--moses-ini",
+        str(baseline),
+        "--ini-out",
+        str(rescored),
+        "--threads",
+        "1",
+    )
+    return {"baseline": baseline, "rescored": rescored, "dir": folder}
+
+
+def test_moses_loads_the_rescored_table_and_ini_and_uses_five_scores(moses_system, tmp_path):
+    nbest = tmp_path / "out.nbest"
+    proc = subprocess.run(
+        [
+            str(Path(MOSES_HOME, "bin", "moses")),
+            "-f",
+            str(moses_system["rescored"]),
+            "-threads",
+            "1",
+            "-n-best-list",
+            str(nbest),
+            "3",
+        ],
+        stdin=open(SYSTEM / "test20.en", "rb"),
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(proc.stdout.splitlines()) == 20
+    lines = nbest.read_text(encoding="utf-8").splitlines()
+    assert {int(line.split(" ||| ")[0]) for line in lines} == set(range(20))
+    for line in lines:
+        features = line.split(" ||| ")[2]
+        scores = re.search(r"TranslationModel0= ((?:\S+ ?)+?)(?: [A-Za-z]\w*=|$)", features)
+        values = [float(v) for v in scores.group(1).split()]
+        assert len(values) == 5, line
+        # the new column holds a probability: Moses logs it, so its feature value is <= 0
+        assert values[4] <= 0.0
+
+
+def test_ab_runs_a_short_mert_per_system_and_resumes(moses_system, tmp_path):
+    from phrasescore.mert_ab import ComparisonOptions, compare_systems, format_report
+
+    options = ComparisonOptions(runs=2, jobs=2, max_iterations=2, bootstrap_samples=200)
+    args = dict(
+        baseline=str(moses_system["baseline"]),
+        candidates=[f"rnn={moses_system['rescored']}"],
+        dev=(str(SYSTEM / "dev50.en"), str(SYSTEM / "dev50.fr")),
+        tests=[("test20", str(SYSTEM / "test20.en"), str(SYSTEM / "test20.fr"))],
+        workdir=str(tmp_path / "ab"),
+        moses_home=MOSES_HOME,
+        options=options,
+    )
+    results = compare_systems(**args)
+    assert [r.system.name for r in results] == ["baseline", "rnn"]
+    for result in results:
+        assert [run.seed for run in result.runs] == [1234, 5678]
+        for run in result.runs:
+            assert 0.0 < run.bleu["test20"] <= 100.0
+    # the tuned weight of the new column, one per run; the baseline has none
+    assert results[0].new_weights == {}
+    assert list(results[1].new_weights) == ["TranslationModel0[4]"]
+    assert len(results[1].new_weights["TranslationModel0[4]"]) == 2
+    assert 0.0 <= results[1].p_values["test20"] <= 1.0
+    report = format_report(results, ["test20"])
+    assert len(report) == 3 and report[2].startswith("rnn")
+    # the tables were filtered once per system, and each MERT run reused that filtered model
+    for name in ("baseline", "rnn"):
+        assert (tmp_path / "ab" / name / "filtered" / "moses.ini").is_file()
+        for seed in (1234, 5678):
+            assert (tmp_path / "ab" / name / f"mert-{seed}" / "filtered").is_symlink()
+    # a second call finds every step done: same figures, nothing run again
+    stamp = (tmp_path / "ab" / "rnn" / "mert-1234" / "test20.out").stat().st_mtime_ns
+    again = compare_systems(**args)
+    assert format_report(again, ["test20"]) == report
+    assert (tmp_path / "ab" / "rnn" / "mert-1234" / "test20.out").stat().st_mtime_ns == stamp
