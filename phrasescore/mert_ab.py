@@ -202,22 +202,25 @@ class Comparison:
         return path
 
     def filtered_ini(self, system: System) -> Path:
-        """``SYSTEM/filtered/moses.ini``: the system's tables cut to the sentences at hand."""
+        """``SYSTEM/filtered/moses.ini``: the system's tables cut to the sentences at hand.
+
+        The filter writes absolute paths into that ini, so it runs in place; the marker
+        ``filtered.done`` says it completed (a directory without it is filtered again).
+        """
         system_dir = self.workdir / system.name
         final = system_dir / "filtered"
-        if not (final / "moses.ini").exists():
+        done = system_dir / "filtered.done"
+        if not done.exists():
             system_dir.mkdir(parents=True, exist_ok=True)
-            partial = system_dir / "filtered.partial"
-            shutil.rmtree(partial, ignore_errors=True)
+            shutil.rmtree(final, ignore_errors=True)
             command = [
                 self.moses.program("filter-model-given-input.pl"),
-                str(partial),
+                str(final),
                 str(system.ini),
                 str(self.filter_input()),
             ]
             _run(command, system_dir, "filter.log")
-            shutil.rmtree(final, ignore_errors=True)
-            partial.rename(final)
+            done.touch()
         return final / "moses.ini"
 
     # -- step 2: MERT runs -----------------------------------------------------------------------
