@@ -36,7 +36,7 @@ import torch
 
 from phrasescore.bundle import TrainedModel
 from phrasescore.errors import InputError
-from phrasescore.files import AtomicOutput, iter_lines
+from phrasescore.files import AtomicOutput, check_output_dir, check_output_path, iter_lines
 from phrasescore.hardware import resolve_device
 from phrasescore.jobs import model_for
 from phrasescore.text.corpus import pad_ids
@@ -174,6 +174,8 @@ def align_files(
     model: TrainedModel | None = None,
 ) -> AlignResult:
     """Write the hard alignment of every pair to ``output`` (and PNGs to ``plot_dir``)."""
+    check_output_path(output)
+    check_output_dir(plot_dir, "--plot")
     dev = resolve_device(device)
     model = model_for(model, model_path, dev)
     arch = model.config.arch

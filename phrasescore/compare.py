@@ -32,7 +32,7 @@ import numpy as np
 
 from phrasescore.bundle import TrainedModel
 from phrasescore.errors import InputError
-from phrasescore.files import display_name
+from phrasescore.files import check_output_path, display_name
 from phrasescore.hardware import resolve_device
 from phrasescore.jobs import model_for
 from phrasescore.moses.phrase_table import iter_source_groups, read_phrase_table
@@ -223,6 +223,7 @@ def compare(
     options = options or CompareOptions()
     if options.top < 1 or options.sample < 0 or options.max_pairs < 0 or options.proposals < 0:
         raise InputError("--top must be >= 1; --sample, --max-pairs, --proposals >= 0")
+    check_output_path(options.scatter_path, "--scatter", create_dirs=True)
     dev = resolve_device(device)
     model = model_for(model, model_path, dev)
     wanted = _read_sources_file(options.sources_path) if options.sources_path else None

@@ -61,11 +61,17 @@ class ReadPosition:
 
     def __init__(self) -> None:
         self.size: int | None = None
-        self._handle = None
+        self._raw: BinaryIO | None = None
         self._last = 0
 
+    def _attach(self, handle: BinaryIO, size: int | None) -> None:
+        # the file under a gzip stream: GzipFile.close() forgets its ``fileobj``, so keep it here
+        self._raw = getattr(handle, "fileobj", None) or handle
+        self.size = size
+
     def bytes_read(self) -> int:
-        raw = getattr(self._handle, "fileobj", None) or self._handle
+        """Bytes of the file consumed so far (the last value seen once the file is closed)."""
+        raw = self._raw
         try:
             if raw is not None and not raw.closed:
                 self._last = raw.tell()
@@ -83,8 +89,7 @@ def iter_raw_lines(path: str, position: ReadPosition | None = None) -> Iterator[
     name = display_name(path)
     handle = open_binary_input(path)
     if position is not None:
-        position._handle = handle
-        position.size = os.path.getsize(path) if path != "-" else None
+        position._attach(handle, os.path.getsize(path) if path != "-" else None)
     lineno = 0
     try:
         while True:
@@ -99,6 +104,8 @@ def iter_raw_lines(path: str, position: ReadPosition | None = None) -> Iterator[
             lineno += 1
             yield line
     finally:
+        if position is not None:
+            position.bytes_read()  # the final position, kept after the file is closed
         if path != "-":
             handle.close()
 
@@ -141,11 +148,65 @@ def gzip_writer(raw: BinaryIO) -> gzip.GzipFile:
     return gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=GZIP_LEVEL, mtime=0)
 
 
+def check_output_path(path: str | None, what: str = "output", create_dirs: bool = False) -> None:
+    """Refuse an output location that cannot be written, with one :class:`InputError` line.
+
+    Every job calls this for each file it will write before it does any work, so that a typo in
+    ``-o`` costs nothing: a name that is an existing directory, a directory that does not exist
+    (unless the job creates it: ``create_dirs``, then its nearest existing ancestor counts), or
+    one this user cannot write in. None and ``-`` (standard output) pass.
+    """
+    if not path or path == "-":
+        return
+    if os.path.isdir(path):
+        raise InputError(f"is a directory: give a file name for the {what}", path)
+    directory = os.path.dirname(os.path.abspath(path))
+    if create_dirs:
+        while not os.path.exists(directory):
+            directory = os.path.dirname(directory)
+    if not os.path.isdir(directory):
+        raise InputError(f"{what} directory does not exist", path)
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise InputError(f"{what} directory is not writable (permission denied)", path)
+
+
+def check_output_dir(path: str | None, what: str = "output") -> None:
+    """Refuse a directory to write files in (created if missing) that cannot be: an existing
+    file, or under a directory this user cannot write in."""
+    if not path:
+        return
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise InputError(f"is not a directory: give a directory for the {what}", path)
+    if os.path.isdir(path):
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise InputError(f"{what} directory is not writable (permission denied)", path)
+        return
+    check_output_path(path, what, create_dirs=True)
+
+
+def check_output_paths(paths: dict[str, str | None]) -> None:
+    """:func:`check_output_path` for each ``{what: path}``, and no two outputs on one name."""
+    seen: dict[str, str] = {}
+    for what, path in paths.items():
+        check_output_path(path, what)
+        if path and path != "-":
+            key = os.path.abspath(path)
+            if key in seen:
+                raise InputError(f"the {what} and the {seen[key]} would be the same file", path)
+            seen[key] = what
+
+
 def _temporary_beside(path: str) -> tuple[int, str]:
     """(fd, name) of a new hidden temporary file in ``path``'s directory, with the mode open()
     would give a new file (mkstemp makes 0600)."""
+    check_output_path(path)
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    try:
+        fd, tmp = tempfile.mkstemp(
+            prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory
+        )
+    except OSError as exc:
+        raise InputError(f"cannot write here ({exc.strerror})", path) from None
     os.chmod(tmp, default_file_mode())
     return fd, tmp
 
@@ -157,12 +218,12 @@ def atomic_path(path: str) -> Iterator[str]:
 
     The one atomic-write rule of the package, as :class:`AtomicOutput` for streams.
     """
-    if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-        raise InputError("output directory does not exist", path)
     fd, tmp = _temporary_beside(path)
     os.close(fd)
     try:
         yield tmp
+        # the writer may have made its own file (safetensors writes 0600): follow the umask
+        os.chmod(tmp, default_file_mode())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -192,8 +253,6 @@ class AtomicOutput:
         if self.path == "-":
             raw: BinaryIO = sys.stdout.buffer
         else:
-            if not os.path.isdir(os.path.dirname(os.path.abspath(self.path))):
-                raise InputError("output directory does not exist", self.path)
             fd, self._tmp = _temporary_beside(self.path)
             raw = os.fdopen(fd, "wb", buffering=_READ_BUFFER)
         self._raw = raw
@@ -239,3 +298,28 @@ class AtomicOutput:
                 if os.path.exists(self._tmp):
                     os.unlink(self._tmp)
                 self._tmp = None
+
+
+class StagedFile:
+    """A file written complete under a temporary name beside ``path`` now, and renamed to ``path``
+    by :meth:`publish` later: for outputs that form one result with another (a rescored table
+    and its moses.ini) and must appear together, each only once all are written."""
+
+    def __init__(self, path: str, text: str):
+        self.path = path
+        fd, self._tmp = _temporary_beside(path)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(text.encode("utf-8"))
+                out.flush()
+                os.fsync(out.fileno())
+        except BaseException:
+            self.discard()
+            raise
+
+    def publish(self) -> None:
+        os.replace(self._tmp, self.path)
+
+    def discard(self) -> None:
+        if os.path.exists(self._tmp):
+            os.unlink(self._tmp)

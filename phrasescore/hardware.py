@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import platform
+import re
 import resource
 import time
 
@@ -27,8 +28,19 @@ REPORTED_FLAGS = ("avx512_bf16", "amx_bf16", "amx_tile", "avx512f")
 
 
 # ---------------------------------------------------------------------------- device and threads
+DEVICE_CHOICES = "auto, cpu, cuda or cuda:N"
+_DEVICE_NAME = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
+
+
+def valid_device_name(name: str) -> bool:
+    """True for the names :func:`resolve_device` takes (:data:`DEVICE_CHOICES`)."""
+    return _DEVICE_NAME.fullmatch(name) is not None
+
+
 def resolve_device(name: str) -> torch.device:
     """``auto`` is CUDA when available, else CPU."""
+    if not valid_device_name(name):
+        raise InputError(f"unknown device {name!r} (one of {DEVICE_CHOICES})")
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():

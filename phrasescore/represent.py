@@ -47,7 +47,7 @@ import torch
 
 from phrasescore.bundle import TrainedModel
 from phrasescore.errors import InputError
-from phrasescore.files import AtomicOutput, display_name, iter_lines
+from phrasescore.files import AtomicOutput, check_output_path, display_name, iter_lines
 from phrasescore.hardware import resolve_device
 from phrasescore.jobs import model_for
 from phrasescore.text.vocab import EOS_ID, SPECIAL_TOKENS
@@ -388,6 +388,9 @@ def represent(
         raise InputError("give PHRASES (a file, - for stdin), --phrase-table TABLE or --words N")
     if options.neighbours < 0 or options.words < 0:
         raise InputError("--neighbours and --words must not be negative")
+    check_output_path(output_prefix + ".npy", "output", create_dirs=True)
+    check_output_path(options.map_path, "--map", create_dirs=True)
+    check_output_path(options.word_map_path, "--word-map", create_dirs=True)
     dev = resolve_device(device)
     model = model_for(model, model_path, dev)
     log.info(

@@ -46,7 +46,7 @@ from tqdm import tqdm
 
 from phrasescore.bundle import TrainedModel, load_lm
 from phrasescore.errors import InputError
-from phrasescore.files import AtomicOutput, display_name, iter_lines
+from phrasescore.files import AtomicOutput, check_output_path, display_name, iter_lines
 from phrasescore.hardware import resolve_device
 from phrasescore.jobs import model_for
 from phrasescore.lm_scoring import LMScorer
@@ -155,6 +155,7 @@ def rescore_nbest(
     options = options or NBestOptions()
     with_model = model is not None or model_path is not None or not options.lm
     names = _check_options(nbest, source, options, with_model)
+    check_output_path(output)
     weights = _read_weights(options.weights, names) if options.weights else None
     sources = read_source(source)
     dev = resolve_device(device)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from phrasescore.files import check_output_path
 from phrasescore.moses.ini_tables import format_table_rows, read_ini_tables
 from phrasescore.moses.phrase_table import check_phrase_table, copy_phrase_table
 
@@ -25,6 +26,7 @@ def check_table(table: str):
 
 def copy_table(table: str, output: str):
     """Copy a phrase table through phrasescore's reader and writer (validating it)."""
+    check_output_path(output)
     stats = copy_phrase_table(table, output)
     log.info(
         "%s: %d lines, %d scores per line, written to %s",

@@ -32,6 +32,7 @@ from tqdm import tqdm
 from phrasescore import __version__
 from phrasescore.bundle import TrainedModel, save_model
 from phrasescore.errors import InputError
+from phrasescore.files import check_output_path
 from phrasescore.hardware import resolve_device, set_threads
 from phrasescore.jobs import check_files_exist
 from phrasescore.model import build_network
@@ -629,6 +630,7 @@ def run_training(
     if preset not in ARCH_PRESETS[arch]:
         raise InputError(f"unknown preset {preset!r}")
     check_files_exist([source, target, phrase_table, *(valid or [])])
+    check_output_path(model_path, "model")  # and its .checkpoint, .log, .curve.png beside it
     set_threads(threads)
     dev = resolve_device(device)
     mcfg, tcfg = preset_configs(preset, arch)

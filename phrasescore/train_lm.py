@@ -21,7 +21,7 @@ from typing import Any
 
 from phrasescore.bundle import TrainedLM, read_lm_metadata, save_lm
 from phrasescore.errors import InputError
-from phrasescore.files import iter_lines
+from phrasescore.files import check_output_path, iter_lines
 from phrasescore.hardware import resolve_device, set_threads
 from phrasescore.jobs import check_files_exist
 from phrasescore.model.config import TrainConfig
@@ -134,6 +134,7 @@ def run_lm_training(
         if path == "-":
             raise InputError("train-lm reads its files twice: give a file, not standard input")
         check_files_exist([path])
+    check_output_path(model_path, "LM")  # and its .checkpoint, .log beside it
     set_threads(threads)
     dev = resolve_device(device)
     mcfg, tcfg = lm_preset(preset)

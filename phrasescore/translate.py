@@ -30,7 +30,7 @@ from tqdm import tqdm
 from phrasescore.bundle import TrainedModel
 from phrasescore.errors import InputError
 from phrasescore.evaluate import Evaluation, evaluate, require_sacrebleu
-from phrasescore.files import AtomicOutput, iter_lines
+from phrasescore.files import AtomicOutput, check_output_path, iter_lines
 from phrasescore.hardware import resolve_device
 from phrasescore.jobs import model_for
 from phrasescore.moses.nbest import check_feature_name, format_nbest_line
@@ -179,6 +179,7 @@ def translate_file(
     """Translate every line of ``input_path`` into ``output`` (see the module docstring)."""
     options = options or TranslateOptions()
     _check_options(options, input_path, reference)
+    check_output_path(output)
     dev = resolve_device(device)
     model = model_for(model, model_path, dev)
     search = options.search
