@@ -71,15 +71,40 @@ def _set_threads(ctx, param, value):
     return value
 
 
+class DeviceType(click.ParamType):
+    """``auto``, ``cpu``, ``cuda`` or ``cuda:N``; anything else is a usage error naming them."""
+
+    name = "device"
+
+    def convert(self, value, param, ctx):
+        from phrasescore.hardware import DEVICE_CHOICES, valid_device_name
+
+        if not valid_device_name(value):
+            self.fail(f"{value!r} is not a device: one of {DEVICE_CHOICES}", param, ctx)
+        return value
+
+
+POSITIVE = click.IntRange(min=1)
+"""Counts and sizes: 1 or more."""
+NON_NEGATIVE = click.IntRange(min=0)
+"""Optional counts where 0 means none."""
+SEED = click.IntRange(0, 2**32 - 1)
+"""Random seeds (numpy takes 0 .. 2^32 - 1)."""
+POSITIVE_FLOAT = click.FloatRange(min=0.0, min_open=True)
+
 device_option = click.option(
-    "--device", default="auto", show_default=True, help="auto, cpu or cuda."
+    "--device",
+    type=DeviceType(),
+    default="auto",
+    show_default=True,
+    help="auto, cpu, cuda or cuda:N.",
 )
 threads_option = click.option(
     "--threads",
-    type=int,
+    type=POSITIVE,
     expose_value=False,
     callback=_set_threads,
-    help="CPU threads for PyTorch.",
+    help="CPU threads for PyTorch (default: PyTorch's).",
 )
 no_progress_option = click.option("--no-progress", is_flag=True, help="No progress bar.")
 
@@ -100,16 +125,20 @@ def _options(*decorators):
     return apply
 
 
-def training_options(file: str, batch_help: str, epochs_type: type, epochs_help: str):
+def training_options(file: str, batch_help: str, epochs_type, epochs_help: str):
     """The options ``train`` and ``train-lm`` share, from --batch-tokens to --resume."""
     return _options(
-        click.option("--batch-tokens", type=int, help=batch_help),
+        click.option("--batch-tokens", type=POSITIVE, help=batch_help),
         click.option("--epochs", type=epochs_type, help=epochs_help),
-        click.option("--max-steps", type=int, help="Stop after this many updates."),
-        click.option("--max-minutes", type=float, help="Stop after this much training time."),
-        click.option("--valid-every", type=int, help="Validate every N steps."),
-        click.option("--patience", type=int, help="Stop after N validations without improvement."),
-        click.option("--seed", type=int, help="Random seed (same seed, same run)."),
+        click.option("--max-steps", type=POSITIVE, help="Stop after this many updates."),
+        click.option(
+            "--max-minutes", type=POSITIVE_FLOAT, help="Stop after this much training time."
+        ),
+        click.option("--valid-every", type=POSITIVE, help="Validate every N steps."),
+        click.option(
+            "--patience", type=POSITIVE, help="Stop after N validations without improvement."
+        ),
+        click.option("--seed", type=SEED, help="Random seed (same seed, same run)."),
         device_option,
         click.option("--amp/--no-amp", default=None, help="bf16 autocast (default: on for CUDA)."),
         threads_option,
@@ -170,7 +199,7 @@ def cli(verbose: int, quiet: bool) -> None:
 
 
 # ---------------------------------------------------------------------------- train / info
-@cli.command()
+@cli.command(short_help="Train an encoder-decoder on parallel text (or a table).")
 @click.argument("source", required=False)
 @click.argument("target", required=False)
 @click.option(
@@ -185,7 +214,9 @@ def cli(verbose: int, quiet: bool) -> None:
     type=RegistryChoice(_presets),
     default="default",
     show_default=True,
-    help="Model and training sizes of the architecture (see README).",
+    help="Model and training sizes of the architecture: default (CPU-sized), paper (the "
+    "paper's sizes, for a GPU) or tiny (a seconds-long smoke test: 64 hidden units, 600-token "
+    "batches; scores are not useful). README: Presets.",
 )
 @click.option(
     "--arch",
@@ -195,20 +226,31 @@ def cli(verbose: int, quiet: bool) -> None:
     help="cho: RNN Encoder-Decoder (Cho et al. 2014); lstm: deep LSTM, source reversed "
     "(Sutskever et al. 2014); attention: RNNsearch (Bahdanau et al. 2015). Stored in the model.",
 )
-@click.option("--layers", type=int, help="lstm: LSTM layers (default: the preset's).")
+@click.option("--layers", type=POSITIVE, help="lstm: LSTM layers (default: the preset's).")
 @click.option(
     "--no-reverse", is_flag=True, help="lstm: read the source in its own order, not reversed."
 )
 @click.option("--src-lang", default="en", show_default=True, help="Source language (tokeniser).")
 @click.option("--tgt-lang", default="fr", show_default=True, help="Target language (tokeniser).")
 @text_options
-@click.option("--vocab-size", type=int, help="Words per side (default 15000).")
-@click.option("--subwords", type=int, help="Use a sentencepiece vocabulary of N pieces per side.")
-@click.option("--max-length", type=int, help="Skip pairs longer than this (tokens; default 50).")
+@click.option("--vocab-size", type=POSITIVE, help="Words per side (default 15000).")
+@click.option(
+    "--subwords",
+    type=click.IntRange(min=5),
+    help="Use a sentencepiece vocabulary of N pieces per side.",
+)
+@click.option(
+    "--max-length", type=POSITIVE, help="Skip pairs longer than this (tokens; default 50)."
+)
 @click.option("--optimizer", type=RegistryChoice(_optimizers), help="Override the preset.")
-@click.option("--lr", type=float, help="Learning rate (Adadelta: 1.0; Adam: 1e-3; SGD: 0.7).")
+@click.option(
+    "--lr", type=POSITIVE_FLOAT, help="Learning rate (Adadelta: 1.0; Adam: 1e-3; SGD: 0.7)."
+)
 @training_options(
-    "MODEL", "Target tokens per batch.", float, "Maximum epochs (may be fractional, e.g. 7.5)."
+    "MODEL",
+    "Target tokens per batch.",
+    POSITIVE_FLOAT,
+    "Maximum epochs (may be fractional, e.g. 7.5).",
 )
 @_fail_cleanly
 def train(
@@ -255,7 +297,7 @@ def train(
     _echo_trained(result)
 
 
-@cli.command("train-lm")
+@cli.command("train-lm", short_help="Train the CSLM target language model.")
 @click.argument("corpus")
 @click.option("-o", "--output", "model_path", required=True, help="LM file to write.")
 @click.option("--valid", help="Validation text (else a held-out slice of CORPUS).")
@@ -266,13 +308,15 @@ def train(
     show_default=True,
     help="Sizes (paper: order 7, 512-dim embeddings, 3072-1536-1024 relu layers).",
 )
-@click.option("--order", type=int, help="n of the n-gram model (default: the preset's).")
+@click.option(
+    "--order", type=click.IntRange(min=2), help="n of the n-gram model (default: the preset's)."
+)
 @click.option("--lang", default="fr", show_default=True, help="Language (tokeniser).")
 @text_options
-@click.option("--vocab-size", type=int, help="Words in the vocabulary (default 15000).")
-@click.option("--max-length", type=int, help="Skip longer training sentences (default 100).")
-@click.option("--lr", type=float, help="Learning rate (Adam).")
-@training_options("LM", "Tokens per batch.", int, "Maximum epochs.")
+@click.option("--vocab-size", type=POSITIVE, help="Words in the vocabulary (default 15000).")
+@click.option("--max-length", type=POSITIVE, help="Skip longer training sentences (default 100).")
+@click.option("--lr", type=POSITIVE_FLOAT, help="Learning rate (Adam).")
+@training_options("LM", "Tokens per batch.", POSITIVE, "Maximum epochs.")
 @_fail_cleanly
 def train_lm(
     corpus,
@@ -308,7 +352,7 @@ def train_lm(
     _echo_trained(result)
 
 
-@cli.command()
+@cli.command(short_help="Describe a model or CSLM file.")
 @click.argument("model_path", metavar="MODEL")
 @_fail_cleanly
 def info(model_path):
@@ -320,7 +364,7 @@ def info(model_path):
 
 
 # ---------------------------------------------------------------------------- rescore
-@cli.command()
+@cli.command(short_help="Add p(target | source) columns to a phrase table.")
 @click.argument("table")
 @click.option(
     "-m",
@@ -366,14 +410,14 @@ def info(model_path):
 )
 @click.option(
     "--batch-tokens",
-    type=int,
+    type=POSITIVE,
     default=8192,
     show_default=True,
     help="Target tokens per scoring batch.",
 )
 @click.option(
     "--chunk-lines",
-    type=int,
+    type=POSITIVE,
     default=50000,
     show_default=True,
     help="Lines per chunk (the unit of --resume).",
@@ -431,10 +475,14 @@ def rescore(
         lm_paths=list(lm_paths),
     )
     result = job.rescore
+    resumed = (
+        f" (resumed after line {result.resumed_from_line})" if result.resumed_from_line else ""
+    )
+    output = "<stdout>" if result.output == "-" else result.output
     click.echo(
-        f"phrasescore: {result.lines} lines, {result.distinct_sources} distinct sources, "
-        f"{result.seconds:.1f} s, {result.pairs_per_second:.0f} pairs/s, "
-        f"+{result.new_columns} column(s) -> {result.output}",
+        f"phrasescore: rescored {result.lines} lines{resumed}, {result.distinct_sources} distinct "
+        f"sources, {result.seconds:.1f} s, {result.pairs_per_second:.0f} pairs/s, "
+        f"+{result.new_columns} column(s) -> {output}",
         err=True,
     )
     if job.ini_out:
@@ -444,7 +492,7 @@ def rescore(
 
 
 # ---------------------------------------------------------------------------- n-best / generation
-@cli.command("nbest")
+@cli.command("nbest", short_help="Add log p(hypothesis | source) to an n-best list.")
 @click.argument("nbest_path", metavar="NBEST")
 @click.option("--source", required=True, help="Decoder input, one sentence per id (tokenised).")
 @click.option("-m", "--model", "model_path", help="Model file (optional with --lm).")
@@ -455,7 +503,7 @@ def rescore(
 @click.option("--normalize", is_flag=True, help="Per-token average log p / n instead of log p.")
 @click.option("--weights", help="moses.ini or 'Name= w ...' file: re-rank each id's hypotheses.")
 @click.option("--one-best", is_flag=True, help="With --weights: print the best hypothesis per id.")
-@click.option("--batch-tokens", type=int, default=8192, show_default=True, help="Per batch.")
+@click.option("--batch-tokens", type=POSITIVE, default=8192, show_default=True, help="Per batch.")
 @device_option
 @threads_option
 @no_progress_option
@@ -501,16 +549,18 @@ def nbest(
     )
 
 
-@cli.command()
+@cli.command(short_help="Translate text with beam search.")
 @click.argument("input_path", metavar="[INPUT]", default="-", required=False)
 @model_option()
 @click.option("-o", "--output", default="-", show_default=True, help="Output file (.gz: gzip).")
-@click.option("--beam", type=int, default=5, show_default=True, help="Beam size (1: greedy).")
-@click.option("--nbest", type=int, help="Write a Moses n-best list of K hypotheses per sentence.")
-@click.option("--max-length", type=int, help="Most output tokens (default 2 x source + 10).")
+@click.option("--beam", type=POSITIVE, default=5, show_default=True, help="Beam size (1: greedy).")
+@click.option(
+    "--nbest", type=POSITIVE, help="Write a Moses n-best list of K hypotheses per sentence."
+)
+@click.option("--max-length", type=POSITIVE, help="Most output tokens (default 2 x source + 10).")
 @click.option(
     "--length-penalty",
-    type=float,
+    type=click.FloatRange(min=0.0),
     default=1.0,
     show_default=True,
     help="GNMT alpha: rank by log p / ((5 + n) / 6)^alpha; 0 ranks by log p.",
@@ -519,7 +569,9 @@ def nbest(
 @click.option("--detokenize", is_flag=True, help="Detokenise the output (sacremoses).")
 @click.option("--reference", help="Reference translations: print BLEU and chrF (sacrebleu).")
 @click.option("--name", default="RNNEncDec0", show_default=True, help="n-best feature name.")
-@click.option("--batch-size", type=int, default=32, show_default=True, help="Sentences per batch.")
+@click.option(
+    "--batch-size", type=POSITIVE, default=32, show_default=True, help="Sentences per batch."
+)
 @device_option
 @threads_option
 @no_progress_option
@@ -572,7 +624,7 @@ def translate(
             click.echo(line, err=True)
 
 
-@cli.command()
+@cli.command(short_help="BLEU and chrF of hypotheses (sacrebleu).")
 @click.argument("hypotheses")
 @click.argument("reference")
 @click.option("--tokenize", default="13a", show_default=True, help="sacrebleu's BLEU tokenizer.")
@@ -586,15 +638,19 @@ def evaluate(hypotheses, reference, tokenize, lowercase):
         click.echo(line)
 
 
-@cli.command()
+@cli.command(short_help="Sample target phrases for source phrases.")
 @click.argument("phrases", nargs=-1, required=True, metavar="PHRASE... | -")
 @model_option()
-@click.option("-n", "--samples", type=int, default=100, show_default=True, help="Samples drawn.")
-@click.option("--top", type=int, default=10, show_default=True, help="Targets kept per phrase.")
+@click.option(
+    "-n", "--samples", type=POSITIVE, default=100, show_default=True, help="Samples drawn."
+)
+@click.option(
+    "--top", type=POSITIVE, default=10, show_default=True, help="Targets kept per phrase."
+)
 @click.option("--beam", is_flag=True, help="Add the beam-search --top best to the candidates.")
 @click.option("--phrase-table", help="Moses table: mark each pair as in the table or new.")
-@click.option("--seed", type=int, default=1, show_default=True, help="Sampling seed.")
-@click.option("--max-length", type=int, help="Most target tokens (default 2 x source + 10).")
+@click.option("--seed", type=SEED, default=1, show_default=True, help="Sampling seed.")
+@click.option("--max-length", type=POSITIVE, help="Most target tokens (default 2 x source + 10).")
 @click.option("--no-unk", is_flag=True, help="Never output the unknown-word symbol.")
 @device_option
 @threads_option
@@ -638,7 +694,7 @@ def sample(
 
 
 # ---------------------------------------------------------------------------- analyses
-@cli.command()
+@cli.command(short_help="Phrase vectors and word embeddings of a model.")
 @click.argument("phrases_path", metavar="[PHRASES]", required=False)
 @model_option()
 @click.option(
@@ -653,17 +709,23 @@ def sample(
     help="Side of --phrase-table.",
 )
 @click.option(
-    "--limit", type=int, default=1000, show_default=True, help="Phrases from --phrase-table."
+    "--limit", type=POSITIVE, default=1000, show_default=True, help="Phrases from --phrase-table."
 )
 @click.option(
-    "--min-words", type=int, default=1, show_default=True, help="Table phrases of >= N words."
+    "--min-words", type=POSITIVE, default=1, show_default=True, help="Table phrases of >= N words."
 )
-@click.option("--words", type=int, default=0, help="Also write the N most frequent words' vectors.")
+@click.option(
+    "--words", type=NON_NEGATIVE, default=0, help="Also write the N most frequent words' vectors."
+)
 @click.option("--map", "map_path", help="Draw a 2-D map of the phrase vectors (PNG).")
 @click.option("--word-map", "word_map_path", help="Draw a 2-D map of the source words (PNG).")
-@click.option("--neighbours", type=int, default=0, help="Print the K nearest phrases (cosine).")
+@click.option(
+    "--neighbours", type=NON_NEGATIVE, default=0, help="Print the K nearest phrases (cosine)."
+)
 @click.option("--query", "queries", multiple=True, help="Neighbours of this phrase only; repeat.")
-@click.option("--labels", type=int, default=150, show_default=True, help="Most labels per map.")
+@click.option(
+    "--labels", type=NON_NEGATIVE, default=150, show_default=True, help="Most labels per map."
+)
 @click.option(
     "--method",
     type=click.Choice(["auto", "tsne", "pca"]),
@@ -671,7 +733,7 @@ def sample(
     show_default=True,
     help="Map projection (auto: t-SNE if scikit-learn is installed, else PCA).",
 )
-@click.option("--seed", type=int, default=1, show_default=True, help="t-SNE seed.")
+@click.option("--seed", type=SEED, default=1, show_default=True, help="t-SNE seed.")
 @device_option
 @threads_option
 @_fail_cleanly
@@ -721,31 +783,37 @@ def represent(
             click.echo(f"{query}\t{rank}\t{neighbour.similarity:.4f}\t{neighbour.phrase}")
 
 
-@cli.command()
+@cli.command(short_help="A model's top targets beside a phrase table's.")
 @click.argument("table")
 @model_option()
 @click.option("--sources", "sources_path", help="Source phrases to compare, one per line.")
 @click.option(
-    "--sample", type=int, default=10, show_default=True, help="Else: sample N source phrases..."
+    "--sample",
+    type=POSITIVE,
+    default=10,
+    show_default=True,
+    help="Else: sample N source phrases...",
 )
 @click.option(
-    "--min-targets", type=int, default=5, show_default=True, help="...with >= K targets..."
+    "--min-targets", type=POSITIVE, default=5, show_default=True, help="...with >= K targets..."
 )
-@click.option("--min-words", type=int, default=1, show_default=True, help="...and >= W words.")
-@click.option("--top", type=int, default=5, show_default=True, help="Targets listed per source.")
+@click.option("--min-words", type=POSITIVE, default=1, show_default=True, help="...and >= W words.")
 @click.option(
-    "--column", type=int, default=3, show_default=True, help="Table score to compare (φ(e|f))."
+    "--top", type=POSITIVE, default=5, show_default=True, help="Targets listed per source."
 )
-@click.option("--proposals", type=int, default=0, help="Draw N model samples per source.")
+@click.option(
+    "--column", type=POSITIVE, default=3, show_default=True, help="Table score to compare (φ(e|f))."
+)
+@click.option("--proposals", type=NON_NEGATIVE, default=0, help="Draw N model samples per source.")
 @click.option("--scatter", "scatter_path", help="Scatter plot of model vs table scores (PNG).")
 @click.option(
     "--max-pairs",
-    type=int,
+    type=NON_NEGATIVE,
     default=20000,
     show_default=True,
     help="Pairs sampled for the scatter and correlations (0: all).",
 )
-@click.option("--seed", type=int, default=1, show_default=True, help="Sampling seed.")
+@click.option("--seed", type=SEED, default=1, show_default=True, help="Sampling seed.")
 @device_option
 @threads_option
 @_fail_cleanly
@@ -785,13 +853,13 @@ def compare(
         click.echo(line)
 
 
-@cli.command()
+@cli.command(short_help="Word alignments from an attention model.")
 @click.argument("source")
 @click.argument("target")
 @model_option("Attention model file.")
 @click.option("-o", "--output", default="-", show_default=True, help="Output file (.gz: gzip).")
 @click.option("--plot", "plot_dir", help="Also draw each pair's alignment matrix: DIR/NNNNNN.png.")
-@click.option("--batch-size", type=int, default=32, show_default=True, help="Pairs per batch.")
+@click.option("--batch-size", type=POSITIVE, default=32, show_default=True, help="Pairs per batch.")
 @device_option
 @threads_option
 @_fail_cleanly
@@ -815,7 +883,7 @@ def align(source, target, model_path, output, plot_dir, batch_size, device):
 
 
 # ---------------------------------------------------------------------------- Moses files
-@cli.command("ini-tables")
+@cli.command("ini-tables", short_help="List the phrase tables of a moses.ini.")
 @click.argument("moses_ini")
 @click.option("--factors", is_flag=True, help="Add INPUT_FACTORS and OUTPUT_FACTORS columns.")
 @_fail_cleanly
@@ -830,7 +898,7 @@ def ini_tables(moses_ini, factors):
         click.echo(row)
 
 
-@cli.command("check-table")
+@cli.command("check-table", short_help="Validate a Moses phrase table.")
 @click.argument("table")
 @_fail_cleanly
 def check_table(table):
@@ -840,7 +908,7 @@ def check_table(table):
     run_check_table(table)
 
 
-@cli.command("copy-table")
+@cli.command("copy-table", short_help="Copy a phrase table through the reader and writer.")
 @click.argument("table")
 @click.option("-o", "--output", required=True, help="Table to write (.gz: gzip; -: stdout).")
 @_fail_cleanly
@@ -852,7 +920,7 @@ def copy_table(table, output):
 
 
 # ---------------------------------------------------------------------------- MERT A/B
-@cli.command()
+@cli.command(short_help="MERT A/B: does a new phrase-table column move BLEU?")
 @click.option("--baseline", required=True, help="The baseline system's moses.ini.")
 @click.option(
     "--candidate",

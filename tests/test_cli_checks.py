@@ -1,0 +1,165 @@
+"""Every command's arguments are checked before any work: numeric ranges, output locations and
+devices give one line and an exit code, never a traceback (issue 14)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from phrasescore.errors import InputError
+from phrasescore.files import check_output_path
+from phrasescore.hardware import resolve_device
+
+from .conftest import DATA
+
+TABLE = DATA / "moses" / "tiny.phrase-table"
+NBEST = DATA / "nbest" / "multi30k.test2016.ids0-4.100best.nbest.gz"
+NBEST_SOURCE = DATA / "nbest" / "multi30k.test2016.head5.tok.lc.en"
+
+
+def run_cli(*args, **kwargs):
+    return subprocess.run(
+        [sys.executable, "-m", "phrasescore", *map(str, args)],
+        capture_output=True,
+        text=True,
+        **kwargs,
+    )
+
+
+def one_line_error(proc, code: int) -> str:
+    assert proc.returncode == code, proc.stderr
+    assert "Traceback" not in proc.stderr
+    return proc.stderr
+
+
+BAD_NUMBERS = [
+    ("rescore", "T", "-m", "M", "--chunk-lines", "0"),
+    ("rescore", "T", "-m", "M", "--chunk-lines", "-5"),
+    ("rescore", "T", "-m", "M", "--batch-tokens", "0"),
+    ("rescore", "T", "-m", "M", "--threads", "0"),
+    ("train", "S", "T", "-o", "M", "--valid-every", "0"),
+    ("train", "S", "T", "-o", "M", "--batch-tokens", "0"),
+    ("train", "S", "T", "-o", "M", "--vocab-size", "-1"),
+    ("train", "S", "T", "-o", "M", "--epochs", "0"),
+    ("train", "S", "T", "-o", "M", "--lr", "-1"),
+    ("train", "S", "T", "-o", "M", "--seed", "-3"),
+    ("train-lm", "C", "-o", "M", "--order", "1"),
+    ("train-lm", "C", "-o", "M", "--max-steps", "0"),
+    ("nbest", "N", "--source", "S", "-m", "M", "--batch-tokens", "0"),
+    ("translate", "I", "-m", "M", "--beam", "0"),
+    ("translate", "I", "-m", "M", "--length-penalty", "-1"),
+    ("sample", "a", "-m", "M", "-n", "0"),
+    ("represent", "P", "-m", "M", "-o", "X", "--limit", "0"),
+    ("compare", "T", "-m", "M", "--top", "0"),
+    ("align", "S", "T", "-m", "M", "--batch-size", "0"),
+]
+
+
+@pytest.mark.parametrize("args", BAD_NUMBERS, ids=lambda a: " ".join(a[:1] + a[-2:]))
+def test_numeric_options_are_range_checked(args, tmp_path):
+    proc = run_cli(*args, cwd=tmp_path)
+    stderr = one_line_error(proc, 2)
+    assert f"Invalid value for '{args[-2]}'" in stderr or "Invalid value for" in stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_unknown_device_names_the_choices(tmp_path):
+    proc = run_cli("rescore", TABLE, "-m", "M", "--device", "foo", cwd=tmp_path)
+    assert "auto, cpu, cuda or cuda:N" in one_line_error(proc, 2)
+    with pytest.raises(InputError, match="auto, cpu, cuda or cuda:N"):
+        resolve_device("foo")
+
+
+def _commands(tmp_path, model: str, out: str) -> dict[str, list]:
+    """Each command that writes a file, writing it to ``out``."""
+    src, tgt = str(NBEST_SOURCE), str(DATA / "nbest" / "multi30k.test2016.head5.tok.lc.fr")
+    return {
+        "rescore": ["rescore", TABLE, "-m", model, "-o", out],
+        "copy-table": ["copy-table", TABLE, "-o", out],
+        "nbest": ["nbest", NBEST, "--source", NBEST_SOURCE, "-m", model, "-o", out],
+        "translate": ["translate", NBEST_SOURCE, "-m", model, "-o", out],
+        "align": ["align", src, tgt, "-m", model, "-o", out],
+        "train": ["train", src, tgt, "--preset", "tiny", "-o", out, "--max-steps", "1"],
+        "train-lm": ["train-lm", tgt, "--preset", "tiny", "-o", out, "--max-steps", "1"],
+    }
+
+
+COMMANDS = ["rescore", "copy-table", "nbest", "translate", "align", "train", "train-lm"]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_output_in_a_missing_directory_is_one_line(command, tmp_path, tiny_model_path):
+    out = str(tmp_path / "no-such-dir" / "out.gz")
+    proc = run_cli(*_commands(tmp_path, tiny_model_path, out)[command], cwd=tmp_path)
+    stderr = one_line_error(proc, 1)
+    assert stderr.strip() == f"phrasescore: error: {out}: {_what(command)} directory does not exist"
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_output_naming_a_directory_is_refused_before_any_work(command, tmp_path, tiny_model_path):
+    out = tmp_path / "a-directory"
+    out.mkdir()
+    proc = run_cli(*_commands(tmp_path, tiny_model_path, str(out))[command], cwd=tmp_path)
+    stderr = one_line_error(proc, 1)
+    assert "is a directory: give a file name" in stderr
+    assert sorted(os.listdir(tmp_path)) == ["a-directory"]  # no .partial or .tmp files
+    assert os.listdir(out) == []
+
+
+def _what(command: str) -> str:
+    return {"rescore": "output table", "train": "model", "train-lm": "LM"}.get(command, "output")
+
+
+def test_read_only_output_directory_is_one_line(tmp_path, tiny_model_path):
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    try:
+        if os.access(folder, os.W_OK):
+            pytest.skip("this user (root?) can write in a 0555 directory")
+        out = folder / "out.gz"
+        for args in (
+            ["rescore", TABLE, "-m", tiny_model_path, "-o", out],
+            ["copy-table", TABLE, "-o", out],
+        ):
+            stderr = one_line_error(run_cli(*args), 1)
+            assert "directory is not writable (permission denied)" in stderr
+        assert os.listdir(folder) == []
+    finally:
+        folder.chmod(0o755)
+
+
+def test_check_output_path(tmp_path):
+    check_output_path("-")
+    check_output_path(None)
+    check_output_path(str(tmp_path / "new.gz"))
+    check_output_path(str(tmp_path / "a" / "b" / "new.png"), create_dirs=True)
+    with pytest.raises(InputError, match="does not exist"):
+        check_output_path(str(tmp_path / "a" / "new.gz"))
+    with pytest.raises(InputError, match="is a directory"):
+        check_output_path(str(tmp_path))
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(InputError, match="does not exist"):
+        check_output_path(str(tmp_path / "file" / "new.png"), create_dirs=True)
+
+
+def test_top_level_help_shows_every_command_description_whole():
+    proc = run_cli("--help")
+    assert proc.returncode == 0
+    listing = proc.stdout.split("Commands:", 1)[1].strip().splitlines()
+    from phrasescore.cli import cli
+
+    assert len(listing) == len(cli.commands)
+    for line in listing:
+        name, description = line.split(None, 1)
+        assert description == cli.commands[name].short_help, line
+        assert not description.endswith("...") and description[-1] in ".?", line
+
+
+def test_train_help_documents_the_tiny_preset():
+    proc = run_cli("train", "--help")
+    help_text = " ".join(proc.stdout.split())
+    assert "tiny (a seconds-long smoke test" in help_text
