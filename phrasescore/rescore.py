@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from itertools import islice
 
@@ -38,7 +39,16 @@ from tqdm import tqdm
 from phrasescore import __version__
 from phrasescore.bundle import TrainedModel, load_lm, load_model
 from phrasescore.errors import InputError
-from phrasescore.files import AtomicOutput, ReadPosition, display_name, gzip_writer, iter_lines
+from phrasescore.files import (
+    AtomicOutput,
+    ReadPosition,
+    StagedFile,
+    check_output_path,
+    check_output_paths,
+    display_name,
+    gzip_writer,
+    iter_lines,
+)
 from phrasescore.hardware import resolve_device, resolve_dtype
 from phrasescore.lm_scoring import LMPhraseColumn
 from phrasescore.moses.ini import update_moses_ini_text
@@ -48,7 +58,7 @@ from phrasescore.moses.phrase_table import (
     probability_from_logprob,
     read_phrase_table,
 )
-from phrasescore.scoring import PairScorer
+from phrasescore.scoring import PairScorer, phrase_tokens
 
 log = logging.getLogger(__name__)
 
@@ -172,11 +182,14 @@ class _PartialOutput:
                 {"identity": self.identity, "lines": self.lines_done, "bytes": self.bytes_done}, fh
             )
 
-    def finish(self) -> None:
+    def complete(self) -> None:
+        """Close the partial file, complete (still under its partial name, resumable)."""
         if self.compress and self.bytes_done == 0:
             with gzip_writer(self.handle):
                 pass
         self.handle.close()
+
+    def publish(self) -> None:
         os.replace(self.path, self.output)
         os.unlink(self.state_path)
 
@@ -207,8 +220,11 @@ class _StdoutOutput:
         self.stream.write(text.encode("utf-8"))
         self.stream.flush()
 
-    def finish(self) -> None:
+    def complete(self) -> None:
         self.stream.flush()
+
+    def publish(self) -> None:
+        pass
 
     def close_incomplete(self) -> None:
         pass
@@ -259,6 +275,7 @@ def rescore_table(
     models: list[TrainedModel] | None = None,
     inverse_model_paths: list[str] | None = None,
     lm_paths: list[str] | None = None,
+    before_publish: Callable[[RescoreResult], None] | None = None,
 ) -> RescoreResult:
     """Append one column per model (and optionally the unknown-word column) to ``table``.
 
@@ -268,6 +285,9 @@ def rescore_table(
     follow the direct ones. Each CSLM of ``lm_paths`` adds p(target phrase) after those
     (:class:`phrasescore.lm_scoring.LMPhraseColumn`: the phrase scored with sentence-boundary
     context off), then comes the unknown-word column.
+
+    ``before_publish`` runs once the whole table is written but before it is renamed to
+    ``output``: what it raises leaves the output unpublished (and resumable).
     """
     options = options or RescoreOptions()
     output = output or default_output_path(table)
@@ -275,6 +295,9 @@ def rescore_table(
         raise InputError("the output would overwrite the input table", output)
     if table != "-" and not os.path.isfile(table):
         raise InputError("no such file", table)
+    check_output_path(output, "output table")
+    if options.chunk_lines < 1 or options.batch_tokens < 1:
+        raise InputError("chunk_lines and batch_tokens must be at least 1")
     if options.logprob:
         log.warning(
             "--logprob writes log p values: Moses takes ln of every phrase-table value, so this "
@@ -291,21 +314,41 @@ def rescore_table(
     start_line = sink.open(resume)
     position = ReadPosition()
     entries = read_phrase_table(table, position=position)
+    started = time.monotonic()
+    counter = _Progress(progress, position, start_line, started)
     if start_line:
         log.info("resuming after line %d", start_line)
-        skipped = sum(1 for _ in islice(entries, start_line))
+        # the lines done count in the summary too (distinct sources of the whole table)
+        skipped = counter.count(islice(entries, start_line))
         if skipped < start_line:
+            counter.close()
             raise InputError(
                 f"cannot resume: the input has only {skipped} lines, the partial output {start_line}",
                 table,
             )
-    started = time.monotonic()
-    counter = _Progress(progress, position, start_line, started)
     try:
+        first = True
         while chunk := list(islice(entries, options.chunk_lines)):
+            if first:
+                columns.warn_direction(chunk)
+                first = False
             sink.append_chunk(columns.format_chunk(chunk), len(chunk))
             counter.update(chunk)
-        sink.finish()
+        sink.complete()
+        counter.close()
+        result = RescoreResult(
+            output=output,
+            lines=counter.lines,
+            distinct_sources=counter.distinct_sources,
+            seconds=time.monotonic() - started,
+            new_columns=len(columns.names),
+            column_names=columns.names,
+            signatures=columns.signatures,
+            resumed_from_line=start_line,
+        )
+        if before_publish is not None:
+            before_publish(result)
+        sink.publish()
     except InputError:
         # a bad input line: resuming cannot help, so leave nothing behind
         sink.discard()
@@ -315,18 +358,36 @@ def rescore_table(
         raise
     finally:
         counter.close()
-    result = RescoreResult(
-        output=output,
-        lines=counter.lines,
-        distinct_sources=counter.distinct_sources,
-        seconds=time.monotonic() - started,
-        new_columns=len(columns.names),
-        column_names=columns.names,
-        signatures=columns.signatures,
-        resumed_from_line=start_line,
-    )
     _log_result(result)
     return result
+
+
+DIRECTION_MARGIN = 0.2
+"""How much better the model's vocabularies must know the table read backwards (fraction of
+known tokens) before :func:`direction_evidence` calls it reversed."""
+
+
+def direction_evidence(model, sources: list[str], targets: list[str]) -> tuple[float, float] | None:
+    """(coverage as given, coverage swapped) when ``model`` looks trained target->source on
+    these phrases, else None.
+
+    Coverage is the mean over both sides of the fraction of tokens the model's vocabulary knows:
+    as given, sources by its source vocabulary and targets by its target vocabulary; swapped,
+    the other way round. Reversed means swapped is at least :data:`DIRECTION_MARGIN` higher and
+    twice as high: words the languages share (numbers, names, punctuation) count on both sides,
+    and a model of other languages altogether knows little either way.
+    """
+    if not sources or not targets:
+        return None
+    src_as_src = [phrase_tokens(model.src_text, p) for p in sources]
+    tgt_as_tgt = [phrase_tokens(model.tgt_text, p) for p in targets]
+    src_as_tgt = [phrase_tokens(model.tgt_text, p) for p in sources]
+    tgt_as_src = [phrase_tokens(model.src_text, p) for p in targets]
+    given = (model.src_vocab.coverage(src_as_src) + model.tgt_vocab.coverage(tgt_as_tgt)) / 2
+    swapped = (model.tgt_vocab.coverage(src_as_tgt) + model.src_vocab.coverage(tgt_as_src)) / 2
+    if swapped >= given + DIRECTION_MARGIN and swapped >= 2 * given:
+        return given, swapped
+    return None
 
 
 class NewColumns:
@@ -341,6 +402,8 @@ class NewColumns:
             PairScorer(m, device=device, dtype=options.dtype, batch_tokens=options.batch_tokens)
             for m in models
         ]
+        self.models = list(models)
+        self.paths = [""] * len(self.models)
         self.signatures = [m.signature for m in models]
         self.names = [
             f"phrasescore{'-inverse' if inverse else ''}:{m.signature}"
@@ -366,9 +429,38 @@ class NewColumns:
         columns = cls(list(models) + inverse_models, directions, lm_columns, options, device)
         paths = list(model_paths) + list(inverse_paths)
         all_models = list(models) + inverse_models
+        columns.paths = paths if len(paths) == len(all_models) else [""] * len(all_models)
         for model, path in zip(all_models, paths or [""] * len(all_models), strict=False):
             log.info("model %s: %s, signature %s", path, model.config.arch, model.signature)
         return columns
+
+    def warn_direction(self, chunk) -> None:
+        """Warn when the table looks reversed for a model (see :func:`direction_evidence`).
+
+        A lone model cannot be checked against another's direction, and neither the table nor
+        the moses.ini records its languages; what can be seen is which of the model's
+        vocabularies knows the table's words.
+        """
+        sources = list(dict.fromkeys(e.source for e in chunk))
+        targets = list(dict.fromkeys(e.target for e in chunk))
+        for model, inverse, path in zip(self.models, self.directions, self.paths, strict=True):
+            src, tgt = (targets, sources) if inverse else (sources, targets)
+            evidence = direction_evidence(model, src, tgt)
+            if evidence is None:
+                continue
+            given, swapped = evidence
+            lang = f"{model.src_text.lang}->{model.tgt_text.lang}"
+            hint = "--model" if inverse else "--inverse-model"
+            log.warning(
+                "%s (%s) looks trained in the other direction: its vocabularies know "
+                "%.0f%% of the table's words read the other way round, %.0f%% as given; if it "
+                "translates the table's target language into its source language, give it as %s",
+                path or model.signature,
+                lang,
+                100 * swapped,
+                100 * given,
+                hint,
+            )
 
     def identity(self, table: str) -> dict:
         """What a partial output was made from: input, models, flags (the resume key)."""
@@ -406,9 +498,9 @@ class NewColumns:
 
 
 class _Progress:
-    """Lines and distinct sources done, and the progress bar: in bytes of the input file
-    (compressed bytes for gzip), so that tqdm can show an ETA; lines and pairs/s in the
-    postfix."""
+    """Lines and distinct sources done (of the whole table, with ``--resume`` too), and the
+    progress bar: in bytes of the input file (compressed bytes for gzip, so that it ends at
+    100%), so that tqdm can show an ETA; lines and pairs/s in the postfix."""
 
     def __init__(self, enabled: bool, position: ReadPosition, start_line: int, started: float):
         self.position = position
@@ -426,11 +518,21 @@ class _Progress:
             desc="rescore",
         )
 
-    def update(self, chunk) -> None:
-        for entry in chunk:
+    def _count_sources(self, entries: Iterable) -> int:
+        n = 0
+        for entry in entries:
+            n += 1
             if entry.source != self.last_source:
                 self.distinct_sources += 1
                 self.last_source = entry.source
+        return n
+
+    def count(self, entries: Iterable) -> int:
+        """Count the distinct sources of lines done earlier (``--resume``); their number."""
+        return self._count_sources(entries)
+
+    def update(self, chunk) -> None:
+        self._count_sources(chunk)
         self.lines += len(chunk)
         elapsed = time.monotonic() - self.started
         bar = self.bar
@@ -448,8 +550,9 @@ class _Progress:
 
 
 def _log_result(result: RescoreResult) -> None:
+    """The result in the debug log (the command prints the one summary line)."""
     names = result.column_names
-    log.info(
+    log.debug(
         "rescored %d lines (%d distinct sources%s) in %.1f s, %.0f pairs/s: %s (+%d column%s, "
         "models %s)",
         result.lines,
@@ -504,22 +607,44 @@ def run_rescore(
     if moses_ini:
         if output == "-":
             raise InputError("--moses-ini needs an output file, not standard output")
+        ini_out = ini_out or default_ini_out(moses_ini)
+        if os.path.abspath(ini_out) == os.path.abspath(table):
+            raise InputError("the moses.ini would overwrite the input table", ini_out)
+    else:
+        ini_out = None
+    # The table and its ini are one result: both locations are checked before any scoring, both
+    # are written under temporary names, and both renamed into place only once both are complete.
+    check_output_paths({"output table": output, "moses.ini": ini_out})
+    if moses_ini:
         ini = _IniUpdate(moses_ini, ini_table or table, os.path.abspath(output), n_new, weight)
-    result = rescore_table(
-        table,
-        model_paths,
-        output,
-        options,
-        device=device,
-        resume=resume,
-        progress=progress,
-        inverse_model_paths=inverse_model_paths,
-        lm_paths=lm_paths,
-    )
+    staged: dict = {}
+
+    def stage_ini(result: RescoreResult) -> None:
+        staged["ini"] = ini.stage(ini_out, result)
+
+    try:
+        result = rescore_table(
+            table,
+            model_paths,
+            output,
+            options,
+            device=device,
+            resume=resume,
+            progress=progress,
+            inverse_model_paths=inverse_model_paths,
+            lm_paths=lm_paths,
+            before_publish=stage_ini if ini is not None else None,
+        )
+    except BaseException:
+        if "ini" in staged:
+            staged["ini"][0].discard()
+        raise
     if ini is None:
         return RescoreJobResult(result)
-    ini_out = ini_out or default_ini_out(moses_ini)
-    return RescoreJobResult(result, ini_out, ini.write(ini_out, result))
+    staged_file, update = staged["ini"]
+    staged_file.publish()
+    ini.log_written(ini_out, update)
+    return RescoreJobResult(result, ini_out, update)
 
 
 class _IniUpdate:
@@ -549,14 +674,18 @@ class _IniUpdate:
             ini_path=self.ini_path,
         )
 
-    def write(self, ini_out: str, result: RescoreResult):
+    def stage(self, ini_out: str, result: RescoreResult):
+        """(the new ini written complete under a temporary name beside ``ini_out``, the update);
+        :meth:`StagedFile.publish` renames it into place."""
         comment = (
             f"# phrasescore {__version__}: {result.new_columns} column(s) "
             f"added to {self.table}: {', '.join(result.column_names)}"
         )
         update = self._update(comment)
-        with AtomicOutput(ini_out, compress=False) as out:
-            out.write(update.text)
+        return StagedFile(ini_out, update.text), update
+
+    @staticmethod
+    def log_written(ini_out: str, update) -> None:
         log.info(
             "wrote %s: %s now has %d scores (weights %s added)",
             ini_out,
@@ -566,4 +695,3 @@ class _IniUpdate:
         )
         for note in update.notes:
             log.warning("%s", note)
-        return update

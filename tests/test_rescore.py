@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from phrasescore.bundle import load_model
+from phrasescore.errors import InputError
 from phrasescore.moses.ini import count_features_and_weights
 from phrasescore.moses.phrase_table import format_entry, read_phrase_table
 from phrasescore.rescore import RescoreOptions, rescore_table
@@ -263,3 +264,150 @@ def test_subword_model_trains_and_rescores(tmp_path, corpus_files):
     result = rescore_table(str(TABLES[0]), [str(model)], str(out), progress=False)
     assert result.lines == 300
     assert all(0 < float(e.scores[-1]) <= 1 for e in read_phrase_table(str(out)))
+
+
+# ---------------------------------------------------------------------------- issue 14
+def _moses_system(tmp_path):
+    ini = tmp_path / "moses.ini"
+    ini.write_text((DATA / "moses" / "multi30k.moses.ini").read_text())
+    table = tmp_path / "phrase-table.gz"
+    table.write_bytes(TABLES[0].read_bytes())
+    return ini, table
+
+
+def test_chunk_lines_zero_is_a_usage_error_and_writes_nothing(tiny_model_path, tmp_path):
+    out = tmp_path / "out.gz"
+    for value in ("0", "-5"):
+        proc = run_cli(
+            "rescore", TABLES[0], "-m", tiny_model_path, "-o", out, "--chunk-lines", value
+        )
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert "Invalid value for '--chunk-lines'" in proc.stderr
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(InputError):
+        rescore_table(str(TABLES[0]), [tiny_model_path], str(out), RescoreOptions(chunk_lines=0))
+    assert os.listdir(tmp_path) == []
+
+
+def test_ini_out_in_a_missing_directory_fails_before_scoring(tiny_model_path, tmp_path):
+    ini, table = _moses_system(tmp_path)
+    before = sorted(os.listdir(tmp_path))
+    proc = run_cli(
+        "rescore",
+        table,
+        "-m",
+        tiny_model_path,
+        "--moses-ini",
+        ini,
+        "--ini-out",
+        tmp_path / "no-such-dir" / "new.ini",
+        "--no-progress",
+    )
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "new.ini: moses.ini directory does not exist" in proc.stderr
+    assert "pairs/s" not in proc.stderr  # refused before scoring
+    assert sorted(os.listdir(tmp_path)) == before  # no table, no partial file
+
+
+def test_table_and_ini_appear_together_or_not_at_all(tiny_model_path, tmp_path, monkeypatch):
+    from phrasescore import rescore as rescore_module
+
+    ini, table = _moses_system(tmp_path)
+    before = sorted(os.listdir(tmp_path))
+
+    def fail(self, ini_out, result):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(rescore_module._IniUpdate, "stage", fail)
+    with pytest.raises(OSError):
+        rescore_module.run_rescore(
+            str(table), [tiny_model_path], None, RescoreOptions(), moses_ini=str(ini)
+        )
+    published = sorted(name for name in os.listdir(tmp_path) if not name.startswith("."))
+    assert published == before  # neither the table nor the ini under its final name
+    monkeypatch.undo()
+    job = rescore_module.run_rescore(
+        str(table), [tiny_model_path], None, RescoreOptions(), moses_ini=str(ini), resume=True
+    )
+    assert job.rescore.lines == 300 and job.rescore.resumed_from_line == 300
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        before + ["moses.rescored.ini", "phrase-table.rescored.gz"]
+    )
+
+
+def test_progress_ends_at_100_percent_and_one_summary_line(tiny_model_path, tmp_path):
+    proc = run_cli("rescore", TABLES[0], "-m", tiny_model_path, "-o", tmp_path / "out.gz")
+    assert proc.returncode == 0, proc.stderr
+    last_bar = proc.stderr.replace("\r", "\n").split("\n")
+    last_bar = [line for line in last_bar if line.startswith("rescore:")][-1]
+    assert "100%" in last_bar, last_bar
+    summary = [line for line in proc.stderr.splitlines() if "distinct sources" in line]
+    assert summary == [
+        line for line in summary if line.startswith("phrasescore: rescored 300 lines, 205 ")
+    ]
+    assert len(summary) == 1, proc.stderr
+
+
+def test_summary_after_resume_counts_the_whole_table(tiny_model_path, tmp_path, monkeypatch):
+    from phrasescore.rescore import NewColumns
+
+    out = tmp_path / "out.gz"
+    options = RescoreOptions(chunk_lines=70)
+    full = rescore_table(str(TABLES[0]), [tiny_model_path], str(tmp_path / "full.gz"), options)
+    original = NewColumns.format_chunk
+    calls = []
+
+    def interrupted(self, chunk):
+        calls.append(len(chunk))
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return original(self, chunk)
+
+    monkeypatch.setattr(NewColumns, "format_chunk", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        rescore_table(str(TABLES[0]), [tiny_model_path], str(out), options, progress=False)
+    monkeypatch.undo()
+    resumed = rescore_table(
+        str(TABLES[0]), [tiny_model_path], str(out), RescoreOptions(chunk_lines=70), resume=True
+    )
+    assert resumed.resumed_from_line == 140
+    assert (
+        (resumed.lines, resumed.distinct_sources)
+        == (full.lines, full.distinct_sources)
+        == (
+            300,
+            205,
+        )
+    )
+    assert out.read_bytes() == (tmp_path / "full.gz").read_bytes()
+
+
+def test_model_files_follow_the_umask(tmp_path, corpus_files):
+    old = os.umask(0o027)
+    try:
+        path = tmp_path / "m.safetensors"
+        train_tiny(path, *corpus_files, max_steps=2)
+    finally:
+        os.umask(old)
+    assert os.stat(path).st_mode & 0o777 == 0o640
+    assert os.stat(str(path) + ".checkpoint").st_mode & 0o777 == 0o640
+
+
+def test_a_lone_model_of_the_other_direction_is_warned_about(
+    tiny_model_path, tmp_path, corpus_files
+):
+    fr_en = str(tmp_path / "fr-en.safetensors")
+    train_tiny(fr_en, corpus_files[1], corpus_files[0], src_lang="fr", tgt_lang="en", max_steps=2)
+    flags = ["--no-progress", "--chunk-lines", "100"]
+    proc = run_cli("rescore", TABLES[0], "-m", fr_en, "-o", tmp_path / "a.gz", *flags)
+    assert proc.returncode == 0, proc.stderr
+    assert f"{fr_en} (fr->en) looks trained in the other direction" in proc.stderr
+    assert "give it as --inverse-model" in proc.stderr
+    for args in (["-m", tiny_model_path], ["--inverse-model", fr_en]):
+        proc = run_cli("rescore", TABLES[0], *args, "-o", tmp_path / "b.gz", *flags)
+        assert proc.returncode == 0, proc.stderr
+        assert "other direction" not in proc.stderr
+    proc = run_cli(
+        "rescore", TABLES[0], "--inverse-model", tiny_model_path, "-o", tmp_path / "c.gz"
+    )
+    assert "give it as --model" in proc.stderr
