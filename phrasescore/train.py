@@ -40,6 +40,7 @@ from phrasescore.model.config import (
     ARCH_PRESETS,
     ARCHITECTURES,
     DEFAULT_LEARNING_RATE,
+    PHRASE_TABLE_DEFAULT,
     ModelConfig,
     TrainConfig,
 )
@@ -634,6 +635,12 @@ def run_training(
     set_threads(threads)
     dev = resolve_device(device)
     mcfg, tcfg = preset_configs(preset, arch)
+    if phrase_table and preset == "default" and arch == "cho":
+        # distinct phrase pairs need fan-in initialisation with Adam (PHRASE_TABLE_DEFAULT)
+        for cfg, changes in zip((mcfg, tcfg), PHRASE_TABLE_DEFAULT, strict=True):
+            for key, value in changes.items():
+                setattr(cfg, key, value)
+        log.info("--phrase-table: default preset with %s", PHRASE_TABLE_DEFAULT)
     apply_overrides(tcfg, overrides)
     for key, value in (model_overrides or {}).items():
         if value is not None:

@@ -126,3 +126,27 @@ def test_token_logprobs_equal_log_softmax_and_stepwise_decoding():
         features, state = net.step(state, tgt_in[:, t])
         steps.append(torch.log_softmax(net.logits(features), -1)[0, tgt_out[0, t]])
     assert torch.allclose(torch.stack(steps), want[0], atol=1e-6)
+
+
+def test_fan_in_init_gives_unit_embeddings_and_cho_keeps_the_paper_scale():
+    """Issue 15: with Adam, N(0, 0.01²) weights left phrase-table training at the unigram
+    perplexity for ~100 steps; ``init="fan_in"`` uses PyTorch's scales instead."""
+    sizes = dict(src_vocab_size=300, tgt_vocab_size=400)
+    torch.manual_seed(0)
+    cho = build_network(ModelConfig(**sizes))
+    torch.manual_seed(0)
+    fan_in = build_network(ModelConfig(init="fan_in", **sizes))
+    assert float(cho.src_embed.weight[1:].detach().std()) == pytest.approx(0.01, rel=0.05)
+    assert float(cho.out_vocab.bias.detach().abs().max()) == 0.0
+    assert float(fan_in.src_embed.weight[1:].detach().std()) == pytest.approx(1.0, rel=0.05)
+    assert float(fan_in.tgt_embed.weight[0].detach().abs().max()) == 0.0  # PAD stays zero
+    bound = 1.0 / math.sqrt(fan_in.config.output_rank)
+    assert float(fan_in.out_vocab.weight.detach().abs().max()) <= bound
+    assert float(fan_in.out_vocab.weight.detach().std()) == pytest.approx(
+        bound / math.sqrt(3), rel=0.05
+    )
+    hid = fan_in.config.hidden_dim
+    block = fan_in.dec_u.detach()[:, :hid]
+    assert torch.allclose(block.T @ block, torch.eye(hid), atol=1e-4)  # still orthogonal
+    with pytest.raises(ValueError, match="unknown init"):
+        build_network(ModelConfig(init="xavier", **sizes))

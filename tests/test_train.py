@@ -87,6 +87,38 @@ def test_phrase_table_source_yields_each_distinct_pair_once(tmp_path):
     assert len(train) + len(valid) == len(distinct)
 
 
+def test_phrase_table_training_uses_fan_in_init_with_the_default_preset(tmp_path):
+    """Issue 15: ``--phrase-table`` with the default preset initialises with fan-in scales;
+    sentence training and the paper preset keep Cho et al.'s N(0, 0.01²)."""
+    from phrasescore.train import run_training
+
+    def trained_init(preset, **files):
+        path = tmp_path / f"{preset}-{len(files)}.safetensors"
+        run_training(
+            model_path=str(path),
+            valid=None,
+            preset=preset,
+            src_lang="en",
+            tgt_lang="fr",
+            tokenize=False,
+            lowercase=False,
+            device="cpu",
+            amp=False,
+            threads=1,
+            resume=False,
+            overrides=dict(max_steps=1, valid_every=1, batch_tokens=200, valid_max_pairs=5),
+            **{"source": None, "target": None, "phrase_table": None, **files},
+        )
+        return load_model(str(path)).network.config.init
+
+    table = str(TEXT / "multi30k-phrase-table-sample.gz")
+    src, tgt = sample_pairs(20)
+    s, t = write_lines(tmp_path / "a.en", src), write_lines(tmp_path / "a.fr", tgt)
+    assert trained_init("default", phrase_table=table) == "fan_in"
+    assert trained_init("tiny", phrase_table=table) == "cho"
+    assert trained_init("default", source=s, target=t) == "cho"
+
+
 def test_foreign_and_damaged_model_files_are_refused(tmp_path, tiny_model_path):
     text = tmp_path / "text.safetensors"
     text.write_text("hello\n")

@@ -1,7 +1,8 @@
 """How each network's weights start (Joey NMT's ``initialization.py``): one function per paper.
 
 * :func:`init_cho` -- Cho et al. (2014) §4.1 / App. A: weights N(0, 0.01²) (``init_std``),
-  recurrent matrices orthogonal (each H x H block of ``[U_r U_z U]`` on its own), biases 0.
+  recurrent matrices orthogonal (each H x H block of ``[U_r U_z U]`` on its own), biases 0;
+  or PyTorch's fan-in scales (``init="fan_in"``, for ``--phrase-table`` training).
 * :func:`init_lstm` -- Sutskever et al. (2014) §3.4: every parameter U(-0.08, 0.08)
   (``init_uniform``); without ``init_uniform``: N(0, init_std²) weights and zero biases.
 * :func:`init_attention` -- Bahdanau et al. (2015) App. B.1: recurrent matrices orthogonal,
@@ -39,13 +40,27 @@ def zero_padding_rows(*embeddings: nn.Embedding) -> None:
 
 
 def init_cho(network: nn.Module, recurrent: tuple[str, ...]) -> None:
-    """Cho et al. (2014) §4.1: N(0, init_std²) weights, orthogonal ``recurrent``, zero biases."""
+    """Cho et al. (2014) §4.1: N(0, init_std²) weights, orthogonal ``recurrent``, zero biases.
+
+    With ``config.init == "fan_in"`` (what ``--phrase-table`` trains with, see
+    :data:`~phrasescore.model.config.PHRASE_TABLE_DEFAULT`): PyTorch's own scales, embeddings
+    N(0, 1) and other weights and biases U(±1/√fan_in); ``recurrent`` stays orthogonal.
+    """
     config = network.config
+    if config.init not in ("cho", "fan_in"):
+        raise ValueError(f"unknown init {config.init!r} (cho or fan_in)")
+    modules = dict(network.named_modules())
     for name, param in network.named_parameters():
-        if name.endswith("bias"):
-            nn.init.zeros_(param)
-        elif name in recurrent:
+        owner = modules[name.rpartition(".")[0]]
+        if name in recurrent:
             orthogonal_blocks(param, config.hidden_dim)
+        elif config.init == "fan_in" and isinstance(owner, nn.Embedding):
+            nn.init.normal_(param)
+        elif config.init == "fan_in":
+            bound = 1.0 / owner.in_features**0.5
+            nn.init.uniform_(param, -bound, bound)
+        elif name.endswith("bias"):
+            nn.init.zeros_(param)
         else:
             nn.init.normal_(param, 0.0, config.init_std)
     zero_padding_rows(network.src_embed, network.tgt_embed)
