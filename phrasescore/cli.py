@@ -642,7 +642,7 @@ def evaluate(hypotheses, reference, tokenize, lowercase):
 @click.argument("phrases", nargs=-1, required=True, metavar="PHRASE... | -")
 @model_option()
 @click.option(
-    "-n", "--samples", type=POSITIVE, default=100, show_default=True, help="Samples drawn."
+    "-n", "--samples", type=NON_NEGATIVE, default=100, show_default=True, help="Samples drawn."
 )
 @click.option(
     "--top", type=POSITIVE, default=10, show_default=True, help="Targets kept per phrase."

@@ -126,7 +126,6 @@ def test_reference_prints_bleu_and_signature(tiny_model_path, source, tmp_path):
         (["--beam", "100000"], "larger than the target vocabulary"),
         (["--beam", "2", "--nbest", "3"], "larger than the beam"),
         (["--nbest", "2", "--detokenize"], "n-best lists hold tokenised text"),
-        (["--beam", "0"], "at least 1"),
         (["--nbest", "2", "--name", "RNN_0"], "contains '_'"),
     ],
 )
