@@ -90,9 +90,7 @@ def all_sum(value: int) -> int:
 
     if not dist.is_initialized():
         return value
-    total = torch.tensor([value], dtype=torch.int64)
-    if dist.get_backend() == "nccl":
-        total = total.cuda()
+    total = _main_device_tensor(torch.tensor([value], dtype=torch.int64))
     dist.all_reduce(total)
     return int(total.item())
 
@@ -102,3 +100,74 @@ def shutdown() -> None:
 
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def start_job(device: str) -> tuple[Launch | None, torch.device]:
+    """The launch (None without torchrun) and this rank's device; joins the process group."""
+    from phrasescore.hardware import resolve_device
+
+    launch = from_env()
+    if launch is None:
+        return None, resolve_device(device)
+    dev = rank_device(launch, device)
+    init(launch, dev)
+    return launch, dev
+
+
+class _Loss(torch.nn.Module):
+    """``network.loss`` as ``forward``, so that DistributedDataParallel sees the call."""
+
+    def __init__(self, network: torch.nn.Module):
+        super().__init__()
+        self.network = network
+
+    def forward(self, *args):
+        return self.network.loss(*args)
+
+
+def data_parallel_loss(network: torch.nn.Module, device: torch.device):
+    """``network.loss`` wrapped in DistributedDataParallel (gradients averaged over ranks)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    device_ids = [device] if device.type == "cuda" else None
+    return DistributedDataParallel(_Loss(network), device_ids=device_ids)
+
+
+def _main_device_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    import torch.distributed as dist
+
+    return tensor.cuda() if dist.get_backend() == "nccl" else tensor
+
+
+def sum_floats(values: list[float]) -> list[float]:
+    """Element-wise sums over the ranks, in float64 (a collective)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return values
+    total = _main_device_tensor(torch.tensor(values, dtype=torch.float64))
+    dist.all_reduce(total)
+    return total.cpu().tolist()
+
+
+def from_main(obj):
+    """Rank 0's ``obj`` on every rank (a collective; picklable objects)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def all_gather_rng_states() -> list[torch.Tensor]:
+    """Every rank's CPU random state, in rank order (a collective)."""
+    import torch.distributed as dist
+
+    mine = torch.get_rng_state()
+    if not dist.is_initialized():
+        return [mine]
+    states = [None] * dist.get_world_size()
+    dist.all_gather_object(states, mine)
+    return states

@@ -37,6 +37,8 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import torch
+
 from phrasescore import __version__
 from phrasescore.errors import InputError
 from phrasescore.files import AtomicOutput, display_name, gzip_writer
@@ -128,6 +130,7 @@ def write_manifest(
         "plan": {"chunk_lines": chunk_lines, "chunks": chunks, "rule": "chunk i -> shard i%N+1"},
         "job": job,
         "device": device,
+        "threads": torch.get_num_threads(),
         "part": {
             "name": os.path.basename(part),
             "size": os.path.getsize(written),
@@ -222,12 +225,12 @@ def check_parts(parts: list[str]) -> list[tuple[str, dict]]:
                 f"{manifest['part']['size']}",
                 part,
             )
-    devices = sorted({manifest.get("device", "cpu") for _, manifest in loaded})
-    if len(devices) > 1:
+    setups = sorted({f"{m.get('device')} x{m.get('threads')}" for _, m in loaded})
+    if len(setups) > 1:
         log.warning(
-            "parts were scored on different devices (%s): scores may differ in the last digits "
-            "from one process's",
-            ", ".join(devices),
+            "parts were scored on different devices or thread counts (%s): scores may differ "
+            "in the last digits from one process's",
+            ", ".join(setups),
         )
     missing = [str(k) for k in range(1, count + 1) if k not in by_index]
     if missing:
