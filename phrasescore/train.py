@@ -417,7 +417,7 @@ class Trainer:
             network.load_state_dict(ckpt["network"])
             optimizer.load_state_dict(ckpt["optimizer"])
             if self.launch is not None:
-                torch.set_rng_state(ckpt["rank_rng"][self.launch.rank])
+                torch.set_rng_state(ckpt["rank_rng"][self.launch.rank].clone())  # no view
             else:
                 torch.set_rng_state(ckpt["torch_rng"])
             position.update(ckpt["meta"]["position"])
