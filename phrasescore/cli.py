@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import sys
 
 import click
@@ -159,7 +160,18 @@ def _train_overrides(settings: dict) -> dict:
     return {("learning_rate" if key == "lr" else key): value for key, value in settings.items()}
 
 
+def _torchrun() -> bool:
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def _not_rank_0() -> bool:
+    """A torchrun rank other than 0 (rank 0 alone reports)."""
+    return _torchrun() and os.environ.get("RANK", "0") != "0"
+
+
 def _echo_trained(result) -> None:
+    if _not_rank_0():
+        return
     click.echo(
         f"{result.model_path}\tvalid_ppl={result.best_valid_ppl:.2f}\t"
         f"unigram_ppl={result.unigram_valid_ppl:.1f}\tsteps={result.steps}\t"
@@ -195,7 +207,10 @@ def cli(verbose: int, quiet: bool) -> None:
     """Neural phrase scores for Moses: train an RNN Encoder-Decoder (Cho et al. 2014) and add
     its p(target | source) as one more phrase-table column."""
     level = logging.WARNING if quiet else (logging.DEBUG if verbose > 1 else logging.INFO)
-    logging.basicConfig(level=level, format="phrasescore: %(message)s", stream=sys.stderr)
+    prefix = "phrasescore"
+    if _torchrun():  # under torchrun: say which rank speaks
+        prefix += f"[rank {os.environ.get('RANK', '?')}]"
+    logging.basicConfig(level=level, format=f"{prefix}: %(message)s", stream=sys.stderr)
 
 
 # ---------------------------------------------------------------------------- train / info
@@ -422,6 +437,12 @@ def info(model_path):
     show_default=True,
     help="Lines per chunk (the unit of --resume).",
 )
+@click.option(
+    "--shard",
+    metavar="K/N",
+    help="Score only part K of N (chunks i with i % N = K-1) and write a manifest beside -o; "
+    "join the parts with merge-shards.",
+)
 @threads_option
 @click.option("--resume", is_flag=True, help="Continue an interrupted run from its last chunk.")
 @no_progress_option
@@ -443,11 +464,16 @@ def rescore(
     dtype,
     batch_tokens,
     chunk_lines,
+    shard,
     resume,
     no_progress,
 ):
-    """Add the models' p(target | source) to every line of a Moses phrase TABLE (- for stdin)."""
+    """Add the models' p(target | source) to every line of a Moses phrase TABLE (- for stdin).
+
+    Under torchrun each rank scores one shard and rank 0 merges them into the output.
+    """
     from phrasescore.rescore import RescoreOptions, run_rescore
+    from phrasescore.shards import Shard
 
     if normalize and logprob:
         raise click.UsageError("--normalize and --logprob exclude each other")
@@ -473,8 +499,11 @@ def rescore(
         progress=not no_progress,
         inverse_model_paths=list(inverse_models),
         lm_paths=list(lm_paths),
+        shard=Shard.parse(shard) if shard else None,
     )
     result = job.rescore
+    if _not_rank_0():
+        return
     resumed = (
         f" (resumed after line {result.resumed_from_line})" if result.resumed_from_line else ""
     )
@@ -483,6 +512,38 @@ def rescore(
         f"phrasescore: rescored {result.lines} lines{resumed}, {result.distinct_sources} distinct "
         f"sources, {result.seconds:.1f} s, {result.pairs_per_second:.0f} pairs/s, "
         f"+{result.new_columns} column(s) -> {output}",
+        err=True,
+    )
+    if job.ini_out:
+        click.echo(f"phrasescore: moses.ini for the new table: {job.ini_out}", err=True)
+        if job.ini_update.binarise_command_line:
+            click.echo(f"phrasescore: now run: {job.ini_update.binarise_command_line}", err=True)
+
+
+@cli.command("merge-shards", short_help="Join the parts of rescore --shard into one table.")
+@click.argument("parts", nargs=-1, required=True)
+@click.option("-o", "--output", required=True, help="Merged table (.gz: gzip).")
+@click.option("--moses-ini", help="Also write an updated moses.ini for the merged table.")
+@click.option("--ini-out", help="Where to write it (default: INI stem + .rescored.ini).")
+@click.option("--ini-table", help="Phrase-table feature name in the ini (default: by path).")
+@click.option(
+    "--weight",
+    type=float,
+    default=0.2,
+    show_default=True,
+    help="Initial weight of each new feature in the ini.",
+)
+@_fail_cleanly
+def merge_shards(parts, output, moses_ini, ini_out, ini_table, weight):
+    """Check the PARTS of `rescore --shard K/N` (complete, one job, every shard once) and join
+    them into one table, byte-identical to an unsharded run."""
+    from phrasescore.rescore import run_merge
+
+    job = run_merge(list(parts), output, moses_ini, ini_out, ini_table, weight)
+    merged = job.merge
+    click.echo(
+        f"phrasescore: {merged.parts} parts, {merged.chunks} chunks, {merged.lines} lines "
+        f"-> {merged.output}",
         err=True,
     )
     if job.ini_out:

@@ -25,6 +25,7 @@ an uninterrupted run with the same flags.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -36,7 +37,7 @@ from itertools import islice
 import numpy as np
 from tqdm import tqdm
 
-from phrasescore import __version__
+from phrasescore import __version__, distributed
 from phrasescore.bundle import TrainedModel, load_lm, load_model
 from phrasescore.errors import InputError
 from phrasescore.files import (
@@ -59,6 +60,7 @@ from phrasescore.moses.phrase_table import (
     read_phrase_table,
 )
 from phrasescore.scoring import PairScorer, phrase_tokens
+from phrasescore.shards import Shard, check_parts, manifest_path, merge_shards, write_manifest
 
 log = logging.getLogger(__name__)
 
@@ -276,6 +278,7 @@ def rescore_table(
     inverse_model_paths: list[str] | None = None,
     lm_paths: list[str] | None = None,
     before_publish: Callable[[RescoreResult], None] | None = None,
+    shard: Shard | None = None,
 ) -> RescoreResult:
     """Append one column per model (and optionally the unknown-word column) to ``table``.
 
@@ -288,9 +291,14 @@ def rescore_table(
 
     ``before_publish`` runs once the whole table is written but before it is renamed to
     ``output``: what it raises leaves the output unpublished (and resumable).
+
+    With ``shard`` only that shard's chunks are scored, and a manifest is written beside the
+    output (:mod:`phrasescore.shards`); ``merge-shards`` puts the parts together.
     """
     options = options or RescoreOptions()
     output = output or default_output_path(table)
+    if shard is not None and (output == "-" or table == "-"):
+        raise InputError("--shard needs an input file and an output file (for the manifest)")
     if output != "-" and table != "-" and os.path.abspath(output) == os.path.abspath(table):
         raise InputError("the output would overwrite the input table", output)
     if table != "-" and not os.path.isfile(table):
@@ -310,13 +318,32 @@ def rescore_table(
     columns = NewColumns.load(
         model_paths, models, inverse_model_paths or [], lm_paths or [], options, dev
     )
-    sink = _StdoutOutput() if output == "-" else _PartialOutput(output, columns.identity(table))
+    identity = columns.identity(table)
+    if shard is not None:
+        identity["shard"] = [shard.index, shard.count]
+        log.info(
+            "shard %s: chunks i of %d lines with i %% %d == %d",
+            shard,
+            options.chunk_lines,
+            shard.count,
+            shard.index - 1,
+        )
+    sink = _StdoutOutput() if output == "-" else _PartialOutput(output, identity)
     start_line = sink.open(resume)
     position = ReadPosition()
     entries = read_phrase_table(table, position=position)
     started = time.monotonic()
     counter = _Progress(progress, position, start_line, started)
-    if start_line:
+    chunk_index, input_lines = 0, 0
+    if start_line and shard is not None:
+        # this shard's first chunks are done: skip to the input chunk after them
+        log.info("resuming after line %d of the part", start_line)
+        chunk_index = shard.first_unscored_chunk(-(-start_line // options.chunk_lines))
+        input_lines = sum(1 for _ in islice(entries, chunk_index * options.chunk_lines))
+        if input_lines < chunk_index * options.chunk_lines and not start_line % options.chunk_lines:
+            counter.close()
+            raise InputError("cannot resume: the input is shorter than the partial output", table)
+    elif start_line:
         log.info("resuming after line %d", start_line)
         # the lines done count in the summary too (distinct sources of the whole table)
         skipped = counter.count(islice(entries, start_line))
@@ -332,10 +359,25 @@ def rescore_table(
             if first:
                 columns.warn_direction(chunk)
                 first = False
-            sink.append_chunk(columns.format_chunk(chunk), len(chunk))
-            counter.update(chunk)
+            input_lines += len(chunk)
+            if shard is None or shard.owns(chunk_index):
+                sink.append_chunk(columns.format_chunk(chunk), len(chunk))
+                counter.update(chunk)
+            chunk_index += 1
         sink.complete()
         counter.close()
+        if shard is not None:
+            write_manifest(
+                output,
+                sink.path,
+                shard,
+                table,
+                input_lines,
+                options.chunk_lines,
+                counter.lines,
+                columns.job(),
+                device=dev.type,
+            )
         result = RescoreResult(
             output=output,
             lines=counter.lines,
@@ -475,6 +517,18 @@ class NewColumns:
             identity["lms"] = [column.lm.signature for column in self.lm_columns]
         return identity
 
+    def job(self) -> dict:
+        """What every shard of one job must share (the manifest's ``job``)."""
+        job = {
+            "models": self.signatures,
+            "inverse": self.directions,
+            "columns": self.names,
+            "options": self.options.key(),
+        }
+        if self.lm_columns:
+            job["lms"] = [column.lm.signature for column in self.lm_columns]
+        return job
+
     def format_chunk(self, chunk) -> str:
         """The output lines of a chunk of table entries."""
         sources = [e.source for e in chunk]
@@ -594,19 +648,30 @@ def run_rescore(
     progress: bool = True,
     inverse_model_paths: list[str] | None = None,
     lm_paths: list[str] | None = None,
+    shard: Shard | None = None,
 ) -> RescoreJobResult:
     """``phrasescore rescore``: check the moses.ini first, rescore, then write the new ini.
 
     The new ini declares one more feature and weight per added column, points at the new
     table, and carries a comment with the models' signatures, so that a score can be traced.
+
+    Under torchrun (``WORLD_SIZE`` > 1) each rank scores one shard into a hidden part beside
+    the output and rank 0 merges the parts after a barrier (:func:`_run_torchrun`).
     """
     output = output or default_output_path(table)
     n_new = len(model_paths) + len(inverse_model_paths or []) + len(lm_paths or [])
     n_new += 1 if options.unk_column else 0
+    launch = distributed.from_env()
+    if launch is not None and shard is not None:
+        raise InputError("--shard and torchrun exclude each other (torchrun gives each rank one)")
     ini = None
     if moses_ini:
         if output == "-":
             raise InputError("--moses-ini needs an output file, not standard output")
+        if shard is not None:
+            raise InputError(
+                "with --shard give --moses-ini to merge-shards, which writes the table"
+            )
         ini_out = ini_out or default_ini_out(moses_ini)
         if os.path.abspath(ini_out) == os.path.abspath(table):
             raise InputError("the moses.ini would overwrite the input table", ini_out)
@@ -622,19 +687,30 @@ def run_rescore(
     def stage_ini(result: RescoreResult) -> None:
         staged["ini"] = ini.stage(ini_out, result)
 
+    score = functools.partial(
+        rescore_table,
+        table,
+        model_paths,
+        options=options,
+        resume=resume,
+        inverse_model_paths=inverse_model_paths,
+        lm_paths=lm_paths,
+    )
     try:
-        result = rescore_table(
-            table,
-            model_paths,
-            output,
-            options,
-            device=device,
-            resume=resume,
-            progress=progress,
-            inverse_model_paths=inverse_model_paths,
-            lm_paths=lm_paths,
-            before_publish=stage_ini if ini is not None else None,
-        )
+        if launch is not None:
+            result = _run_torchrun(launch, score, table, output, device, progress)
+            if not launch.is_main:
+                return RescoreJobResult(result)
+            if ini is not None:
+                stage_ini(result)
+        else:
+            result = score(
+                output,
+                device=device,
+                progress=progress,
+                shard=shard,
+                before_publish=stage_ini if ini is not None else None,
+            )
     except BaseException:
         if "ini" in staged:
             staged["ini"][0].discard()
@@ -645,6 +721,101 @@ def run_rescore(
     staged_file.publish()
     ini.log_written(ini_out, update)
     return RescoreJobResult(result, ini_out, update)
+
+
+def shard_part_path(output: str, shard: Shard) -> str:
+    """The hidden part of rank ``shard`` beside ``output`` under torchrun."""
+    directory, name = os.path.split(os.path.abspath(output))
+    suffix = ".gz" if name.endswith(".gz") else ""
+    return os.path.join(directory, f".{name}.shard-{shard.index}-of-{shard.count}{suffix}")
+
+
+def _run_torchrun(launch, score, table, output, device, progress) -> RescoreResult:
+    """One shard per rank, a barrier, then rank 0 merges and removes the parts.
+
+    ``--resume`` goes on with each rank's partial part; a part that was finished (a run stopped
+    during the merge) is kept as it is.
+    """
+    if output == "-" or table == "-":
+        raise InputError("under torchrun give an input file and an output file")
+    dev = distributed.rank_device(launch, device)
+    # gloo for the barrier whatever the device: rescoring exchanges no tensors
+    distributed.init(launch, dev, backend="gloo")
+    try:
+        shard = Shard(launch.rank + 1, launch.world_size)
+        part = shard_part_path(output, shard)
+        started = time.monotonic()
+        if score.keywords["resume"] and os.path.exists(manifest_path(part)):
+            log.info("shard %s: finished in an earlier run (%s)", shard, display_name(part))
+            result = None
+        else:
+            result = score(part, device=str(dev), progress=progress and launch.is_main, shard=shard)
+        distinct_sources = distributed.all_sum(result.distinct_sources if result else 0)
+        if launch.is_main:
+            parts = [
+                shard_part_path(output, Shard(k, shard.count)) for k in range(1, shard.count + 1)
+            ]
+            merged = merge_shards(parts, output)
+            for path in parts:
+                os.unlink(manifest_path(path))
+                os.unlink(path)
+            result = RescoreResult(
+                output=output,
+                lines=merged.lines,
+                distinct_sources=distinct_sources,
+                seconds=time.monotonic() - started,
+                new_columns=merged.new_columns,
+                column_names=merged.column_names,
+                signatures=merged.manifest["job"]["models"],
+            )
+            log.info(
+                "torchrun: %d ranks rescored %d lines in %.1f s, %.0f pairs/s",
+                launch.world_size,
+                result.lines,
+                result.seconds,
+                result.pairs_per_second,
+            )
+        distributed.barrier()
+        return result
+    finally:
+        distributed.shutdown()
+
+
+@dataclass
+class MergeJobResult:
+    merge: object
+    ini_out: str | None = None
+    ini_update: object | None = None
+
+
+def run_merge(
+    parts: list[str],
+    output: str,
+    moses_ini: str | None = None,
+    ini_out: str | None = None,
+    ini_table: str | None = None,
+    weight: float = 0.2,
+) -> MergeJobResult:
+    """``phrasescore merge-shards``: check and merge the parts, then write the new moses.ini
+    (checked before anything is written; its table is the input the shards read)."""
+    ini = None
+    if moses_ini:
+        if output == "-":
+            raise InputError("--moses-ini needs an output file, not standard output")
+        ini_out = ini_out or default_ini_out(moses_ini)
+    check_output_paths({"output table": output, "moses.ini": ini_out if moses_ini else None})
+    if moses_ini:
+        manifest = check_parts(parts)[0][1]
+        n_new = len(manifest["job"]["columns"])
+        table = ini_table or manifest["input_path"]
+        ini = _IniUpdate(moses_ini, table, os.path.abspath(output), n_new, weight)
+    merged = merge_shards(parts, output)
+    if ini is None:
+        return MergeJobResult(merged)
+    staged_file, update = ini.stage(ini_out, merged)
+    staged_file.publish()
+    ini.log_written(ini_out, update)
+    return MergeJobResult(merged, ini_out, update)
 
 
 class _IniUpdate:

@@ -13,6 +13,16 @@ Files written next to the model ``MODEL``:
                        ``--resume`` continues from it exactly (same weights as an uninterrupted run)
 ``MODEL.log``          the training log
 ``MODEL.curve.png``    train/validation perplexity against steps
+
+Under torchrun (``WORLD_SIZE`` = W > 1) one model is trained with DistributedDataParallel. Every
+rank builds the same seeded epoch plan of token-budget batches and takes every W-th batch from
+its rank on (rank r: batches r, r+W, r+2W, ...), so an epoch's pairs are each seen once; all
+ranks make ceil(batches / W) steps, and a rank whose last round has no batch left repeats one
+with weight 0. A step's gradient is that of the W batches together (token NLL summed over the
+ranks, divided by the global number of target tokens), so ``--batch-tokens`` is per rank and a
+step sees about W times as many. Rank 0 alone validates, logs, writes the model and
+checkpoints; the others wait. A checkpoint records W and every rank's random state, and
+``--resume`` needs the same W.
 """
 
 from __future__ import annotations
@@ -29,11 +39,11 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from phrasescore import __version__
+from phrasescore import __version__, distributed
 from phrasescore.bundle import TrainedModel, save_model
 from phrasescore.errors import InputError
 from phrasescore.files import check_output_path
-from phrasescore.hardware import resolve_device, set_threads
+from phrasescore.hardware import set_threads
 from phrasescore.jobs import check_files_exist
 from phrasescore.model import build_network
 from phrasescore.model.config import (
@@ -232,7 +242,11 @@ class Trainer:
         preset: str = "default",
         amp: bool = False,
         progress: bool = True,
+        launch: distributed.Launch | None = None,
     ):
+        self.launch = launch
+        self.world = launch.world_size if launch else 1
+        self.is_main = launch is None or launch.is_main
         self.model_path = model_path
         self.data = data
         self.mcfg = mcfg
@@ -240,7 +254,7 @@ class Trainer:
         self.device = device
         self.preset = preset
         self.amp = amp
-        self.progress = progress
+        self.progress = progress and self.is_main
         self.checkpoint_path = model_path + ".checkpoint"
         self.log_path = model_path + ".log"
         self.curve_path = model_path + ".curve.png"
@@ -280,26 +294,33 @@ class Trainer:
 
     # ------------------------------------------------------------------ state
     def _checkpoint_state(self, network, optimizer, position, vocab_states) -> dict[str, Any]:
-        return {
+        meta = {
+            "position": position,
+            "model_config": self.mcfg.to_dict(),
+            "train_config": self.tcfg.to_dict(),
+            "data": self.data.describe(),
+            "preset": self.preset,
+            "vocab": vocab_states,
+            "version": __version__,
+        }
+        state = {
             "network": network.state_dict(),
             "optimizer": optimizer.state_dict(),
             "torch_rng": torch.get_rng_state(),
-            "meta": json.dumps(
-                {
-                    "position": position,
-                    "model_config": self.mcfg.to_dict(),
-                    "train_config": self.tcfg.to_dict(),
-                    "data": self.data.describe(),
-                    "preset": self.preset,
-                    "vocab": vocab_states,
-                    "version": __version__,
-                }
-            ),
         }
+        if self.launch is not None:
+            meta["world_size"] = self.world
+            state["rank_rng"] = torch.stack(distributed.all_gather_rng_states())
+        state["meta"] = json.dumps(meta)
+        return state
 
     def _save_checkpoint(self, network, optimizer, position, vocab_states) -> None:
+        """Every rank calls this (the random states are gathered); rank 0 writes."""
+        state = self._checkpoint_state(network, optimizer, position, vocab_states)
+        if not self.is_main:
+            return
         tmp = self.checkpoint_path + ".tmp"
-        torch.save(self._checkpoint_state(network, optimizer, position, vocab_states), tmp)
+        torch.save(state, tmp)
         os.replace(tmp, self.checkpoint_path)
 
     @staticmethod
@@ -315,6 +336,14 @@ class Trainer:
 
     # ------------------------------------------------------------------ run
     def run(self, resume: bool = False) -> TrainResult:
+        if not self.is_main:  # rank 0 alone logs
+            quiet = logging.getLogger("phrasescore")
+            level = quiet.level
+            quiet.setLevel(logging.WARNING)
+            try:
+                return self._run(resume)
+            finally:
+                quiet.setLevel(level)
         file_log = logging.FileHandler(self.log_path, mode="a" if resume else "w")
         file_log.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
         root = logging.getLogger("phrasescore")
@@ -328,6 +357,14 @@ class Trainer:
     def _run(self, resume: bool) -> TrainResult:
         ckpt = self.read_checkpoint(self.checkpoint_path) if resume else None
         if ckpt is not None:
+            saved_world = ckpt["meta"].get("world_size", 1)
+            if saved_world != self.world:
+                how = "without torchrun" if saved_world == 1 else f"with {saved_world} processes"
+                raise InputError(
+                    f"cannot resume with {self.world} process(es): the checkpoint was written "
+                    f"{how} (resume with the same torchrun --nproc-per-node x --nnodes)",
+                    self.checkpoint_path,
+                )
             self._restore_configs(ckpt["meta"])
         run = self._start(ckpt)
         bar = tqdm(
@@ -340,6 +377,9 @@ class Trainer:
         try:
             stopped = self._train(run, bar)
         except KeyboardInterrupt:
+            if self.launch is not None:  # other ranks may be gone: no collective now
+                log.warning("interrupted; continue from the last checkpoint with --resume")
+                raise
             run.position["elapsed"] = time.monotonic() - run.started
             self._save_checkpoint(run.network, run.optimizer, run.position, run.vocab_states)
             log.warning(
@@ -372,10 +412,15 @@ class Trainer:
         optimizer = make_optimizer(network, tcfg)
         position = {"epoch": 0, "batch": 0, "step": 0, "best": math.inf, "bad": 0, "history": []}
         position["elapsed"] = 0.0
+        if self.launch is not None and self.launch.rank:
+            torch.manual_seed(tcfg.seed + self.launch.rank)  # other dropout masks on each rank
         if ckpt is not None:
             network.load_state_dict(ckpt["network"])
             optimizer.load_state_dict(ckpt["optimizer"])
-            torch.set_rng_state(ckpt["torch_rng"])
+            if self.launch is not None:
+                torch.set_rng_state(ckpt["rank_rng"][self.launch.rank].clone())  # no view
+            else:
+                torch.set_rng_state(ckpt["torch_rng"])
             position.update(ckpt["meta"]["position"])
         unigram = unigram_perplexity(train, valid, len(tgt_vocab))
         log.info(
@@ -392,7 +437,19 @@ class Trainer:
             train, tcfg.batch_tokens, shuffle=True, seed=tcfg.seed, max_pairs=tcfg.batch_pairs
         )
         network.train()
+        loss = network.loss
+        if self.launch is not None:
+            loss = distributed.data_parallel_loss(network, self.device)
+            log.info(
+                "torchrun: %d processes, each --batch-tokens %d: a step sees about %d target "
+                "tokens (the global batch), %d steps per epoch",
+                self.world,
+                tcfg.batch_tokens,
+                self.world * tcfg.batch_tokens,
+                self._steps_per_epoch(batcher, 0),
+            )
         return _Run(
+            loss=loss,
             network=network,
             optimizer=optimizer,
             train=train,
@@ -407,17 +464,31 @@ class Trainer:
             tick=time.monotonic(),
         )
 
+    def _steps_per_epoch(self, batcher, epoch: int) -> int:
+        return -(-len(batcher.batches(epoch)) // self.world)
+
+    def _rank_batch(self, batches, step: int):
+        """This rank's batch of the epoch's ``step``-th step and its weight (0: a repeat that
+        only keeps the ranks in step; see the module docstring)."""
+        if self.launch is None:
+            return batches[step], 1.0
+        index = step * self.world + self.launch.rank
+        if index < len(batches):
+            return batches[index], 1.0
+        return batches[step * self.world], 0.0
+
     def _train(self, run: _Run, bar) -> str:
         """Steps until a budget or early stopping ends the run; returns why it stopped."""
         position, tcfg = run.position, self.tcfg
         while position["epoch"] < tcfg.epochs:
             batches = run.batcher.batches(position["epoch"])
-            while position["batch"] < len(batches):
-                epoch_position = position["epoch"] + position["batch"] / len(batches)
+            steps = self._steps_per_epoch(run.batcher, position["epoch"])
+            while position["batch"] < steps:
+                epoch_position = position["epoch"] + position["batch"] / steps
                 if epoch_position >= tcfg.epochs:  # a fractional number of epochs
                     return "epochs"
                 self._schedule_learning_rate(run, epoch_position)
-                self._step(run, batches[position["batch"]], bar)
+                self._step(run, *self._rank_batch(batches, position["batch"]), bar)
                 stopped = self._after_step(run)
                 if stopped:
                     return stopped
@@ -436,18 +507,27 @@ class Trainer:
                 log.info("epoch %.2f: learning rate %g", epoch_position, lr)
             run.current_lr = lr
 
-    def _step(self, run: _Run, idx, bar) -> None:
-        """One update on the batch of pair indices ``idx``."""
+    def _step(self, run: _Run, idx, weight: float, bar) -> None:
+        """One update on the batch of pair indices ``idx`` (``weight`` 0: see _rank_batch)."""
         tcfg, network, position = self.tcfg, run.network, run.position
         batch = collate(run.train, idx, self.device)
         mask = batch.tgt_out != 0
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp):
-            nll = network.loss(batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out, mask)
+            nll = run.loss(batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out, mask)
         n_tok = int(batch.n_tgt_tokens)
         run.optimizer.zero_grad(set_to_none=True)
         # mean over target tokens, or over pairs (Sutskever et al. divide the summed gradient by
         # the batch's 128 sentences)
-        (nll / (len(idx) if tcfg.loss_per_sentence else n_tok)).backward()
+        denominator = len(idx) if tcfg.loss_per_sentence else n_tok
+        if self.launch is None:
+            (nll / denominator).backward()
+        else:
+            # DDP averages the W ranks' gradients: scaled by W / (global denominator), the
+            # average is the gradient of the summed NLL over the global batch
+            total = distributed.all_sum(denominator if weight else 0)
+            (nll * (weight * self.world / total)).backward()
+            if not weight:
+                nll, n_tok = nll * 0.0, 0
         if tcfg.clip_norm:
             torch.nn.utils.clip_grad_norm_(network.parameters(), tcfg.clip_norm)
         run.optimizer.step()
@@ -475,6 +555,8 @@ class Trainer:
             if position["bad"] >= tcfg.patience:
                 return "early stopping"
         position["elapsed"] = time.monotonic() - run.started
+        if self.launch is not None and tcfg.max_minutes is not None:
+            position["elapsed"] = distributed.from_main(position["elapsed"])
         if step % tcfg.checkpoint_every == 0:
             self._save_checkpoint(run.network, run.optimizer, position, run.vocab_states)
         if tcfg.max_steps is not None and step >= tcfg.max_steps:
@@ -487,11 +569,13 @@ class Trainer:
         """The last validation and checkpoint, and the result."""
         position = run.position
         position["elapsed"] = time.monotonic() - run.started
-        if run.window_tokens or not position["history"]:
+        if self._window_tokens(run) or not position["history"]:
             run.signature = self._validate(run)
         self._save_checkpoint(run.network, run.optimizer, position, run.vocab_states)
+        distributed.barrier()
         signature = run.signature or self.read_signature()
-        epochs_done = position["epoch"] + position["batch"] / max(len(run.batcher.batches(0)), 1)
+        steps = max(self._steps_per_epoch(run.batcher, 0), 1)
+        epochs_done = position["epoch"] + position["batch"] / steps
         log.info(
             "stopped (%s) after %d steps, %.2f epochs, %.0f s; best validation perplexity %.2f "
             "(unigram %.1f); model %s (signature %s)",
@@ -515,9 +599,28 @@ class Trainer:
             history=position["history"],
         )
 
+    def _window_tokens(self, run: _Run) -> int:
+        if self.launch is None:
+            return run.window_tokens
+        return distributed.all_sum(run.window_tokens)
+
     def _validate(self, run: _Run) -> str:
         """Validation perplexity; saves the model when it is the best so far (its signature,
-        else ""). Starts a new window of training loss."""
+        else ""). Starts a new window of training loss.
+
+        Under torchrun every rank calls this; rank 0 validates and saves while the others wait,
+        then all take rank 0's position (best, patience count, history)."""
+        if self.launch is None:
+            return self._validate_here(run)
+        window = distributed.sum_floats([run.window_nll, float(run.window_tokens)])
+        run.window_nll, run.window_tokens = window[0], int(window[1])
+        signature = self._validate_here(run) if self.is_main else ""
+        run.window_nll, run.window_tokens = 0.0, 0
+        synced = distributed.from_main({"position": run.position, "signature": signature})
+        run.position.update(synced["position"])
+        return synced["signature"]
+
+    def _validate_here(self, run: _Run) -> str:
         position = run.position
         ppl = evaluate_perplexity(
             run.network, run.valid, self.device, max(self.tcfg.batch_tokens, 2000)
@@ -576,6 +679,7 @@ class Trainer:
 class _Run:
     """The state of one run between steps (the resumable part is ``position``)."""
 
+    loss: Any  # network.loss, or its DistributedDataParallel wrapper under torchrun
     network: torch.nn.Module
     optimizer: torch.optim.Optimizer
     train: ParallelDataset
@@ -633,7 +737,7 @@ def run_training(
     check_files_exist([source, target, phrase_table, *(valid or [])])
     check_output_path(model_path, "model")  # and its .checkpoint, .log, .curve.png beside it
     set_threads(threads)
-    dev = resolve_device(device)
+    launch, dev = distributed.start_job(device)
     mcfg, tcfg = preset_configs(preset, arch)
     if phrase_table and preset == "default" and arch == "cho":
         # distinct phrase pairs need fan-in initialisation with Adam (PHRASE_TABLE_DEFAULT)
@@ -667,8 +771,11 @@ def run_training(
         lowercase=lowercase,
     )
     use_amp = dev.type == "cuda" if amp is None else amp
-    trainer = Trainer(model_path, data, mcfg, tcfg, dev, preset=preset, amp=use_amp)
-    return trainer.run(resume=resume)
+    trainer = Trainer(model_path, data, mcfg, tcfg, dev, preset=preset, amp=use_amp, launch=launch)
+    try:
+        return trainer.run(resume=resume)
+    finally:
+        distributed.shutdown()
 
 
 def apply_overrides(tcfg: TrainConfig, overrides: dict | None) -> None:

@@ -19,10 +19,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from phrasescore import distributed
 from phrasescore.bundle import TrainedLM, read_lm_metadata, save_lm
 from phrasescore.errors import InputError
 from phrasescore.files import check_output_path, iter_lines
-from phrasescore.hardware import resolve_device, set_threads
+from phrasescore.hardware import set_threads
 from phrasescore.jobs import check_files_exist
 from phrasescore.model.config import TrainConfig
 from phrasescore.model.cslm import LM_PRESETS, FeedForwardLM, LMConfig, lm_preset
@@ -136,7 +137,7 @@ def run_lm_training(
         check_files_exist([path])
     check_output_path(model_path, "LM")  # and its .checkpoint, .log beside it
     set_threads(threads)
-    dev = resolve_device(device)
+    launch, dev = distributed.start_job(device)
     mcfg, tcfg = lm_preset(preset)
     if order is not None:
         if order < 2:
@@ -148,6 +149,17 @@ def run_lm_training(
     )
     use_amp = dev.type == "cuda" if amp is None else amp
     trainer = LMTrainer(
-        model_path, data, mcfg, tcfg, dev, preset=preset, amp=use_amp, progress=progress
+        model_path,
+        data,
+        mcfg,
+        tcfg,
+        dev,
+        preset=preset,
+        amp=use_amp,
+        progress=progress,
+        launch=launch,
     )
-    return trainer.run(resume=resume)
+    try:
+        return trainer.run(resume=resume)
+    finally:
+        distributed.shutdown()

@@ -1,0 +1,400 @@
+"""Sharded rescoring: the plan, the manifest beside each part, and the checked merge.
+
+The plan
+--------
+``rescore`` reads a table in chunks of ``chunk_lines`` lines and scores each chunk on its own (the
+batch plan of :mod:`phrasescore.scoring` depends only on the chunk), so a chunk is the unit that
+keeps the bytes: chunk ``i`` (0-based) belongs to shard ``i % N + 1``. The plan depends only on the
+input and ``--chunk-lines``; every shard reads the input once, from the beginning, scores its own
+chunks and skips the others, so it needs no line count before it starts, and the shards get equal
+work whatever the order of the table. A source group that straddles a chunk boundary is split
+exactly where one process splits it, which is what makes the merged table byte-identical.
+
+The manifest
+------------
+Each part ``PART`` gets ``PART.manifest.json``, written just before the part takes its final name:
+the input's identity (size, SHA-256 of its first and last MiB, line count), the plan (N, K,
+chunk lines, number of chunks), the models' signatures and the flags that change the bytes, and
+the part's own size, SHA-256 and line count.
+
+The merge
+---------
+:func:`merge_shards` checks that the parts are complete (size and SHA-256 as recorded, each chunk
+of the planned line count, every gzip stream complete), come from the same input, models and
+flags, and cover every chunk exactly once; then it interleaves the chunks in plan order into one
+atomically written file. A gzip part holds one gzip member per chunk, as the unsharded output
+does, and members are copied as they are: the merged file is byte-identical to one process's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from phrasescore import __version__
+from phrasescore.errors import InputError
+from phrasescore.files import AtomicOutput, display_name, gzip_writer
+
+log = logging.getLogger(__name__)
+
+MANIFEST_SUFFIX = ".manifest.json"
+MANIFEST_FORMAT = "phrasescore-shard"
+_EDGE_BYTES = 1 << 20
+_BLOCK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Shard ``index`` (1-based) of ``count``."""
+
+    index: int
+    count: int
+
+    @classmethod
+    def parse(cls, text: str) -> Shard:
+        """``K/N`` as given to ``--shard``."""
+        match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text or "")
+        if not match:
+            raise InputError(f"--shard {text!r}: give K/N, e.g. 3/8")
+        index, count = int(match.group(1)), int(match.group(2))
+        if count < 1 or not 1 <= index <= count:
+            raise InputError(f"--shard {text}: K must be between 1 and N")
+        return cls(index, count)
+
+    def owns(self, chunk: int) -> bool:
+        """Whether chunk ``chunk`` (0-based, in input order) is this shard's."""
+        return chunk % self.count == self.index - 1
+
+    def first_unscored_chunk(self, chunks_done: int) -> int:
+        """The input chunk after the first ``chunks_done`` chunks of this shard (for resume)."""
+        return self.index - 1 + chunks_done * self.count
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+
+def manifest_path(part: str) -> str:
+    return part + MANIFEST_SUFFIX
+
+
+def input_identity(path: str, lines: int) -> dict:
+    """Size, line count and SHA-256 of the first and last MiB: the same table on any machine,
+    wherever it is mounted, without a second read of the whole file."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as fh:
+        head = hashlib.sha256(fh.read(_EDGE_BYTES)).hexdigest()
+        fh.seek(max(0, size - _EDGE_BYTES))
+        tail = hashlib.sha256(fh.read(_EDGE_BYTES)).hexdigest()
+    return {"size": size, "lines": lines, "head_sha256": head, "tail_sha256": tail}
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_manifest(
+    part: str,
+    written: str,
+    shard: Shard,
+    table: str,
+    input_lines: int,
+    chunk_lines: int,
+    part_lines: int,
+    job: dict,
+    device: str = "cpu",
+) -> dict:
+    """Write ``part``'s manifest; ``written`` is the complete file that is about to become
+    ``part``. ``job`` holds what must agree across parts (models, flags, columns)."""
+    chunks = -(-input_lines // chunk_lines)
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "version": 1,
+        "phrasescore": __version__,
+        "kind": "phrase-table",
+        "shard": shard.index,
+        "of": shard.count,
+        "input_path": os.path.abspath(table),
+        "input": input_identity(table, input_lines),
+        "plan": {"chunk_lines": chunk_lines, "chunks": chunks, "rule": "chunk i -> shard i%N+1"},
+        "job": job,
+        "device": device,
+        "threads": torch.get_num_threads(),
+        "part": {
+            "name": os.path.basename(part),
+            "size": os.path.getsize(written),
+            "sha256": file_sha256(written),
+            "lines": part_lines,
+            "gzip": part.endswith(".gz"),
+        },
+    }
+    with AtomicOutput(manifest_path(part), compress=False) as fh:
+        json.dump(manifest, fh, indent=1, sort_keys=True)
+        fh.write("\n")
+    return manifest
+
+
+# ---------------------------------------------------------------------------- merge
+@dataclass
+class MergeResult:
+    output: str
+    lines: int
+    parts: int
+    chunks: int
+    manifest: dict
+
+    @property
+    def column_names(self) -> list[str]:
+        return self.manifest["job"]["columns"]
+
+    @property
+    def new_columns(self) -> int:
+        return len(self.column_names)
+
+
+def read_manifest(part: str) -> dict:
+    if not os.path.isfile(part):
+        raise InputError("no such part", part)
+    path = manifest_path(part)
+    if not os.path.isfile(path):
+        raise InputError(
+            f"no manifest {os.path.basename(path)} beside the part (not a finished "
+            "`phrasescore rescore --shard` output)",
+            part,
+        )
+    try:
+        with open(path) as fh:
+            manifest = json.load(fh)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InputError(f"unreadable manifest ({exc})", path) from None
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        raise InputError("not a phrasescore shard manifest", path)
+    return manifest
+
+
+def _common(manifest: dict) -> dict:
+    """What every part of one job shares."""
+    return {key: manifest.get(key) for key in ("kind", "of", "input", "plan", "job")}
+
+
+def check_parts(parts: list[str]) -> list[tuple[str, dict]]:
+    """The parts with their manifests, in shard order, after the checks that need no reading:
+    same job, every shard exactly once, part files of the recorded size."""
+    if not parts:
+        raise InputError("give the parts to merge")
+    loaded = [(part, read_manifest(part)) for part in parts]
+    first_part, first = loaded[0]
+    for part, manifest in loaded[1:]:
+        mine, theirs = _common(manifest), _common(first)
+        if mine != theirs:
+            what = next(k for k in ("input", "kind", "job", "of", "plan") if mine[k] != theirs[k])
+            reason = {
+                "input": "another input table",
+                "kind": "another kind of file",
+                "job": "other models or flags",
+                "of": "another number of shards",
+                "plan": "another --chunk-lines",
+            }[what]
+            raise InputError(
+                f"foreign part: made from {reason} than {display_name(first_part)}", part
+            )
+    count = first["of"]
+    by_index: dict[int, str] = {}
+    for part, manifest in loaded:
+        index = manifest["shard"]
+        if index in by_index:
+            raise InputError(
+                f"shard {index}/{count} given twice (also {display_name(by_index[index])})", part
+            )
+        by_index[index] = part
+        size = os.path.getsize(part)
+        if size != manifest["part"]["size"]:
+            raise InputError(
+                f"truncated or changed part: {size} bytes, the manifest says "
+                f"{manifest['part']['size']}",
+                part,
+            )
+    setups = sorted({f"{m.get('device')} x{m.get('threads')}" for _, m in loaded})
+    if len(setups) > 1:
+        log.warning(
+            "parts were scored on different devices or thread counts (%s): scores may differ "
+            "in the last digits from one process's",
+            ", ".join(setups),
+        )
+    missing = [str(k) for k in range(1, count + 1) if k not in by_index]
+    if missing:
+        raise InputError(
+            f"shard{'s' if len(missing) > 1 else ''} {', '.join(missing)} of {count} missing "
+            f"(give all {count} parts)"
+        )
+    return sorted(loaded, key=lambda item: item[1]["shard"])
+
+
+class _PartReader:
+    """The chunks of one part in order, as (text bytes, gzip member bytes or None), checked
+    against the manifest: SHA-256 of the whole file, lines per chunk, complete gzip members."""
+
+    def __init__(self, part: str, manifest: dict):
+        self.part = part
+        self.manifest = manifest
+        self.gzip = manifest["part"]["gzip"]
+        self.digest = hashlib.sha256()
+        self.handle = open(part, "rb")
+        self.lines_read = 0
+        self._members = self._gzip_members() if self.gzip else None
+        self._pending = b""
+
+    def _read(self) -> bytes:
+        block = self.handle.read(_BLOCK)
+        self.digest.update(block)
+        return block
+
+    def _gzip_members(self) -> Iterator[tuple[bytes, bytes]]:
+        data = b""
+        while True:
+            if not data:
+                data = self._read()
+                if not data:
+                    return
+            decomp = zlib.decompressobj(wbits=31)
+            member = bytearray()
+            text = bytearray()
+            while True:
+                try:
+                    out = decomp.decompress(data)
+                except zlib.error as exc:
+                    raise InputError(f"corrupt gzip stream ({exc})", self.part) from None
+                text += out
+                if decomp.eof:
+                    used = len(data) - len(decomp.unused_data)
+                    member += data[:used]
+                    data = decomp.unused_data
+                    break
+                member += data
+                data = self._read()
+                if not data:
+                    raise InputError("truncated gzip stream (part incomplete)", self.part)
+            yield bytes(text), bytes(member)
+
+    def chunk(self, n_lines: int) -> tuple[bytes, bytes | None]:
+        """The next chunk, which must have ``n_lines`` lines."""
+        if self.gzip:
+            while True:
+                item = next(self._members, None)
+                if item is None:
+                    raise InputError("part ends early: fewer chunks than planned", self.part)
+                text, member = item
+                if text or n_lines == 0:
+                    break  # an empty member only ends an empty part
+            lines = text.count(b"\n") + (0 if text.endswith(b"\n") or not text else 1)
+            if lines != n_lines:
+                raise InputError(
+                    f"chunk of {lines} lines where the plan has {n_lines} (not this job's part)",
+                    self.part,
+                )
+            self.lines_read += lines
+            return text, member
+        text = bytearray()
+        for _ in range(n_lines):
+            line = self._readline()
+            if not line:
+                raise InputError("part ends early: fewer lines than planned", self.part)
+            text += line
+        self.lines_read += n_lines
+        return bytes(text), None
+
+    def _readline(self) -> bytes:
+        while True:
+            end = self._pending.find(b"\n")
+            if end >= 0:
+                line, self._pending = self._pending[: end + 1], self._pending[end + 1 :]
+                return line
+            block = self._read()
+            if not block:
+                line, self._pending = self._pending, b""
+                return line
+            self._pending += block
+
+    def finish(self) -> None:
+        """Read to the end: nothing may be left but an empty gzip member; check the SHA-256."""
+        if self.gzip:
+            for text, _member in self._members:
+                if text:
+                    raise InputError("part has more lines than planned", self.part)
+        elif self._pending or self._readline():
+            raise InputError("part has more lines than planned", self.part)
+        while self._read():
+            pass
+        self.handle.close()
+        if self.digest.hexdigest() != self.manifest["part"]["sha256"]:
+            raise InputError("part changed since it was written (SHA-256 differs)", self.part)
+        if self.lines_read != self.manifest["part"]["lines"]:
+            raise InputError(
+                f"part has {self.lines_read} lines, its manifest {self.manifest['part']['lines']}",
+                self.part,
+            )
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+def merge_shards(parts: list[str], output: str) -> MergeResult:
+    """Check ``parts`` and write their chunks in plan order to ``output`` (atomically)."""
+    ordered = check_parts(parts)
+    manifest = ordered[0][1]
+    count = manifest["of"]
+    chunk_lines = manifest["plan"]["chunk_lines"]
+    total = manifest["input"]["lines"]
+    chunks = manifest["plan"]["chunks"]
+    for part, _ in ordered:
+        if output != "-" and os.path.abspath(part) == os.path.abspath(output):
+            raise InputError("the output would overwrite a part", output)
+    readers = [_PartReader(part, m) for part, m in ordered]
+    compress = output.endswith(".gz")
+    try:
+        with AtomicOutput(output, binary=True, compress=False) as out:
+            for i in range(chunks):
+                n_lines = min(chunk_lines, total - i * chunk_lines)
+                text, member = readers[i % count].chunk(n_lines)
+                if not compress:
+                    out.write(text)
+                elif member is not None:
+                    out.write(member)
+                else:
+                    out.write(_gzip_bytes(text))
+            if compress and chunks == 0:
+                out.write(_gzip_bytes(b""))
+            for reader in readers:
+                reader.finish()
+    finally:
+        for reader in readers:
+            reader.close()
+    log.info(
+        "merged %d parts (%d chunks, %d lines) into %s",
+        count,
+        chunks,
+        total,
+        display_name(output) if output != "-" else "<stdout>",
+    )
+    return MergeResult(output, total, count, chunks, manifest)
+
+
+def _gzip_bytes(text: bytes) -> bytes:
+    """One gzip member, as ``rescore`` writes per chunk."""
+    import io
+
+    buffer = io.BytesIO()
+    with gzip_writer(buffer) as gz:
+        gz.write(text)
+    return buffer.getvalue()
