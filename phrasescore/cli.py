@@ -404,6 +404,12 @@ def info(model_path):
 @click.option("--normalize", is_flag=True, help="Per-token geometric mean exp(log p / n).")
 @click.option("--logprob", is_flag=True, help="Write log p (NOT for Moses, which takes ln).")
 @click.option("--unk-column", is_flag=True, help="Add exp(-unknown words) as one more column.")
+@click.option(
+    "--no-eos",
+    is_flag=True,
+    help="Leave the end-of-sequence term out of log p: the target words alone (for a "
+    "sentence-trained model scoring phrase fragments; README: Which model to train).",
+)
 @click.option("--moses-ini", help="Also write an updated moses.ini for the new table.")
 @click.option("--ini-out", help="Where to write it (default: INI stem + .rescored.ini).")
 @click.option("--ini-table", help="Phrase-table feature name in the ini (default: by path).")
@@ -456,6 +462,7 @@ def rescore(
     normalize,
     logprob,
     unk_column,
+    no_eos,
     moses_ini,
     ini_out,
     ini_table,
@@ -481,6 +488,7 @@ def rescore(
         normalize=normalize,
         logprob=logprob,
         unk_column=unk_column,
+        no_eos=no_eos,
         dtype=dtype,
         batch_tokens=batch_tokens,
         chunk_lines=chunk_lines,

@@ -74,6 +74,7 @@ class RescoreOptions:
     normalize: bool = False
     logprob: bool = False
     unk_column: bool = False
+    no_eos: bool = False
     dtype: str = "float32"
     batch_tokens: int = 8192
     chunk_lines: int = 50000
@@ -441,7 +442,13 @@ class NewColumns:
         self.directions = directions
         self.lm_columns = lm_columns
         self.scorers = [
-            PairScorer(m, device=device, dtype=options.dtype, batch_tokens=options.batch_tokens)
+            PairScorer(
+                m,
+                device=device,
+                dtype=options.dtype,
+                batch_tokens=options.batch_tokens,
+                include_eos=not options.no_eos,
+            )
             for m in models
         ]
         self.models = list(models)
@@ -449,6 +456,7 @@ class NewColumns:
         self.signatures = [m.signature for m in models]
         self.names = [
             f"phrasescore{'-inverse' if inverse else ''}:{m.signature}"
+            + ("+no-eos" if options.no_eos else "")
             for m, inverse in zip(models, directions, strict=True)
         ]
         self.names += [column.name for column in lm_columns]

@@ -51,8 +51,8 @@ def phrase_tokens(normalizer, phrase: str) -> list[str]:
 class ScoredPairs:
     """Scores of a block of pairs, in input order."""
 
-    logprob: np.ndarray  # float64 [N]: log p(y | x), EOS included
-    n_tokens: np.ndarray  # int64 [N]: target tokens scored (EOS included)
+    logprob: np.ndarray  # float64 [N]: log p(y | x), EOS included unless include_eos=False
+    n_tokens: np.ndarray  # int64 [N]: target tokens scored (EOS counted likewise)
     src_unknown: np.ndarray  # int64 [N]: source words the vocabulary does not know
     tgt_unknown: np.ndarray  # int64 [N]
     token_logprobs: list[np.ndarray] | None = None
@@ -68,7 +68,12 @@ class PairScorer:
         dtype: str = "float32",
         batch_tokens: int = 8192,
         chunk_rows: int = 256,
+        include_eos: bool = True,
     ):
+        """``include_eos=False`` leaves the end-of-sequence term out of log p (and of the token
+        count): the probability of the target words alone, a fragment's score under a model
+        trained on whole sentences (README: "Which model to train for the column")."""
+        self.include_eos = include_eos
         self.model = model
         self.device = torch.device(device)
         self.dtype = DTYPES[resolve_dtype(dtype, self.device)]
@@ -99,7 +104,8 @@ class PairScorer:
         src_unk = np.array([src_vocab.count_unknown(t) for t in src_tokens], dtype=np.int64)
         tgt_unk = np.array([tgt_vocab.count_unknown(t) for t in tgt_tokens], dtype=np.int64)
         logprob, per_tok = self.score_ids(src_ids, tgt_ids, per_token=per_token)
-        n_tokens = np.array([len(t) + 1 for t in tgt_ids], dtype=np.int64)
+        eos = 1 if self.include_eos else 0
+        n_tokens = np.array([len(t) + eos for t in tgt_ids], dtype=np.int64)
         return ScoredPairs(logprob, n_tokens, src_unk, tgt_unk, per_tok)
 
     # ------------------------------------------------------------------ id level
@@ -193,7 +199,7 @@ class PairScorer:
         tgt_out = self._to_device(tgt_out)
         token_lp = self.network.token_logprobs(enc, tgt_in, tgt_out, None, self.chunk_rows)
         token_lp = token_lp.double().cpu().numpy()
-        result[idx] = token_lp.sum(axis=1)
+        result[idx] = token_lp.sum(axis=1) if self.include_eos else token_lp[:, :-1].sum(axis=1)
         if per_tok is not None:
             for row, i in enumerate(idx):
                 per_tok[i] = token_lp[row]

@@ -110,6 +110,28 @@ def test_normalize_unk_column_and_two_models(tiny_model_path, tmp_path, corpus_f
         assert float(e.scores[6]) == pytest.approx(math.exp(-unknown))
 
 
+def test_no_eos_scores_the_target_words_alone(tiny_model_path, tmp_path):
+    """--no-eos: log p without the end-of-sequence term, i.e. the sum of the per-word log p
+    of the target words; the column is still a probability, and larger than with EOS."""
+    table = str(TABLES[0])
+    with_eos, without = tmp_path / "eos.gz", tmp_path / "no-eos.gz"
+    rescore_table(table, [tiny_model_path], str(with_eos), RescoreOptions(), progress=False)
+    rescore_table(
+        table, [tiny_model_path], str(without), RescoreOptions(no_eos=True), progress=False
+    )
+    model = load_model(tiny_model_path)
+    entries = list(read_phrase_table(table))
+    scored = PairScorer(model).score_phrases(
+        [e.source for e in entries], [e.target for e in entries], per_token=True
+    )
+    pairs = zip(read_phrase_table(str(with_eos)), read_phrase_table(str(without)), strict=True)
+    for i, (a, b) in enumerate(pairs):
+        words = float(scored.token_logprobs[i][:-1].sum())
+        assert float(b.scores[4]) == pytest.approx(math.exp(max(words, -100.0)), rel=1e-5)
+        assert 0.0 < float(a.scores[4]) < float(b.scores[4]) <= 1.0
+        assert a.scores[:4] == b.scores[:4] == entries[i].scores
+
+
 def test_inverse_model_scores_source_given_target(tiny_model_path, tmp_path):
     table = str(TABLES[0])
     out = tmp_path / "inv.gz"
