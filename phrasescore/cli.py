@@ -211,6 +211,22 @@ def cli(verbose: int, quiet: bool) -> None:
     if _torchrun():  # under torchrun: say which rank speaks
         prefix += f"[rank {os.environ.get('RANK', '?')}]"
     logging.basicConfig(level=level, format=f"{prefix}: %(message)s", stream=sys.stderr)
+    _no_progress_monitor_thread()
+
+
+def _no_progress_monitor_thread() -> None:
+    """Keep tqdm from starting its monitor thread.
+
+    tqdm's monitor is a daemon thread that its atexit hook only signals, never joins, so it wakes
+    up while the interpreter is finalising. On CPython 3.9-3.12 a daemon thread racing
+    finalisation can abort the process ("Fatal Python error: PyThreadState_Get: the function must
+    be called with the GIL held", CPython gh-110052), which is how an interrupted ``train`` once
+    died with code -6 after saving its checkpoint. The monitor only forces a redraw of bars that
+    stall; ours are updated at least once per batch or chunk.
+    """
+    from tqdm import tqdm
+
+    tqdm.monitor_interval = 0
 
 
 # ---------------------------------------------------------------------------- train / info
