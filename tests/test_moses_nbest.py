@@ -166,6 +166,7 @@ def test_non_contiguous_ids_are_refused(tmp_path):
         (b"x ||| a ||| F= 1 ||| 1\n", "the sentence id must be a non-negative integer, found 'x'"),
         (b"-1 ||| a ||| F= 1 ||| 1\n", "the sentence id must be a non-negative integer"),
         (b"0 ||| a ||| F= 1 ||| total\n", "the total score is not a number: 'total'"),
+        (b"0 ||| a ||| LM0= x42.0539 ||| 1\n", "feature value is not a number: 'x42.0539'"),
         (b"0 ||| \xe9 ||| F= 1 ||| 1\n", "invalid UTF-8 at byte 6"),
     ],
 )

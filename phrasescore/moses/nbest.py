@@ -109,6 +109,7 @@ def read_nbest(path: str) -> Iterator[NBestEntry]:
                 f"the sentence id must be a non-negative integer, found {id_text!r}", name, lineno
             )
         end = positions[3] if len(positions) > 3 else len(body)
+        parse_features(body[p2 + 3 : p3], name, lineno)  # a non-numeric value is an error here
         total = body[p3 + 3 : end]
         try:
             float(total)
