@@ -36,7 +36,13 @@ import torch
 
 from phrasescore.bundle import TrainedModel
 from phrasescore.errors import InputError
-from phrasescore.files import AtomicOutput, check_output_dir, check_output_path, iter_lines
+from phrasescore.files import (
+    AtomicOutput,
+    check_files_exist,
+    check_output_dir,
+    check_output_path,
+    iter_lines,
+)
 from phrasescore.hardware import resolve_device
 from phrasescore.jobs import model_for
 from phrasescore.text.corpus import pad_ids
@@ -184,9 +190,7 @@ def align_files(
             f"align needs an attention model (train --arch attention); this is a {arch!r} model",
             model_path,
         )
-    for path in (src_path, tgt_path):
-        if path != "-" and not os.path.isfile(path):
-            raise InputError("no such file", path)
+    check_files_exist([src_path, tgt_path])
     if src_path == "-" and tgt_path == "-":
         raise InputError("the source and the target cannot both be standard input")
     if plot_dir is not None:

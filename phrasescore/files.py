@@ -14,10 +14,11 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import stat
 import sys
 import tempfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import BinaryIO
 
@@ -31,6 +32,32 @@ _READ_BUFFER = 1 << 20
 def display_name(path: str) -> str:
     """The name used in messages: ``<stdin>``/``<stdout>`` for ``-``."""
     return "<stdin>" if path == "-" else path
+
+
+def check_files_exist(paths: Iterable[str | None]) -> None:
+    """Refuse an input that cannot be read, with one :class:`InputError` line: missing, a
+    directory, not permitted.
+
+    ``-`` (standard input), None, regular files, named pipes and ``/dev/fd/N`` (bash's
+    ``<(zcat f.gz)``) pass; whether a pipe can serve the command is for the caller
+    (:func:`is_pipe`).
+    """
+    for path in paths:
+        if not path or path == "-":
+            continue
+        try:
+            mode = os.stat(path).st_mode
+        except FileNotFoundError:
+            raise InputError("no such file", path) from None
+        except PermissionError:
+            raise InputError("permission denied", path) from None
+        if stat.S_ISDIR(mode):
+            raise InputError("is a directory, not a file", path)
+
+
+def is_pipe(path: str) -> bool:
+    """True for an input that can be read only once: ``-``, a named pipe, ``/dev/fd/N``."""
+    return path == "-" or not stat.S_ISREG(os.stat(path).st_mode)
 
 
 def open_binary_input(path: str) -> BinaryIO:
@@ -89,7 +116,7 @@ def iter_raw_lines(path: str, position: ReadPosition | None = None) -> Iterator[
     name = display_name(path)
     handle = open_binary_input(path)
     if position is not None:
-        position._attach(handle, os.path.getsize(path) if path != "-" else None)
+        position._attach(handle, None if is_pipe(path) else os.path.getsize(path))
     lineno = 0
     try:
         while True:

@@ -1,14 +1,12 @@
-"""What the jobs share: the model a job was handed or loads from its file, and the input checks.
+"""What the jobs share: the model a job was handed or loads from its file.
 
 Each command has its own job module (``train``, ``train_lm``, ``rescore``, ``rescore_nbest``,
 ``translate``, ``evaluate``, ``sample``, ``compare``, ``represent``, ``align``, ``info``,
-``tables``); the device and threads are :mod:`phrasescore.hardware`'s.
+``tables``); the device and threads are :mod:`phrasescore.hardware`'s, the input and output
+checks :mod:`phrasescore.files`'.
 """
 
 from __future__ import annotations
-
-import os
-from collections.abc import Iterable
 
 import torch
 
@@ -25,10 +23,3 @@ def model_for(
     if model_path is None:
         raise InputError("give a --model")
     return load_model(model_path, device)
-
-
-def check_files_exist(paths: Iterable[str | None]) -> None:
-    """Refuse a path that is not a file (``-``, standard input, and None pass)."""
-    for path in paths:
-        if path and path != "-" and not os.path.isfile(path):
-            raise InputError("no such file", path)

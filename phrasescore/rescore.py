@@ -44,10 +44,12 @@ from phrasescore.files import (
     AtomicOutput,
     ReadPosition,
     StagedFile,
+    check_files_exist,
     check_output_path,
     check_output_paths,
     display_name,
     gzip_writer,
+    is_pipe,
     iter_lines,
 )
 from phrasescore.hardware import resolve_device, resolve_dtype
@@ -302,8 +304,13 @@ def rescore_table(
         raise InputError("--shard needs an input file and an output file (for the manifest)")
     if output != "-" and table != "-" and os.path.abspath(output) == os.path.abspath(table):
         raise InputError("the output would overwrite the input table", output)
-    if table != "-" and not os.path.isfile(table):
-        raise InputError("no such file", table)
+    check_files_exist([table])
+    if resume and table != "-" and is_pipe(table):
+        raise InputError(
+            "--resume reads the table again from its start: give the file, not a pipe", table
+        )
+    if shard is not None and is_pipe(table):
+        raise InputError("--shard reads the table again for its manifest: give the file", table)
     check_output_path(output, "output table")
     if options.chunk_lines < 1 or options.batch_tokens < 1:
         raise InputError("chunk_lines and batch_tokens must be at least 1")
@@ -744,7 +751,8 @@ def _run_torchrun(launch, score, table, output, device, progress) -> RescoreResu
     ``--resume`` goes on with each rank's partial part; a part that was finished (a run stopped
     during the merge) is kept as it is.
     """
-    if output == "-" or table == "-":
+    check_files_exist([table])
+    if output == "-" or is_pipe(table):  # every rank reads the table: not a pipe or stdin
         raise InputError("under torchrun give an input file and an output file")
     dev = distributed.rank_device(launch, device)
     # gloo for the barrier whatever the device: rescoring exchanges no tensors

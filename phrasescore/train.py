@@ -42,9 +42,8 @@ from tqdm import tqdm
 from phrasescore import __version__, distributed
 from phrasescore.bundle import TrainedModel, save_model
 from phrasescore.errors import InputError
-from phrasescore.files import check_output_path
+from phrasescore.files import check_files_exist, check_output_path, is_pipe
 from phrasescore.hardware import set_threads
-from phrasescore.jobs import check_files_exist
 from phrasescore.model import build_network
 from phrasescore.model.config import (
     ARCH_PRESETS,
@@ -104,6 +103,17 @@ def _pairs(data: TrainingData, src_text, tgt_text, max_length):
     return read_parallel(data.src_path, data.tgt_path, src_text, tgt_text, max_length)
 
 
+def _pair_source(data: TrainingData, src_text, tgt_text, max_length):
+    """A callable giving the training pairs, read anew each time from files; from a pipe
+    (``<(zcat c.gz)``, a FIFO, stdin), which can be read only once, the pairs are read once
+    into memory (the training set is held in memory anyway)."""
+    paths = [data.phrase_table] if data.phrase_table else [data.src_path, data.tgt_path]
+    if not any(is_pipe(path) for path in paths):
+        return lambda: _pairs(data, src_text, tgt_text, max_length)
+    pairs = list(_pairs(data, src_text, tgt_text, max_length))
+    return lambda: iter(pairs)
+
+
 def _build_vocab(sentences, tcfg: TrainConfig):
     if tcfg.subwords:
         return SubwordVocabulary.build(sentences, tcfg.subwords)
@@ -114,21 +124,16 @@ def prepare_data(data: TrainingData, tcfg: TrainConfig, vocab_states=None):
     """Vocabularies (built on the training text unless given) and encoded datasets."""
     src_text = TextNormalizer(data.src_lang, tokenize=data.tokenize, lowercase=data.lowercase)
     tgt_text = TextNormalizer(data.tgt_lang, tokenize=data.tokenize, lowercase=data.lowercase)
+    pairs = _pair_source(data, src_text, tgt_text, tcfg.max_length)
     if vocab_states is None:
         log.info("building vocabularies")
-        src_vocab = _build_vocab(
-            (s for s, _ in _pairs(data, src_text, tgt_text, tcfg.max_length)), tcfg
-        )
-        tgt_vocab = _build_vocab(
-            (t for _, t in _pairs(data, src_text, tgt_text, tcfg.max_length)), tcfg
-        )
+        src_vocab = _build_vocab((s for s, _ in pairs()), tcfg)
+        tgt_vocab = _build_vocab((t for _, t in pairs()), tcfg)
     else:
         src_vocab = vocabulary_from_state(vocab_states[0])
         tgt_vocab = vocabulary_from_state(vocab_states[1])
     log.info("vocabularies: source %d, target %d entries", len(src_vocab), len(tgt_vocab))
-    train = ParallelDataset.from_pairs(
-        _pairs(data, src_text, tgt_text, tcfg.max_length), src_vocab, tgt_vocab
-    )
+    train = ParallelDataset.from_pairs(pairs(), src_vocab, tgt_vocab)
     if len(train) == 0:
         raise InputError("no training pairs left after filtering (empty input or --max-length)")
     if data.valid_src and data.valid_tgt:
@@ -735,6 +740,14 @@ def run_training(
     if preset not in ARCH_PRESETS[arch]:
         raise InputError(f"unknown preset {preset!r}")
     check_files_exist([source, target, phrase_table, *(valid or [])])
+    if distributed.from_env() is not None:
+        for path in (source, target, phrase_table):
+            if path and is_pipe(path):
+                raise InputError(
+                    "under torchrun every rank reads the corpus: give a file, not a pipe or "
+                    "standard input",
+                    path,
+                )
     check_output_path(model_path, "model")  # and its .checkpoint, .log, .curve.png beside it
     set_threads(threads)
     launch, dev = distributed.start_job(device)

@@ -22,9 +22,8 @@ from typing import Any
 from phrasescore import distributed
 from phrasescore.bundle import TrainedLM, read_lm_metadata, save_lm
 from phrasescore.errors import InputError
-from phrasescore.files import check_output_path, iter_lines
+from phrasescore.files import check_files_exist, check_output_path, is_pipe, iter_lines
 from phrasescore.hardware import set_threads
-from phrasescore.jobs import check_files_exist
 from phrasescore.model.config import TrainConfig
 from phrasescore.model.cslm import LM_PRESETS, FeedForwardLM, LMConfig, lm_preset
 from phrasescore.text.corpus import ParallelDataset
@@ -132,9 +131,11 @@ def run_lm_training(
     if preset not in LM_PRESETS:
         raise InputError(f"unknown preset {preset!r} (one of {', '.join(LM_PRESETS)})")
     for path in [corpus] + ([valid] if valid else []):
-        if path == "-":
-            raise InputError("train-lm reads its files twice: give a file, not standard input")
         check_files_exist([path])
+        if is_pipe(path):
+            raise InputError(
+                "train-lm reads its files twice: give a file, not a pipe or standard input", path
+            )
     check_output_path(model_path, "LM")  # and its .checkpoint, .log beside it
     set_threads(threads)
     launch, dev = distributed.start_job(device)
