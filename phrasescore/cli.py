@@ -460,6 +460,13 @@ def info(model_path):
     help="Lines per chunk (the unit of --resume).",
 )
 @click.option(
+    "--max-phrase-length",
+    type=POSITIVE,
+    default=100,
+    show_default=True,
+    help="Pairs with a longer phrase (tokens) get the floor value exp(-100) unscored.",
+)
+@click.option(
     "--shard",
     metavar="K/N",
     help="Score only part K of N (chunks i with i % N = K-1) and write a manifest beside -o; "
@@ -487,6 +494,7 @@ def rescore(
     dtype,
     batch_tokens,
     chunk_lines,
+    max_phrase_length,
     shard,
     resume,
     no_progress,
@@ -508,6 +516,7 @@ def rescore(
         dtype=dtype,
         batch_tokens=batch_tokens,
         chunk_lines=chunk_lines,
+        max_phrase_length=max_phrase_length,
     )
     job = run_rescore(
         table,
@@ -535,7 +544,10 @@ def rescore(
     click.echo(
         f"phrasescore: rescored {result.lines} lines{resumed}, {result.distinct_sources} distinct "
         f"sources, {result.seconds:.1f} s, {result.pairs_per_second:.0f} pairs/s, "
-        f"+{result.new_columns} column(s) -> {output}",
+        f"+{result.new_columns} column(s) -> {output}"
+        + (
+            f", {result.too_long} over --max-phrase-length (floor value)" if result.too_long else ""
+        ),
         err=True,
     )
     if job.ini_out:

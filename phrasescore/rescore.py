@@ -61,7 +61,7 @@ from phrasescore.moses.phrase_table import (
     probability_from_logprob,
     read_phrase_table,
 )
-from phrasescore.scoring import PairScorer, phrase_tokens
+from phrasescore.scoring import PairScorer, ScoredPairs, phrase_tokens
 from phrasescore.shards import Shard, check_parts, manifest_path, merge_shards, write_manifest
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,7 @@ class RescoreOptions:
     dtype: str = "float32"
     batch_tokens: int = 8192
     chunk_lines: int = 50000
+    max_phrase_length: int = 100
 
     def key(self) -> dict:
         return dict(self.__dict__)
@@ -95,6 +96,8 @@ class RescoreResult:
     column_names: list[str] = field(default_factory=list)
     signatures: list[str] = field(default_factory=list)
     resumed_from_line: int = 0
+    too_long: int = 0
+    """Pairs with a phrase over ``max_phrase_length`` tokens, given the floor value unscored."""
 
     @property
     def pairs_per_second(self) -> float:
@@ -110,8 +113,67 @@ def default_output_path(table: str) -> str:
     return table + ".rescored"
 
 
-def column_values(scored, options: RescoreOptions) -> list[str]:
-    """The formatted values of one model's column for a block of scored pairs."""
+def is_too_long(source: str, target: str, limit: int) -> bool:
+    """Whether a pair has a phrase of more than ``limit`` tokens (never given to a model)."""
+    return len(source.split()) > limit or len(target.split()) > limit
+
+
+def too_long_pairs(sources, targets, limit: int) -> np.ndarray:
+    """:func:`is_too_long` for each pair of a block."""
+    return np.array(
+        [is_too_long(s, t, limit) for s, t in zip(sources, targets, strict=True)], dtype=bool
+    )
+
+
+def score_within_limit(scorer, sources, targets, too_long: np.ndarray):
+    """Score the pairs that are not too long; the others get log p = LOGPROB_FLOOR (Moses' own
+    floor, -100), so that time per line stays bounded and no line is lost."""
+    if not too_long.any():
+        return scorer.score_phrases(sources, targets)
+    keep = np.flatnonzero(~too_long)
+    part = scorer.score_phrases([sources[i] for i in keep], [targets[i] for i in keep])
+    model = scorer.model
+    n = len(sources)
+    logprob = np.full(n, LOGPROB_FLOOR)
+    eos = 1 if scorer.include_eos else 0  # counted as the scorer counts (only --normalize uses it)
+    n_tokens = np.array([len(t.split()) + eos for t in targets], dtype=np.int64)
+    src_unk = np.array(
+        [model.src_vocab.count_unknown(phrase_tokens(model.src_text, s)) for s in sources],
+        dtype=np.int64,
+    )
+    tgt_unk = np.array(
+        [model.tgt_vocab.count_unknown(phrase_tokens(model.tgt_text, t)) for t in targets],
+        dtype=np.int64,
+    )
+    logprob[keep], n_tokens[keep] = part.logprob, part.n_tokens
+    src_unk[keep], tgt_unk[keep] = part.src_unknown, part.tgt_unknown
+    return ScoredPairs(logprob, n_tokens, src_unk, tgt_unk)
+
+
+def floor_value(logprob: bool = False) -> str:
+    """The value of a pair that is not scored: exp(-100), or -100 with ``logprob``."""
+    if logprob:
+        return repr(LOGPROB_FLOOR)
+    return format_probability(probability_from_logprob(LOGPROB_FLOOR))
+
+
+def lm_values_within_limit(lm_column, sources, targets, too_long: np.ndarray) -> list[str]:
+    """A CSLM column: pairs marked ``too_long`` get the floor value unscored."""
+    if not too_long.any():
+        return lm_column.values(sources, targets)
+    keep = np.flatnonzero(~too_long)
+    scored = iter(lm_column.values([sources[i] for i in keep], [targets[i] for i in keep]))
+    floor = floor_value()
+    return [floor if long else next(scored) for long in too_long]
+
+
+def column_values(scored, options: RescoreOptions, too_long: np.ndarray | None = None) -> list[str]:
+    """The formatted values of one model's column for a block of scored pairs; pairs marked
+    ``too_long`` get the floor value (exp(-100), or -100 with ``logprob``) in every mode."""
+    if too_long is not None and too_long.any():
+        values = column_values(scored, options)
+        floor = floor_value(options.logprob)
+        return [floor if long else v for v, long in zip(values, too_long, strict=True)]
     if options.logprob:
         return [repr(float(v)) for v in np.maximum(scored.logprob, LOGPROB_FLOOR)]
     if options.normalize:
@@ -341,7 +403,7 @@ def rescore_table(
     position = ReadPosition()
     entries = read_phrase_table(table, position=position)
     started = time.monotonic()
-    counter = _Progress(progress, position, start_line, started)
+    counter = _Progress(progress, position, start_line, started, options.max_phrase_length)
     chunk_index, input_lines = 0, 0
     if start_line and shard is not None:
         # this shard's first chunks are done: skip to the input chunk after them
@@ -395,6 +457,7 @@ def rescore_table(
             column_names=columns.names,
             signatures=columns.signatures,
             resumed_from_line=start_line,
+            too_long=counter.too_long,
         )
         if before_publish is not None:
             before_publish(result)
@@ -408,6 +471,13 @@ def rescore_table(
         raise
     finally:
         counter.close()
+    if result.too_long:
+        log.warning(
+            "%d pairs have a phrase of more than %d tokens (--max-phrase-length): given the "
+            "floor value exp(-100) without scoring",
+            result.too_long,
+            options.max_phrase_length,
+        )
     _log_result(result)
     return result
 
@@ -545,20 +615,22 @@ class NewColumns:
         return job
 
     def format_chunk(self, chunk) -> str:
-        """The output lines of a chunk of table entries."""
+        """The output lines of a chunk of table entries; pairs with a phrase over
+        ``max_phrase_length`` tokens get the floor value without being scored."""
         sources = [e.source for e in chunk]
         targets = [e.target for e in chunk]
+        too_long = too_long_pairs(sources, targets, self.options.max_phrase_length)
         columns = []
         first_scored = None
         for scorer, inverse in zip(self.scorers, self.directions, strict=True):
             if inverse:
-                scored = scorer.score_phrases(targets, sources)
+                scored = score_within_limit(scorer, targets, sources, too_long)
             else:
-                scored = scorer.score_phrases(sources, targets)
+                scored = score_within_limit(scorer, sources, targets, too_long)
             first_scored = first_scored or scored
-            columns.append(column_values(scored, self.options))
+            columns.append(column_values(scored, self.options, too_long))
         for lm_column in self.lm_columns:
-            columns.append(lm_column.values(sources, targets))
+            columns.append(lm_values_within_limit(lm_column, sources, targets, too_long))
         if self.options.unk_column:
             columns.append(unknown_values(first_scored))
         return "".join(
@@ -567,16 +639,26 @@ class NewColumns:
 
 
 class _Progress:
-    """Lines and distinct sources done (of the whole table, with ``--resume`` too), and the
-    progress bar: in bytes of the input file (compressed bytes for gzip, so that it ends at
-    100%), so that tqdm can show an ETA; lines and pairs/s in the postfix."""
+    """Lines, distinct sources and pairs over ``max_phrase_length`` done (of the whole table,
+    with ``--resume`` too), and the progress bar: in bytes of the input file (compressed bytes
+    for gzip, so that it ends at 100%), so that tqdm can show an ETA; lines and pairs/s in the
+    postfix."""
 
-    def __init__(self, enabled: bool, position: ReadPosition, start_line: int, started: float):
+    def __init__(
+        self,
+        enabled: bool,
+        position: ReadPosition,
+        start_line: int,
+        started: float,
+        max_phrase_length: int,
+    ):
         self.position = position
         self.start_line = start_line
         self.started = started
+        self.max_phrase_length = max_phrase_length
         self.lines = start_line
         self.distinct_sources = 0
+        self.too_long = 0
         self.last_source = None
         self.bar = tqdm(
             disable=not enabled,
@@ -594,6 +676,8 @@ class _Progress:
             if entry.source != self.last_source:
                 self.distinct_sources += 1
                 self.last_source = entry.source
+            if is_too_long(entry.source, entry.target, self.max_phrase_length):
+                self.too_long += 1
         return n
 
     def count(self, entries: Iterable) -> int:
@@ -767,6 +851,7 @@ def _run_torchrun(launch, score, table, output, device, progress) -> RescoreResu
         else:
             result = score(part, device=str(dev), progress=progress and launch.is_main, shard=shard)
         distinct_sources = distributed.all_sum(result.distinct_sources if result else 0)
+        too_long = distributed.all_sum(result.too_long if result else 0)
         if launch.is_main:
             parts = [
                 shard_part_path(output, Shard(k, shard.count)) for k in range(1, shard.count + 1)
@@ -783,6 +868,7 @@ def _run_torchrun(launch, score, table, output, device, progress) -> RescoreResu
                 new_columns=merged.new_columns,
                 column_names=merged.column_names,
                 signatures=merged.manifest["job"]["models"],
+                too_long=too_long,
             )
             log.info(
                 "torchrun: %d ranks rescored %d lines in %.1f s, %.0f pairs/s",

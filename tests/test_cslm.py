@@ -239,3 +239,17 @@ def test_bench_lm_kneser_ney_baseline_is_a_distribution():
         assert total == pytest.approx(1.0, abs=1e-9), history
     # a history shorter than order - 1 (the start of a sentence) is used whole
     assert model.prob((BOS_ID, 4), 5) == model._prob((BOS_ID, 4), 5) > model._prob((4,), 5)
+
+
+def test_rescore_gives_a_long_phrase_the_floor_value_in_the_lm_column_too(trained, tmp_path):
+    from phrasescore.rescore import RescoreOptions, rescore_table
+
+    table = write_lines(
+        tmp_path / "pt", ["a ||| un chat ||| 0.5", f"a ||| {' '.join(['le'] * 20)} ||| 0.5"]
+    )
+    out = tmp_path / "out"
+    options = RescoreOptions(max_phrase_length=10)
+    result = rescore_table(table, [], str(out), options, progress=False, lm_paths=[trained[0]])
+    assert result.too_long == 1
+    values = [e.scores[-1] for e in read_phrase_table(str(out))]
+    assert float(values[0]) > 3.8e-44 and values[1] == "3.720075976020836e-44"

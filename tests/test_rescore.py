@@ -439,3 +439,68 @@ def test_a_lone_model_of_the_other_direction_is_warned_about(
         "rescore", TABLES[0], "--inverse-model", tiny_model_path, "-o", tmp_path / "c.gz"
     )
     assert "give it as --model" in proc.stderr
+
+
+def test_a_phrase_over_the_length_limit_gets_the_floor_value_fast(tiny_model_path, tmp_path):
+    # issue 14, item 6: a 500,000-word phrase stalled rescore for 19+ minutes
+    long_source = " ".join(["a"] * 5000)
+    table = tmp_path / "pt"
+    table.write_text(
+        "a man ||| un homme ||| 0.5 0.5\n"
+        f"{long_source} ||| un ||| 0.5 0.5\n"
+        "a dog ||| un chien ||| 0.5 0.5\n"
+        f"a ||| {long_source} ||| 0.5 0.5\n",
+        encoding="utf-8",
+    )
+    out = tmp_path / "out"
+    started = time.monotonic()
+    result = rescore_table(
+        str(table),
+        [tiny_model_path],
+        str(out),
+        RescoreOptions(unk_column=True),
+        progress=False,
+    )
+    assert time.monotonic() - started < 30
+    assert result.lines == 4 and result.too_long == 2
+    floor = "3.720075976020836e-44"
+    rows = [line.split(" ||| ")[2].split() for line in out.read_text().splitlines()]
+    assert [r[2] for r in rows] == [rows[0][2], floor, rows[2][2], floor]
+    assert float(rows[0][2]) > float(floor) and float(rows[2][2]) > float(floor)
+    assert [r[3] for r in rows[1::2]] == ["1", "1"]  # unknown words counted as ever: none
+
+
+def test_the_summary_counts_long_pairs_of_the_whole_table_after_resume(tiny_model_path, tmp_path):
+    long_phrase = " ".join(["a"] * 8)
+    table = tmp_path / "pt"
+    table.write_text(
+        "".join(
+            f"{long_phrase if i % 2 else 'a man'} ||| un homme ||| 0.5 0.5\n" for i in range(6)
+        ),
+        encoding="utf-8",
+    )
+    out = tmp_path / "out"
+    flags = ["-m", tiny_model_path, "-o", out, "--dtype", "float32", "--no-progress"]
+    flags += ["--max-phrase-length", "7"]
+    proc = run_cli("rescore", table, *flags, "--chunk-lines", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert "6 lines" in proc.stderr and ", 3 over --max-phrase-length (floor value)" in proc.stderr
+    assert "3 pairs have a phrase of more than 7 tokens" in proc.stderr
+    full = out.read_bytes()
+    # the same table resumed after its first chunk: the summary still counts all 6 lines
+    options = RescoreOptions(chunk_lines=2, max_phrase_length=7)
+
+    def stop(result):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        rescore_table(
+            str(table), [tiny_model_path], str(out), options, progress=False, before_publish=stop
+        )
+    result = rescore_table(
+        str(table), [tiny_model_path], str(out), options, progress=False, resume=True
+    )
+    assert result.resumed_from_line == 6 and result.too_long == 3
+    assert out.read_bytes() == full
+    proc = run_cli("rescore", table, *flags[:-1], "0")
+    assert proc.returncode == 2 and "Invalid value for '--max-phrase-length'" in proc.stderr
