@@ -412,3 +412,15 @@ def test_probability_from_logprob():
     for bad in (float("nan"), 0.1, 2e-6):
         with pytest.raises(ValueError):
             probability_from_logprob(bad)
+
+
+def test_whitespace_normalised_exactly_as_the_readme_says(tmp_path):
+    # README (rescore, Output): spaces/tabs around the phrases and between scores become single
+    # spaces, a missing final newline is added; spaces inside a phrase and the tail are kept.
+    path = tmp_path / "pt"
+    path.write_bytes(b"a  b \t|||\t c ||| 0.5\t 0.5  |||  0-0\t ||| x\na ||| b ||| 1 1")
+    lines = [format_entry(e, ["0.25"]) for e in read_phrase_table(str(path))]
+    assert lines == [
+        "a  b ||| c ||| 0.5 0.5 0.25 |||  0-0\t ||| x\n",
+        "a ||| b ||| 1 1 0.25\n",
+    ]
