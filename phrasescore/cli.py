@@ -126,6 +126,35 @@ def _options(*decorators):
     return apply
 
 
+def _ini_options():
+    """``--moses-ini/--ini-out/--ini-table/--weight`` of rescore and merge-shards."""
+    return _options(
+        click.option("--moses-ini", help="Also write an updated moses.ini for the new table."),
+        click.option("--ini-out", help="Where to write it (default: INI stem + .rescored.ini)."),
+        click.option(
+            "--ini-table", help="Phrase-table feature name in the ini (default: by path)."
+        ),
+        click.option(
+            "--weight",
+            type=float,
+            default=0.2,
+            show_default=True,
+            help="Initial weight of each new feature in the ini.",
+        ),
+    )
+
+
+ini_options = _ini_options()
+
+
+def _report_ini(job) -> None:
+    """The moses.ini a rescore or merge wrote, and the binarisation command it needs, if any."""
+    if job.ini_out:
+        click.echo(f"phrasescore: moses.ini for the new table: {job.ini_out}", err=True)
+        if job.ini_update.binarise_command_line:
+            click.echo(f"phrasescore: now run: {job.ini_update.binarise_command_line}", err=True)
+
+
 def training_options(file: str, batch_help: str, epochs_type, epochs_help: str):
     """The options ``train`` and ``train-lm`` share, from --batch-tokens to --resume."""
     return _options(
@@ -426,16 +455,7 @@ def info(model_path):
     help="Leave the end-of-sequence term out of log p: the target words alone (for a "
     "sentence-trained model scoring phrase fragments; README: Which model to train).",
 )
-@click.option("--moses-ini", help="Also write an updated moses.ini for the new table.")
-@click.option("--ini-out", help="Where to write it (default: INI stem + .rescored.ini).")
-@click.option("--ini-table", help="Phrase-table feature name in the ini (default: by path).")
-@click.option(
-    "--weight",
-    type=float,
-    default=0.2,
-    show_default=True,
-    help="Initial weight of each new feature in the ini.",
-)
+@ini_options
 @device_option
 @click.option(
     "--dtype",
@@ -550,25 +570,13 @@ def rescore(
         ),
         err=True,
     )
-    if job.ini_out:
-        click.echo(f"phrasescore: moses.ini for the new table: {job.ini_out}", err=True)
-        if job.ini_update.binarise_command_line:
-            click.echo(f"phrasescore: now run: {job.ini_update.binarise_command_line}", err=True)
+    _report_ini(job)
 
 
 @cli.command("merge-shards", short_help="Join the parts of rescore --shard into one table.")
 @click.argument("parts", nargs=-1, required=True)
 @click.option("-o", "--output", required=True, help="Merged table (.gz: gzip).")
-@click.option("--moses-ini", help="Also write an updated moses.ini for the merged table.")
-@click.option("--ini-out", help="Where to write it (default: INI stem + .rescored.ini).")
-@click.option("--ini-table", help="Phrase-table feature name in the ini (default: by path).")
-@click.option(
-    "--weight",
-    type=float,
-    default=0.2,
-    show_default=True,
-    help="Initial weight of each new feature in the ini.",
-)
+@ini_options
 @_fail_cleanly
 def merge_shards(parts, output, moses_ini, ini_out, ini_table, weight):
     """Check the PARTS of `rescore --shard K/N` (complete, one job, every shard once) and join
@@ -582,10 +590,7 @@ def merge_shards(parts, output, moses_ini, ini_out, ini_table, weight):
         f"-> {merged.output}",
         err=True,
     )
-    if job.ini_out:
-        click.echo(f"phrasescore: moses.ini for the new table: {job.ini_out}", err=True)
-        if job.ini_update.binarise_command_line:
-            click.echo(f"phrasescore: now run: {job.ini_update.binarise_command_line}", err=True)
+    _report_ini(job)
 
 
 # ---------------------------------------------------------------------------- n-best / generation
