@@ -362,25 +362,7 @@ def rescore_table(
     """
     options = options or RescoreOptions()
     output = output or default_output_path(table)
-    if shard is not None and (output == "-" or table == "-"):
-        raise InputError("--shard needs an input file and an output file (for the manifest)")
-    if output != "-" and table != "-" and os.path.abspath(output) == os.path.abspath(table):
-        raise InputError("the output would overwrite the input table", output)
-    check_files_exist([table])
-    if resume and table != "-" and is_pipe(table):
-        raise InputError(
-            "--resume reads the table again from its start: give the file, not a pipe", table
-        )
-    if shard is not None and is_pipe(table):
-        raise InputError("--shard reads the table again for its manifest: give the file", table)
-    check_output_path(output, "output table")
-    if options.chunk_lines < 1 or options.batch_tokens < 1:
-        raise InputError("chunk_lines and batch_tokens must be at least 1")
-    if options.logprob:
-        log.warning(
-            "--logprob writes log p values: Moses takes ln of every phrase-table value, so this "
-            "table is NOT for Moses (a negative value becomes NaN)"
-        )
+    _check_request(table, output, options, resume, shard)
     # Load everything before writing anything: a bad model leaves no output behind.
     dev = resolve_device(device)
     options.dtype = resolve_dtype(options.dtype, dev)  # 'auto' fixed here: part of the resume key
@@ -404,36 +386,11 @@ def rescore_table(
     entries = read_phrase_table(table, position=position)
     started = time.monotonic()
     counter = _Progress(progress, position, start_line, started, options.max_phrase_length)
-    chunk_index, input_lines = 0, 0
-    if start_line and shard is not None:
-        # this shard's first chunks are done: skip to the input chunk after them
-        log.info("resuming after line %d of the part", start_line)
-        chunk_index = shard.first_unscored_chunk(-(-start_line // options.chunk_lines))
-        input_lines = sum(1 for _ in islice(entries, chunk_index * options.chunk_lines))
-        if input_lines < chunk_index * options.chunk_lines and not start_line % options.chunk_lines:
-            counter.close()
-            raise InputError("cannot resume: the input is shorter than the partial output", table)
-    elif start_line:
-        log.info("resuming after line %d", start_line)
-        # the lines done count in the summary too (distinct sources of the whole table)
-        skipped = counter.count(islice(entries, start_line))
-        if skipped < start_line:
-            counter.close()
-            raise InputError(
-                f"cannot resume: the input has only {skipped} lines, the partial output {start_line}",
-                table,
-            )
+    chunk_index, input_lines = _skip_done_lines(entries, counter, start_line, shard, options, table)
     try:
-        first = True
-        while chunk := list(islice(entries, options.chunk_lines)):
-            if first:
-                columns.warn_direction(chunk)
-                first = False
-            input_lines += len(chunk)
-            if shard is None or shard.owns(chunk_index):
-                sink.append_chunk(columns.format_chunk(chunk), len(chunk))
-                counter.update(chunk)
-            chunk_index += 1
+        input_lines = _write_chunks(
+            entries, columns, sink, counter, shard, options.chunk_lines, chunk_index, input_lines
+        )
         sink.complete()
         counter.close()
         if shard is not None:
@@ -480,6 +437,73 @@ def rescore_table(
         )
     _log_result(result)
     return result
+
+
+def _check_request(
+    table: str, output: str, options: RescoreOptions, resume: bool, shard: Shard | None
+) -> None:
+    """Everything about the input, output and flags that can be refused before any work."""
+    if shard is not None and (output == "-" or table == "-"):
+        raise InputError("--shard needs an input file and an output file (for the manifest)")
+    if output != "-" and table != "-" and os.path.abspath(output) == os.path.abspath(table):
+        raise InputError("the output would overwrite the input table", output)
+    check_files_exist([table])
+    if resume and table != "-" and is_pipe(table):
+        raise InputError(
+            "--resume reads the table again from its start: give the file, not a pipe", table
+        )
+    if shard is not None and is_pipe(table):
+        raise InputError("--shard reads the table again for its manifest: give the file", table)
+    check_output_path(output, "output table")
+    if options.chunk_lines < 1 or options.batch_tokens < 1:
+        raise InputError("chunk_lines and batch_tokens must be at least 1")
+    if options.logprob:
+        log.warning(
+            "--logprob writes log p values: Moses takes ln of every phrase-table value, so this "
+            "table is NOT for Moses (a negative value becomes NaN)"
+        )
+
+
+def _skip_done_lines(entries, counter, start_line: int, shard: Shard | None, options, table):
+    """After ``--resume``: read past the input lines the partial output already has; returns
+    (index of the next input chunk, input lines read)."""
+    if start_line and shard is not None:
+        # this shard's first chunks are done: skip to the input chunk after them
+        log.info("resuming after line %d of the part", start_line)
+        chunk_index = shard.first_unscored_chunk(-(-start_line // options.chunk_lines))
+        input_lines = sum(1 for _ in islice(entries, chunk_index * options.chunk_lines))
+        if input_lines < chunk_index * options.chunk_lines and not start_line % options.chunk_lines:
+            counter.close()
+            raise InputError("cannot resume: the input is shorter than the partial output", table)
+        return chunk_index, input_lines
+    if start_line:
+        log.info("resuming after line %d", start_line)
+        # the lines done count in the summary too (distinct sources of the whole table)
+        skipped = counter.count(islice(entries, start_line))
+        if skipped < start_line:
+            counter.close()
+            raise InputError(
+                f"cannot resume: the input has only {skipped} lines, the partial output {start_line}",
+                table,
+            )
+    return 0, 0
+
+
+def _write_chunks(
+    entries, columns, sink, counter, shard, chunk_lines: int, chunk_index: int, input_lines: int
+) -> int:
+    """Score and write the remaining chunks (a shard: only its own); returns input lines read."""
+    first = True
+    while chunk := list(islice(entries, chunk_lines)):
+        if first:
+            columns.warn_direction(chunk)
+            first = False
+        input_lines += len(chunk)
+        if shard is None or shard.owns(chunk_index):
+            sink.append_chunk(columns.format_chunk(chunk), len(chunk))
+            counter.update(chunk)
+        chunk_index += 1
+    return input_lines
 
 
 DIRECTION_MARGIN = 0.2
