@@ -8,8 +8,9 @@ This is the loop ``rescore``, ``nbest`` and the analyses call. For a block of pa
 2. sorts the pairs by target length and cuts them into batches of exactly equal target length
    within a token budget; each batch selects its sources' encodings (rows of one tensor) and is
    scored teacher-forced;
-3. computes the softmax over the target vocabulary in row chunks (logits, float32 log-sum-exp and
-   the reference logit per chunk), never holding a [tokens x vocabulary] matrix for a whole batch;
+3. computes the softmax over the target vocabulary in cache-sized row chunks (logits, then the
+   float32 log-sum-exp and the reference logit in one pass), never holding a [tokens x
+   vocabulary] matrix for a whole batch nor a log-softmax for a chunk;
 4. scatters the results back to input order.
 
 The batch plan depends only on the pairs and the flags, so the same input and flags give the same
@@ -67,7 +68,7 @@ class PairScorer:
         device: str | torch.device = "cpu",
         dtype: str = "float32",
         batch_tokens: int = 8192,
-        chunk_rows: int = 256,
+        chunk_rows: int | None = None,
         include_eos: bool = True,
     ):
         """``include_eos=False`` leaves the end-of-sequence term out of log p (and of the token

@@ -150,3 +150,20 @@ def test_fan_in_init_gives_unit_embeddings_and_cho_keeps_the_paper_scale():
     assert torch.allclose(block.T @ block, torch.eye(hid), atol=1e-4)  # still orthogonal
     with pytest.raises(ValueError, match="unknown init"):
         build_network(ModelConfig(init="xavier", **sizes))
+
+
+def test_fused_output_layer_matches_the_log_softmax():
+    """The one-pass log-sum-exp and gather (compiled where it compiles) against the eager
+    log-softmax, fp32 and bf16 logits, over several row chunks."""
+    from phrasescore.model.base import FUSED_MIN_VOCAB, _eager_lse_gather, target_logprobs
+
+    torch.manual_seed(0)
+    vocab = FUSED_MIN_VOCAB
+    weight = torch.randn(vocab, 8)
+    rows, gold = torch.randn(37, 8), torch.randint(0, vocab, (37,))
+    for dtype in (torch.float32, torch.bfloat16):
+        w, x = weight.to(dtype), rows.to(dtype)
+        got = target_logprobs(lambda f, w=w: f @ w.T, x, gold, vocab, chunk_rows=16)
+        want = _eager_lse_gather(x @ w.T, gold)
+        assert got.dtype == torch.float32
+        assert torch.allclose(got, want, atol=1e-5), (dtype, (got - want).abs().max())

@@ -26,12 +26,17 @@ the end-of-sequence symbol.
 
 from __future__ import annotations
 
+import logging
+import os
+
 import torch
 from torch import Tensor, nn
 
 from phrasescore.model.config import ModelConfig
 
 EncoderOutput = dict[str, Tensor]
+
+log = logging.getLogger(__name__)
 
 
 class EncoderDecoder(nn.Module):
@@ -99,14 +104,14 @@ class EncoderDecoder(nn.Module):
         tgt_in: Tensor,
         tgt_out: Tensor,
         tgt_mask: Tensor | None = None,
-        chunk_rows: int = 256,
+        chunk_rows: int | None = None,
     ) -> Tensor:
         """log p(y_t | y_<t, x) for every target position [B, T] (0 where ``tgt_mask`` is False).
 
-        The softmax is computed over row chunks of the real tokens only (256 rows keep a chunk's
-        logits in cache): for each chunk, the logits, a log-softmax (accumulated in float32 by
-        PyTorch's kernel, also for bf16 input) and the entry of the reference word. On this CPU
-        ``log_softmax`` + gather was 2x faster than ``logsumexp`` in fp32 and 5x in bf16.
+        No gradients (scoring only; training takes :meth:`loss`). The output layer runs over row
+        chunks of the real tokens only (:func:`target_logprobs`): per chunk the logits, then the
+        log-sum-exp over the vocabulary and the reference word's logit in one pass, in float32,
+        never a [rows x vocabulary] log-softmax.
         """
         features = self.decode_features(enc, tgt_in)
         out = torch.zeros(tgt_out.shape, dtype=torch.float32, device=tgt_out.device)
@@ -116,16 +121,88 @@ class EncoderDecoder(nn.Module):
         else:
             rows = features[tgt_mask]
             gold = tgt_out[tgt_mask]
-        values = torch.empty(rows.shape[0], dtype=torch.float32, device=rows.device)
-        for begin in range(0, rows.shape[0], chunk_rows):
-            end = min(begin + chunk_rows, rows.shape[0])
-            logp = torch.log_softmax(self.logits(rows[begin:end]), dim=1, dtype=torch.float32)
-            values[begin:end] = logp.gather(1, gold[begin:end, None]).squeeze(1)
+        vocab = self.config.tgt_vocab_size
+        values = target_logprobs(self.logits, rows, gold, vocab, chunk_rows)
         if tgt_mask is None:
             out.view(-1).copy_(values)
         else:
             out[tgt_mask] = values
         return out
+
+
+# ---------------------------------------------------------------------------- the output layer
+LOGIT_CHUNK_ELEMENTS = 1 << 21
+"""Logits per row chunk when the caller names no chunk (128 rows of a 15,000-word vocabulary): a
+chunk's logits stay in the cache. 256 rows x 15,000 in fp32 (15 MB) made PyTorch's log-softmax 2x
+slower per row than 128 rows (bf16, this CPU)."""
+FUSED_MIN_VOCAB = 1024
+"""Vocabularies from this size use the compiled one-pass kernel (:func:`fused_logsumexp_gather`);
+tiny ones (tests) take the eager kernel and pay no compilation."""
+
+
+def _lse_gather(logits: Tensor, gold: Tensor) -> Tensor:
+    """``logits[i, gold[i]] - logsumexp(logits[i])`` in float32 (bf16 logits are read as such)."""
+    x = logits.float()
+    top = x.amax(1, keepdim=True)
+    total = torch.exp(x - top).sum(1)
+    return x.gather(1, gold[:, None]).squeeze(1) - (top.squeeze(1) + total.log())
+
+
+def _eager_lse_gather(logits: Tensor, gold: Tensor) -> Tensor:
+    """The eager equivalent: PyTorch's log-softmax (float32 accumulation) and a gather."""
+    logp = torch.log_softmax(logits, dim=1, dtype=torch.float32)
+    return logp.gather(1, gold[:, None]).squeeze(1)
+
+
+_compiled: dict[str, object] = {}
+
+
+def fused_logsumexp_gather(logits: Tensor, gold: Tensor) -> Tensor:
+    """:func:`_lse_gather` as one compiled kernel (torch.compile: one read of the logits,
+    log-sum-exp and the gold entry in float32, nothing [rows x vocabulary] written), where it
+    compiles; else, and with ``PHRASESCORE_NO_COMPILE=1``, the eager log-softmax and gather.
+
+    The first call per dtype compiles (seconds; cached on disk by PyTorch afterwards). Both
+    kernels agree within ~2e-6 per token; one machine always takes the same one, so the same
+    input and flags give the same bytes.
+    """
+    if logits.shape[1] < FUSED_MIN_VOCAB or os.environ.get("PHRASESCORE_NO_COMPILE"):
+        return _eager_lse_gather(logits, gold)
+    fn = _compiled.get("fn")
+    if fn is None:
+        try:
+            fn = torch.compile(_lse_gather, dynamic=True)
+        except Exception as exc:  # noqa: BLE001 - any failure means: no compiler here
+            log.info("torch.compile unavailable (%s); eager log-softmax", exc)
+            fn = False
+        _compiled["fn"] = fn
+    if fn is False:
+        return _eager_lse_gather(logits, gold)
+    try:
+        return fn(logits, gold)
+    except Exception as exc:  # noqa: BLE001
+        log.warning("compiled output layer failed (%s); using the eager log-softmax", exc)
+        _compiled["fn"] = False
+        return _eager_lse_gather(logits, gold)
+
+
+def target_logprobs(
+    logits_of, rows: Tensor, gold: Tensor, vocab: int, chunk_rows: int | None = None
+) -> Tensor:
+    """log p(gold[i] | rows[i]) in float32 for feature rows [N, R] and the vocabulary projection
+    ``logits_of`` onto ``vocab`` words (bf16 products accumulated in fp32 by the matrix library where rows are bf16).
+
+    Row chunks of ``chunk_rows`` (default: :data:`LOGIT_CHUNK_ELEMENTS` logits a chunk); per chunk
+    one logit product and :func:`fused_logsumexp_gather`.
+    """
+    values = torch.empty(rows.shape[0], dtype=torch.float32, device=rows.device)
+    if rows.shape[0] == 0:
+        return values
+    chunk = chunk_rows or max(16, LOGIT_CHUNK_ELEMENTS // vocab)
+    for begin in range(0, rows.shape[0], chunk):
+        end = min(begin + chunk, rows.shape[0])
+        values[begin:end] = fused_logsumexp_gather(logits_of(rows[begin:end]), gold[begin:end])
+    return values
 
 
 def select_rows(enc: EncoderOutput, index: Tensor) -> EncoderOutput:
