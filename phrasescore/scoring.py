@@ -186,8 +186,12 @@ class PairScorer:
         return tensor
 
     def _score_batch(self, enc_all, idx, pair_source, tgt_ids, length, result, per_tok) -> None:
-        rows = self._to_device(pair_source[idx])
-        enc = select_rows(enc_all, rows)
+        # the batch's distinct sources, and their source-only decoder terms (V'c, C c, O_c c for
+        # the Cho model) once each; then one row per pair
+        sources, inverse = np.unique(pair_source[idx], return_inverse=True)
+        enc = select_rows(enc_all, self._to_device(sources))
+        enc.update(self.network.source_terms(enc))
+        enc = select_rows(enc, self._to_device(inverse.astype(np.int64)))
         n = len(idx)
         body = np.array([tgt_ids[i] for i in idx], dtype=np.int64).reshape(n, length)
         tgt_in = np.empty((n, length + 1), dtype=np.int64)

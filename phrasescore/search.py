@@ -158,6 +158,7 @@ def beam_search(
         device=device,
     )
     enc = encode_sources(network, src_ids, device)
+    enc.update(network.source_terms(enc))  # once per source, not per beam row
     # beam rows per source: row b * beam + k
     rows = torch.arange(n_src, device=device).repeat_interleave(beam)
     state = network.start(select_rows(enc, rows))

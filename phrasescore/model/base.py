@@ -69,6 +69,12 @@ class EncoderDecoder(nn.Module):
         """The fixed-length representation of each source (used by analyses)."""
         raise NotImplementedError
 
+    def source_terms(self, enc: EncoderOutput) -> EncoderOutput:
+        """Decoder terms that depend on the source alone (per-source vectors, batch first), to
+        add to an encoding *before* its rows are repeated for many targets: :meth:`start` then
+        reads them instead of computing them once per target. None by default."""
+        return {}
+
     # ------------------------------------------------------------------ written once for all
     def concat_encodings(self, encodings: list[EncoderOutput]) -> EncoderOutput:
         """Encoder outputs joined along the batch; the :attr:`POSITIONAL_OUTPUTS` are padded to

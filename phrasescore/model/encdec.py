@@ -76,7 +76,12 @@ class GRUEncoderDecoder(EncoderDecoder):
         h0 = x_proj.new_zeros(src.shape[0], self.config.hidden_dim)
         padded = bool((src_lengths != src.shape[1]).any())
         _, last = run_gru_encoder(
-            x_proj, h0, self.enc_u_rz, self.enc_u_h, src_lengths if padded else None
+            x_proj,
+            h0,
+            self.enc_u_rz,
+            self.enc_u_h,
+            src_lengths if padded else None,
+            keep_states=False,  # only h_T is used
         )
         return {"c": torch.tanh(self.summary(last))}
 
@@ -84,13 +89,18 @@ class GRUEncoderDecoder(EncoderDecoder):
         return enc["c"]
 
     # ------------------------------------------------------------------------ decoder
-    def start(self, enc: EncoderOutput) -> dict[str, Tensor]:
+    def source_terms(self, enc: EncoderOutput) -> EncoderOutput:
+        """V'c, C c and O_c c: once per distinct source (scoring, beam search), not per pair."""
         c = enc["c"]
         return {
-            "h": torch.tanh(self.dec_init(c)),
+            "h0": torch.tanh(self.dec_init(c)),
             "ctx_gates": self.dec_context(c),
             "ctx_out": self.out_context(c),
         }
+
+    def start(self, enc: EncoderOutput) -> dict[str, Tensor]:
+        terms = enc if "h0" in enc else self.source_terms(enc)
+        return {"h": terms["h0"], "ctx_gates": terms["ctx_gates"], "ctx_out": terms["ctx_out"]}
 
     def _output_features(self, h: Tensor, prev_emb: Tensor, ctx_out: Tensor) -> Tensor:
         """G_l maxout(O_h h' + O_y e(y_{t-1}) + O_c c) (Cho et al. A.1.2)."""

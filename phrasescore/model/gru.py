@@ -51,13 +51,18 @@ def gru_decoder_step(x_proj: Tensor, h: Tensor, u: Tensor, ctx_proj: Tensor) -> 
 
 
 def run_gru_encoder(
-    x_proj: Tensor, h0: Tensor, u_rz: Tensor, u_h: Tensor, lengths: Tensor | None
-) -> tuple[Tensor, Tensor]:
+    x_proj: Tensor,
+    h0: Tensor,
+    u_rz: Tensor,
+    u_h: Tensor,
+    lengths: Tensor | None,
+    keep_states: bool = True,
+) -> tuple[Tensor | None, Tensor]:
     """Run :func:`gru_encoder_step` over ``x_proj`` [B, S, 3H].
 
-    Returns all states [B, S, H] and the state after each sequence's last real token [B, H]
-    (padded positions, after ``lengths``, leave the state unchanged). ``lengths=None`` means no
-    padding.
+    Returns all states [B, S, H] (None with ``keep_states=False``) and the state after each
+    sequence's last real token [B, H] (padded positions, after ``lengths``, leave the state
+    unchanged). ``lengths=None`` means no padding.
     """
     steps = x_proj.shape[1]
     h = h0
@@ -68,5 +73,6 @@ def run_gru_encoder(
             keep = (lengths > t).unsqueeze(1)
             h_new = torch.where(keep, h_new, h)
         h = h_new
-        states.append(h)
-    return torch.stack(states, dim=1), h
+        if keep_states:
+            states.append(h)
+    return (torch.stack(states, dim=1) if keep_states else None), h
