@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from phrasescore.model.base import EncoderDecoder, EncoderOutput, maxout
 from phrasescore.model.config import ModelConfig
 from phrasescore.model.constants import PAD_ID
-from phrasescore.model.gru import gru_decoder_step, run_gru_encoder
+from phrasescore.model.gru import gru_decoder_step, run_gru_decoder, run_gru_encoder
 from phrasescore.model.initialization import init_cho
 
 
@@ -111,12 +111,7 @@ class GRUEncoderDecoder(EncoderDecoder):
         state = self.start(enc)
         prev_emb = self.dropout(self.tgt_embed(tgt_in))  # [B, T, E]
         x_proj = self.dec_input(prev_emb)  # [B, T, 3H], all steps in one product
-        h, ctx_gates = state["h"], state["ctx_gates"]
-        states = []
-        for t in range(tgt_in.shape[1]):
-            h = gru_decoder_step(x_proj[:, t], h, self.dec_u, ctx_gates)
-            states.append(h)
-        hidden = torch.stack(states, dim=1)
+        hidden = run_gru_decoder(x_proj, state["h"], self.dec_u, state["ctx_gates"])
         return self._output_features(hidden, prev_emb, state["ctx_out"].unsqueeze(1))
 
     def step(self, state: dict[str, Tensor], prev: Tensor) -> tuple[Tensor, dict[str, Tensor]]:

@@ -26,13 +26,15 @@ def gru_encoder_step(x_proj: Tensor, h: Tensor, u_rz: Tensor, u_h: Tensor) -> Te
 
     ``x_proj`` [B, 3H] holds ``[W_r x; W_z x; W x]`` (biases included), ``h`` [B, H] the previous
     state, ``u_rz`` [H, 2H] the recurrent matrices ``[U_r U_z]`` (transposed), ``u_h`` [H, H] U.
+
+    Six kernels: the input terms enter the products as their bias (``addmm``), and eq. 7 is one
+    ``lerp`` (``h~ + z ⊙ (h - h~)``).
     """
     hidden = h.shape[-1]
-    x_rz, x_h = x_proj[:, : 2 * hidden], x_proj[:, 2 * hidden :]
-    rz = torch.sigmoid(x_rz + h @ u_rz)
+    rz = torch.sigmoid(torch.addmm(x_proj[:, : 2 * hidden], h, u_rz))
     r, z = rz[:, :hidden], rz[:, hidden:]
-    candidate = torch.tanh(x_h + (r * h) @ u_h)
-    return z * h + (1.0 - z) * candidate
+    candidate = torch.tanh(torch.addmm(x_proj[:, 2 * hidden :], r * h, u_h))
+    return torch.lerp(candidate, h, z)
 
 
 def gru_decoder_step(x_proj: Tensor, h: Tensor, u: Tensor, ctx_proj: Tensor) -> Tensor:
@@ -46,8 +48,32 @@ def gru_decoder_step(x_proj: Tensor, h: Tensor, u: Tensor, ctx_proj: Tensor) -> 
     hh = torch.addmm(ctx_proj, h, u)
     rz = torch.sigmoid(x_proj[:, : 2 * hidden] + hh[:, : 2 * hidden])
     r, z = rz[:, :hidden], rz[:, hidden:]
-    candidate = torch.tanh(x_proj[:, 2 * hidden :] + r * hh[:, 2 * hidden :])
-    return z * h + (1.0 - z) * candidate
+    candidate = torch.tanh(torch.addcmul(x_proj[:, 2 * hidden :], r, hh[:, 2 * hidden :]))
+    return torch.lerp(candidate, h, z)
+
+
+def run_gru_decoder(x_proj: Tensor, h0: Tensor, u: Tensor, ctx_proj: Tensor) -> Tensor:
+    """:func:`gru_decoder_step` over all steps of ``x_proj`` [B, T, 3H]; the states [B, T, H].
+
+    Before the loop, one pass builds each step's bias of the recurrent product, time-major:
+    ``[W_r e + C_r c; W_z e + C_z c; C c]`` (the candidate's C c stays inside the reset product).
+    Each step is then five kernels: ``addmm``, ``sigmoid``, ``addcmul``, ``tanh``, ``lerp``.
+    """
+    hidden = h0.shape[-1]
+    steps = x_proj.shape[1]
+    x_tm = x_proj.transpose(0, 1)  # [T, B, 3H] view
+    gates = x_tm[..., : 2 * hidden] + ctx_proj[None, :, : 2 * hidden]
+    bias = torch.cat([gates, ctx_proj[None, :, 2 * hidden :].expand(steps, -1, -1)], dim=2)
+    x_h = x_tm[..., 2 * hidden :].contiguous()
+    h = h0
+    states = []
+    for t in range(steps):
+        hh = torch.addmm(bias[t], h, u)
+        rz = torch.sigmoid(hh[:, : 2 * hidden])
+        candidate = torch.tanh(torch.addcmul(x_h[t], rz[:, :hidden], hh[:, 2 * hidden :]))
+        h = torch.lerp(candidate, h, rz[:, hidden:])
+        states.append(h)
+    return torch.stack(states, dim=1)
 
 
 def run_gru_encoder(
@@ -65,10 +91,11 @@ def run_gru_encoder(
     unchanged). ``lengths=None`` means no padding.
     """
     steps = x_proj.shape[1]
+    x_tm = x_proj.transpose(0, 1).contiguous()  # each step's input terms contiguous
     h = h0
     states = []
     for t in range(steps):
-        h_new = gru_encoder_step(x_proj[:, t], h, u_rz, u_h)
+        h_new = gru_encoder_step(x_tm[t], h, u_rz, u_h)
         if lengths is not None:
             keep = (lengths > t).unsqueeze(1)
             h_new = torch.where(keep, h_new, h)
