@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shlex
 import shutil
 import statistics
@@ -258,12 +259,13 @@ class Comparison:
         return tuned
 
     # -- step 3: decode the test sets ------------------------------------------------------------
-    def decode(self, system: System, seed: int, tuned: Path, test: TestSet) -> Path:
-        """Translate ``test`` with the filtered model and the tuned weights of one run."""
-        output = tuned.parent / f"{test.name}.out"
+    def decode(
+        self, system: System, run_dir: Path, weights: dict[str, list[float]], test: TestSet
+    ) -> Path:
+        """Translate ``test`` with the filtered model and the tuned ``weights`` of one run."""
+        output = run_dir / f"{test.name}.out"
         if output.exists():
             return output
-        weights = read_weights(tuned.read_text(encoding="utf-8"))
         overwrite = " ".join(
             f"{name}= " + " ".join(repr(value) for value in values)
             for name, values in weights.items()
@@ -278,11 +280,10 @@ class Comparison:
             "-weight-overwrite",
             overwrite,
         ]
-        _run(command, tuned.parent, f"{test.name}.decode.log", stdin=test.source, stdout=partial)
-        if _line_count(partial) != _line_count(test.source):
-            raise InputError(
-                f"moses wrote {_line_count(partial)} lines for {test.source}", path=str(partial)
-            )
+        _run(command, run_dir, f"{test.name}.decode.log", stdin=test.source, stdout=partial)
+        written = _line_count(partial)
+        if written != _line_count(test.source):
+            raise InputError(f"moses wrote {written} lines for {test.source}", path=str(partial))
         partial.rename(output)
         return output
 
@@ -290,7 +291,7 @@ class Comparison:
         tuned = self.tune(system, seed)
         result = RunResult(seed=seed, weights=read_weights(tuned.read_text(encoding="utf-8")))
         for test in self.tests:
-            result.outputs[test.name] = self.decode(system, seed, tuned, test)
+            result.outputs[test.name] = self.decode(system, tuned.parent, result.weights, test)
         return result
 
     # -- the whole comparison --------------------------------------------------------------------
@@ -406,10 +407,7 @@ def compare_systems(
         name, sep, path = spec.partition("=")
         if not sep:
             name, path = Path(spec).name.removesuffix(".ini"), spec
-        if (
-            name in {s.name for s in systems}
-            or not name.replace("-", "").replace("_", "").replace(".", "").isalnum()
-        ):
+        if name in {s.name for s in systems} or not re.fullmatch(r"[\w.-]+", name):
             raise InputError(f"candidate name {name!r}: give each a distinct NAME=INI")
         systems.append(System(name, _check_input(Path(path), f"candidate {name} moses.ini")))
     dev_set = TestSet(

@@ -175,7 +175,7 @@ class PairScorer:
         positions = torch.from_numpy(np.argsort(np.concatenate([p[0] for p in pieces]))).to(
             self.device
         )
-        merged = concat_encodings(self.network, [p[1] for p in pieces])
+        merged = self.network.concat_encodings([p[1] for p in pieces])
         return select_rows(merged, positions)
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
@@ -208,10 +208,3 @@ class PairScorer:
         if per_tok is not None:
             for row, i in enumerate(idx):
                 per_tok[i] = token_lp[row]
-
-
-def concat_encodings(network: EncoderDecoder, encodings: list[EncoderOutput]) -> EncoderOutput:
-    """Encoder outputs of ``network`` joined along the batch, padded as its architecture says
-    (:meth:`~phrasescore.model.base.EncoderDecoder.concat_encodings`: the declared per-position
-    outputs are padded to the longest source, per-source vectors never are)."""
-    return network.concat_encodings(encodings)

@@ -11,7 +11,7 @@ from phrasescore.bundle import load_model
 from phrasescore.model import build_network
 from phrasescore.model.attention import AttentionEncoderDecoder
 from phrasescore.model.config import ModelConfig, preset
-from phrasescore.scoring import PairScorer, concat_encodings
+from phrasescore.scoring import PairScorer
 
 from .conftest import sample_pairs
 from .test_model_lstm import overfit_20_pairs, run_every_command, save_load_identical
@@ -85,7 +85,7 @@ def test_a_pair_scores_the_same_alone_and_in_a_padded_batch():
         assert float((alone[0] - batch[row, :n_tgt]).abs().max()) < 1e-5
     # encodings concatenated across length batches (as PairScorer does) are padded the same way
     parts = [net.encode(SRC[r : r + 1, : int(SRC_LEN[r])], SRC_LEN[r : r + 1]) for r in range(3)]
-    merged = concat_encodings(net, parts)
+    merged = net.concat_encodings(parts)
     again = net.token_logprobs(merged, TGT_IN, TGT_OUT, TGT_OUT != 0)
     assert float((again - batch).abs().max()) < 1e-5
 
@@ -95,7 +95,7 @@ def test_concat_encodings_never_pads_per_source_vectors():
     net = _network(hidden=3).eval()
     long = net.encode(torch.tensor([[4, 5, 6, 7, 3]]), torch.tensor([5]))
     short = net.encode(torch.tensor([[8, 9, 3]]), torch.tensor([3]))
-    merged = concat_encodings(net, [long, short])
+    merged = net.concat_encodings([long, short])
     assert merged["first_back"].shape == (2, 3)
     assert merged["ann"].shape == (2, 5, 6) and merged["mask"].tolist()[1] == [1, 1, 1, 0, 0]
 
