@@ -186,6 +186,9 @@ def test_ctrl_c_saves_a_checkpoint_that_resume_continues(tmp_path, corpus_files)
         "5",
         "--seed",
         "2",
+        # no early stopping: the run only ends by the signal, however late the load lets it come
+        "--patience",
+        "1000000",
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     # SIGINT once the first validation was logged: the training loop is running then, whatever
@@ -204,7 +207,7 @@ def test_ctrl_c_saves_a_checkpoint_that_resume_continues(tmp_path, corpus_files)
     step = Trainer.read_checkpoint(str(model) + ".checkpoint")["meta"]["position"]["step"]
     assert step > 0
     resumed = subprocess.run(
-        cmd[:-6] + ["--max-steps", str(step + 3), "--resume"], capture_output=True, text=True
+        cmd[:-8] + ["--max-steps", str(step + 3), "--resume"], capture_output=True, text=True
     )
     assert resumed.returncode == 0, resumed.stderr
     after = Trainer.read_checkpoint(str(model) + ".checkpoint")["meta"]["position"]["step"]
