@@ -85,6 +85,23 @@ class DeviceType(click.ParamType):
         return value
 
 
+class ShardType(click.ParamType):
+    """``K/N`` of ``--shard``: a :class:`~phrasescore.shards.Shard`; anything else (``0/3``,
+    ``4/3``, ``x``) is a usage error."""
+
+    name = "K/N"
+
+    def convert(self, value, param, ctx):
+        from phrasescore.shards import Shard
+
+        if isinstance(value, Shard):
+            return value
+        try:
+            return Shard.parse(value)
+        except InputError as exc:
+            self.fail(exc.message, param, ctx)
+
+
 POSITIVE = click.IntRange(min=1)
 """Counts and sizes: 1 or more."""
 NON_NEGATIVE = click.IntRange(min=0)
@@ -488,7 +505,7 @@ def info(model_path):
 )
 @click.option(
     "--shard",
-    metavar="K/N",
+    type=ShardType(),
     help="Score only part K of N (chunks i with i % N = K-1) and write a manifest beside -o; "
     "join the parts with merge-shards.",
 )
@@ -524,7 +541,6 @@ def rescore(
     Under torchrun each rank scores one shard and rank 0 merges them into the output.
     """
     from phrasescore.rescore import RescoreOptions, run_rescore
-    from phrasescore.shards import Shard
 
     if normalize and logprob:
         raise click.UsageError("--normalize and --logprob exclude each other")
@@ -552,7 +568,7 @@ def rescore(
         progress=not no_progress,
         inverse_model_paths=list(inverse_models),
         lm_paths=list(lm_paths),
-        shard=Shard.parse(shard) if shard else None,
+        shard=shard,
     )
     result = job.rescore
     if _not_rank_0():
@@ -573,21 +589,27 @@ def rescore(
     _report_ini(job)
 
 
-@cli.command("merge-shards", short_help="Join the parts of rescore --shard into one table.")
+@cli.command("merge-shards", short_help="Join the parts of rescore/nbest --shard into one file.")
 @click.argument("parts", nargs=-1, required=True)
-@click.option("-o", "--output", required=True, help="Merged table (.gz: gzip).")
+@click.option("-o", "--output", required=True, help="Merged table or n-best list (.gz: gzip).")
 @ini_options
 @_fail_cleanly
 def merge_shards(parts, output, moses_ini, ini_out, ini_table, weight):
-    """Check the PARTS of `rescore --shard K/N` (complete, one job, every shard once) and join
-    them into one table, byte-identical to an unsharded run."""
+    """Check the PARTS of `rescore --shard K/N` or `nbest --shard K/N` (complete, one job,
+    every shard once) and join them into one file, byte-identical to an unsharded run."""
     from phrasescore.rescore import run_merge
 
     job = run_merge(list(parts), output, moses_ini, ini_out, ini_table, weight)
     merged = job.merge
+    if merged.groups is None:
+        what = f"{merged.lines} lines"
+    elif merged.kind == "nbest":
+        what = f"{merged.lines} hypotheses of {merged.groups} sentences"
+    else:
+        what = f"{merged.lines} lines, {merged.groups} distinct sources"
+    output = "<stdout>" if merged.output == "-" else merged.output
     click.echo(
-        f"phrasescore: {merged.parts} parts, {merged.chunks} chunks, {merged.lines} lines "
-        f"-> {merged.output}",
+        f"phrasescore: {merged.parts} parts, {merged.chunks} chunks, {what} -> {output}",
         err=True,
     )
     _report_ini(job)
