@@ -628,6 +628,19 @@ def merge_shards(parts, output, moses_ini, ini_out, ini_table, weight):
 @click.option("--weights", help="moses.ini or 'Name= w ...' file: re-rank each id's hypotheses.")
 @click.option("--one-best", is_flag=True, help="With --weights: print the best hypothesis per id.")
 @click.option("--batch-tokens", type=POSITIVE, default=8192, show_default=True, help="Per batch.")
+@click.option(
+    "--chunk-lines",
+    type=POSITIVE,
+    default=4000,
+    show_default=True,
+    help="Hypotheses per chunk, cut after the sentence that reaches it (the unit of --shard).",
+)
+@click.option(
+    "--shard",
+    type=ShardType(),
+    help="Score only part K of N (chunks i with i % N = K-1) and write a manifest beside -o; "
+    "join the parts with merge-shards.",
+)
 @device_option
 @threads_option
 @no_progress_option
@@ -644,6 +657,8 @@ def nbest(
     weights,
     one_best,
     batch_tokens,
+    chunk_lines,
+    shard,
     device,
     no_progress,
 ):
@@ -658,12 +673,20 @@ def nbest(
         normalize=normalize,
         weights=weights,
         one_best=one_best,
+        block_hypotheses=chunk_lines,
         batch_tokens=batch_tokens,
         lm=lm,
         lm_name=lm_name,
     )
     result = rescore_nbest(
-        nbest_path, source, model_path, output, options, device=device, progress=not no_progress
+        nbest_path,
+        source,
+        model_path,
+        output,
+        options,
+        device=device,
+        progress=not no_progress,
+        shard=shard,
     )
     changed = "" if result.changed is None else f", best hypothesis changed for {result.changed}"
     click.echo(

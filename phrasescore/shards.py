@@ -35,6 +35,7 @@ does, and members are copied as they are: the merged file is byte-identical to o
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -131,7 +132,7 @@ def joined_runs(records: list[dict]) -> int:
     :func:`chunk_record`): each chunk's runs, less one for each edge whose two sides have the
     same key (one run cut in two by the chunk edge)."""
     records = [r for r in records if r["lines"]]
-    joins = sum(1 for a, b in zip(records, records[1:]) if a["last"] == b["first"])
+    joins = sum(1 for a, b in itertools.pairwise(records) if a["last"] == b["first"])
     return sum(r["runs"] for r in records) - joins
 
 
@@ -450,7 +451,9 @@ def chunk_sizes(manifest: dict) -> list[int]:
     if "chunk_sizes" in plan:
         sizes = plan["chunk_sizes"]
         if sum(sizes) != total or len(sizes) != plan["chunks"]:
-            raise InputError("manifest's plan does not add up to its input", manifest["part"]["name"])
+            raise InputError(
+                "manifest's plan does not add up to its input", manifest["part"]["name"]
+            )
         return sizes
     chunk_lines = plan["chunk_lines"]
     return [min(chunk_lines, total - i * chunk_lines) for i in range(plan["chunks"])]
