@@ -497,22 +497,11 @@ def merge_shards(parts: list[str], output: str) -> MergeResult:
             raise InputError("the output would overwrite a part", output)
     groups = _merged_groups(ordered, sizes)
     readers = [_PartReader(part, m) for part, m in ordered]
-    table = manifest.get("kind", PHRASE_TABLE) == PHRASE_TABLE
-    compress = output.endswith(".gz") and table  # an n-best stream: AtomicOutput compresses
     try:
-        with AtomicOutput(output, binary=True, compress=None if not table else False) as out:
-            for i, n_lines in enumerate(sizes):
-                text, member = readers[i % count].chunk(n_lines)
-                if not compress:
-                    out.write(text)
-                elif member is not None:
-                    out.write(member)
-                else:
-                    out.write(_gzip_bytes(text))
-            if compress and chunks == 0:
-                out.write(_gzip_bytes(b""))
-            for reader in readers:
-                reader.finish()
+        if manifest.get("kind", PHRASE_TABLE) == PHRASE_TABLE:
+            _merge_table(readers, sizes, output)
+        else:
+            _merge_text(readers, sizes, output)
     finally:
         for reader in readers:
             reader.close()
@@ -524,6 +513,40 @@ def merge_shards(parts: list[str], output: str) -> MergeResult:
         display_name(output) if output != "-" else "<stdout>",
     )
     return MergeResult(output, total, count, chunks, manifest, groups)
+
+
+def _merge_table(readers: list[_PartReader], sizes: list[int], output: str) -> None:
+    """A phrase table: gzip members copied as they are; a ``.gz`` output from plain parts gets
+    one member per chunk, as ``rescore`` writes it."""
+    compress = output.endswith(".gz")
+    with AtomicOutput(output, binary=True, compress=False) as out:
+        for i, n_lines in enumerate(sizes):
+            text, member = readers[i % len(readers)].chunk(n_lines)
+            if not compress:
+                out.write(text)
+            elif member is not None:
+                out.write(member)
+            else:
+                out.write(_gzip_bytes(text))
+        if compress and not sizes:
+            out.write(_gzip_bytes(b""))
+        for reader in readers:
+            reader.finish()
+
+
+def _merge_text(readers: list[_PartReader], sizes: list[int], output: str) -> None:
+    """An n-best list: the text written through the very writer ``nbest`` writes with (a text
+    :class:`AtomicOutput`, one gzip stream for ``.gz``), so that the bytes are the same."""
+    with AtomicOutput(output) as out:
+        for i, n_lines in enumerate(sizes):
+            reader = readers[i % len(readers)]
+            text, _ = reader.chunk(n_lines)
+            try:
+                out.write(text.decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                raise InputError(f"invalid UTF-8 ({exc.reason})", reader.part) from None
+        for reader in readers:
+            reader.finish()
 
 
 def _gzip_bytes(text: bytes) -> bytes:
