@@ -664,9 +664,10 @@ def nbest(
 ):
     """Add log p(hypothesis | source) to every line of a Moses n-best list NBEST (- for stdin).
 
-    With --lm and no -m, adds the CSLM's log p(hypothesis) alone.
+    With --lm and no -m, adds the CSLM's log p(hypothesis) alone. Under torchrun each rank
+    scores one shard and rank 0 merges them into the output.
     """
-    from phrasescore.rescore_nbest import NBestOptions, rescore_nbest
+    from phrasescore.rescore_nbest import NBestOptions, run_nbest
 
     options = NBestOptions(
         name=name,
@@ -678,7 +679,7 @@ def nbest(
         lm=lm,
         lm_name=lm_name,
     )
-    result = rescore_nbest(
+    result = run_nbest(
         nbest_path,
         source,
         model_path,
@@ -688,6 +689,8 @@ def nbest(
         progress=not no_progress,
         shard=shard,
     )
+    if _not_rank_0():
+        return
     changed = "" if result.changed is None else f", best hypothesis changed for {result.changed}"
     click.echo(
         f"phrasescore: {result.hypotheses} hypotheses of {result.sentences} sentences, "

@@ -67,8 +67,8 @@ from phrasescore.shards import (
     Shard,
     check_parts,
     chunk_record,
-    manifest_path,
     merge_shards,
+    run_on_ranks,
     write_manifest,
 )
 
@@ -885,15 +885,9 @@ def run_rescore(
     return RescoreJobResult(result, ini_out, update)
 
 
-def shard_part_path(output: str, shard: Shard) -> str:
-    """The hidden part of rank ``shard`` beside ``output`` under torchrun."""
-    directory, name = os.path.split(os.path.abspath(output))
-    suffix = ".gz" if name.endswith(".gz") else ""
-    return os.path.join(directory, f".{name}.shard-{shard.index}-of-{shard.count}{suffix}")
-
-
 def _run_torchrun(launch, score, table, output, device, progress) -> RescoreResult:
-    """One shard per rank, a barrier, then rank 0 merges and removes the parts.
+    """One shard per rank, a barrier, then rank 0 merges and removes the parts
+    (:func:`phrasescore.shards.run_on_ranks`).
 
     ``--resume`` goes on with each rank's partial part; a part that was finished (a run stopped
     during the merge) is kept as it is.
@@ -901,49 +895,40 @@ def _run_torchrun(launch, score, table, output, device, progress) -> RescoreResu
     check_files_exist([table])
     if output == "-" or is_pipe(table):  # every rank reads the table: not a pipe or stdin
         raise InputError("under torchrun give an input file and an output file")
-    dev = distributed.rank_device(launch, device)
-    # gloo for the barrier whatever the device: rescoring exchanges no tensors
-    distributed.init(launch, dev, backend="gloo")
-    try:
-        shard = Shard(launch.rank + 1, launch.world_size)
-        part = shard_part_path(output, shard)
-        started = time.monotonic()
-        if score.keywords["resume"] and os.path.exists(manifest_path(part)):
-            log.info("shard %s: finished in an earlier run (%s)", shard, display_name(part))
-            result = None
-        else:
-            result = score(part, device=str(dev), progress=progress and launch.is_main, shard=shard)
-        too_long = distributed.all_sum(result.too_long if result else 0)
-        if launch.is_main:
-            parts = [
-                shard_part_path(output, Shard(k, shard.count)) for k in range(1, shard.count + 1)
-            ]
-            merged = merge_shards(parts, output)
-            for path in parts:
-                os.unlink(manifest_path(path))
-                os.unlink(path)
-            result = RescoreResult(
-                output=output,
-                lines=merged.lines,
-                # from the parts' chunk records: a source group cut by a chunk edge counts once
-                distinct_sources=merged.groups,
-                seconds=time.monotonic() - started,
-                new_columns=merged.new_columns,
-                column_names=merged.column_names,
-                signatures=merged.manifest["job"]["models"],
-                too_long=too_long,
-            )
-            log.info(
-                "torchrun: %d ranks rescored %d lines in %.1f s, %.0f pairs/s",
-                launch.world_size,
-                result.lines,
-                result.seconds,
-                result.pairs_per_second,
-            )
-        distributed.barrier()
+    started = time.monotonic()
+
+    def score_part(part: str, dev: str, shard: Shard) -> RescoreResult:
+        return score(part, device=dev, progress=progress and launch.is_main, shard=shard)
+
+    result, merged, (too_long,) = run_on_ranks(
+        launch,
+        device,
+        output,
+        score_part,
+        keep_finished=score.keywords["resume"],
+        sums=lambda result: [result.too_long if result else 0],
+    )
+    if merged is None:
         return result
-    finally:
-        distributed.shutdown()
+    result = RescoreResult(
+        output=output,
+        lines=merged.lines,
+        # from the parts' chunk records: a source group cut by a chunk edge counts once
+        distinct_sources=merged.groups,
+        seconds=time.monotonic() - started,
+        new_columns=merged.new_columns,
+        column_names=merged.column_names,
+        signatures=merged.manifest["job"]["models"],
+        too_long=too_long,
+    )
+    log.info(
+        "torchrun: %d ranks rescored %d lines in %.1f s, %.0f pairs/s",
+        launch.world_size,
+        result.lines,
+        result.seconds,
+        result.pairs_per_second,
+    )
+    return result
 
 
 @dataclass

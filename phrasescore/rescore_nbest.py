@@ -53,6 +53,7 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
+from phrasescore import distributed
 from phrasescore.bundle import TrainedModel, load_lm
 from phrasescore.errors import InputError
 from phrasescore.files import (
@@ -78,7 +79,7 @@ from phrasescore.moses.nbest import (
     with_feature,
 )
 from phrasescore.scoring import PairScorer
-from phrasescore.shards import NBEST, Shard, chunk_record, write_manifest
+from phrasescore.shards import NBEST, Shard, chunk_record, run_on_ranks, write_manifest
 
 log = logging.getLogger(__name__)
 
@@ -273,11 +274,67 @@ def rescore_nbest(
     return result
 
 
+def run_nbest(
+    nbest: str,
+    source: str,
+    model_path: str | None,
+    output: str,
+    options: NBestOptions,
+    device: str = "cpu",
+    progress: bool = True,
+    shard: Shard | None = None,
+) -> NBestResult:
+    """``phrasescore nbest``: :func:`rescore_nbest`, or under torchrun (``WORLD_SIZE`` > 1)
+    one shard per rank into a hidden part beside the output, merged by rank 0
+    (:func:`phrasescore.shards.run_on_ranks`); rank 0 returns the whole list's result."""
+    launch = distributed.from_env()
+    if launch is None:
+        return rescore_nbest(
+            nbest, source, model_path, output, options, device, progress, shard=shard
+        )
+    if shard is not None:
+        raise InputError("--shard and torchrun exclude each other (torchrun gives each rank one)")
+    if source == "-":
+        raise InputError("under torchrun give --source as a file (every rank reads it)")
+    _check_shard(nbest, output, options)
+    check_output_path(output)
+    started = time.monotonic()
+
+    def score_part(part: str, dev: str, rank_shard: Shard) -> NBestResult:
+        progress_here = progress and launch.is_main
+        return rescore_nbest(
+            nbest, source, model_path, part, options, dev, progress_here, shard=rank_shard
+        )
+
+    result, merged, (changed,) = run_on_ranks(
+        launch, device, output, score_part, sums=lambda result: [result.changed or 0]
+    )
+    if merged is None:
+        return result
+    result = NBestResult(
+        output,
+        merged.groups,
+        merged.lines,
+        time.monotonic() - started,
+        changed if options.weights else None,
+    )
+    log.info(
+        "torchrun: %d ranks scored %d hypotheses in %.1f s (%.0f hypotheses/s)",
+        launch.world_size,
+        result.hypotheses,
+        result.seconds,
+        result.hypotheses_per_second,
+    )
+    return result
+
+
 def _check_shard(nbest: str, output: str, options: NBestOptions) -> None:
     """What ``--shard`` needs: a list file (its identity goes in the manifest), an output file
     (the manifest goes beside it), and a part of the list as output."""
     if nbest == "-" or output == "-":
-        raise InputError("--shard needs an n-best list file and an output file (for the manifest)")
+        raise InputError(
+            "--shard and torchrun need an n-best list file and an output file (for the manifest)"
+        )
     check_files_exist([nbest])
     if is_pipe(nbest):
         raise InputError(

@@ -41,12 +41,13 @@ import logging
 import os
 import re
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
-from phrasescore import __version__
+from phrasescore import __version__, distributed
 from phrasescore.errors import InputError
 from phrasescore.files import AtomicOutput, display_name, gzip_writer
 
@@ -57,6 +58,7 @@ MANIFEST_FORMAT = "phrasescore-shard"
 PHRASE_TABLE = "phrase-table"
 NBEST = "nbest"
 _KIND_NAMES = {PHRASE_TABLE: "a phrase table", NBEST: "an n-best list"}
+R = TypeVar("R")
 _EDGE_BYTES = 1 << 20
 _BLOCK = 1 << 20
 
@@ -557,3 +559,55 @@ def _gzip_bytes(text: bytes) -> bytes:
     with gzip_writer(buffer) as gz:
         gz.write(text)
     return buffer.getvalue()
+
+
+# ---------------------------------------------------------------------------- torchrun
+def shard_part_path(output: str, shard: Shard) -> str:
+    """The hidden part of rank ``shard`` beside ``output`` under torchrun."""
+    directory, name = os.path.split(os.path.abspath(output))
+    suffix = ".gz" if name.endswith(".gz") else ""
+    return os.path.join(directory, f".{name}.shard-{shard.index}-of-{shard.count}{suffix}")
+
+
+def run_on_ranks(
+    launch,
+    device: str,
+    output: str,
+    score_part: Callable[[str, str, Shard], R],
+    keep_finished: bool = False,
+    sums: Callable[[R | None], list[int]] = lambda result: [],
+) -> tuple[R | None, MergeResult | None, list[int]]:
+    """Under torchrun: rank r scores shard r+1 of the world size into a hidden part beside
+    ``output`` (``score_part(part, device, shard)``), then after a barrier rank 0 merges the
+    parts into ``output`` and removes them.
+
+    Returns this rank's result (None for a part ``keep_finished`` kept from an earlier run),
+    the merge on rank 0 (None elsewhere) and the sums over the ranks of ``sums(result)``
+    (a list of the same length on every rank, for the result as for None).
+    """
+    dev = distributed.rank_device(launch, device)
+    # gloo for the barriers whatever the device: the shards exchange no tensors
+    distributed.init(launch, dev, backend="gloo")
+    try:
+        shard = Shard(launch.rank + 1, launch.world_size)
+        part = shard_part_path(output, shard)
+        if keep_finished and os.path.exists(manifest_path(part)):
+            log.info("shard %s: finished in an earlier run (%s)", shard, display_name(part))
+            result = None
+        else:
+            result = score_part(part, str(dev), shard)
+        totals = [distributed.all_sum(value) for value in sums(result)]
+        distributed.barrier()
+        merged = None
+        if launch.is_main:
+            parts = [
+                shard_part_path(output, Shard(k, shard.count)) for k in range(1, shard.count + 1)
+            ]
+            merged = merge_shards(parts, output)
+            for path in parts:
+                os.unlink(manifest_path(path))
+                os.unlink(path)
+        distributed.barrier()
+        return result, merged, totals
+    finally:
+        distributed.shutdown()

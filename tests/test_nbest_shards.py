@@ -193,7 +193,7 @@ def test_bad_shard_is_refused_by_click(tiny_model_path, tmp_path, shard):
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["-o", "-"], "--shard needs an n-best list file and an output file"),
+        (["-o", "-"], "--shard and torchrun need an n-best list file and an output file"),
         (
             ["-o", "p.gz", "--one-best", "--weights", DATA / "moses" / "multi30k.moses.ini"],
             "--one-best writes one line per source sentence",
