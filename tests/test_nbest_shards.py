@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -207,3 +208,20 @@ def test_shard_needs_files_and_a_list_output(
     args = ["nbest", LIST, "--source", SOURCE, "-m", tiny_model_path, "--shard", "1/2"]
     assert message in one_line_error(invoke(*args, *extra))
     assert not list(tmp_path.iterdir())
+
+
+def test_torchrun_nbest_is_byte_identical_to_one_process(tiny_model_path, tmp_path):
+    """The same --threads on both sides: the thread count changes the last float digits."""
+    from .test_distributed import run_cli, torchrun
+
+    args = ["nbest", LIST, "--source", SOURCE, "-m", tiny_model_path, "--device", "cpu"]
+    flags = ["--chunk-lines", CHUNK, "--threads", "1", "--no-progress"]
+    one = run_cli(*args, "-o", tmp_path / "one.gz", *flags)
+    assert one.returncode == 0, one.stderr
+    out = tmp_path / "torchrun.gz"
+    result = torchrun("-m", "phrasescore", *args, "-o", out, *flags)
+    assert result.returncode == 0, result.stderr
+    assert out.read_bytes() == (tmp_path / "one.gz").read_bytes()
+    assert sorted(os.listdir(tmp_path)) == ["one.gz", "torchrun.gz"]  # parts removed
+    summary = [line for line in result.stderr.splitlines() if "-> " in line]
+    assert len(summary) == 1 and "324 hypotheses of 5 sentences" in summary[0], result.stderr
