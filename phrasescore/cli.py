@@ -85,6 +85,23 @@ class DeviceType(click.ParamType):
         return value
 
 
+class ShardType(click.ParamType):
+    """``K/N`` of ``--shard``: a :class:`~phrasescore.shards.Shard`; anything else (``0/3``,
+    ``4/3``, ``x``) is a usage error."""
+
+    name = "K/N"
+
+    def convert(self, value, param, ctx):
+        from phrasescore.shards import Shard
+
+        if isinstance(value, Shard):
+            return value
+        try:
+            return Shard.parse(value)
+        except InputError as exc:
+            self.fail(exc.message, param, ctx)
+
+
 POSITIVE = click.IntRange(min=1)
 """Counts and sizes: 1 or more."""
 NON_NEGATIVE = click.IntRange(min=0)
@@ -488,7 +505,7 @@ def info(model_path):
 )
 @click.option(
     "--shard",
-    metavar="K/N",
+    type=ShardType(),
     help="Score only part K of N (chunks i with i % N = K-1) and write a manifest beside -o; "
     "join the parts with merge-shards.",
 )
@@ -524,7 +541,6 @@ def rescore(
     Under torchrun each rank scores one shard and rank 0 merges them into the output.
     """
     from phrasescore.rescore import RescoreOptions, run_rescore
-    from phrasescore.shards import Shard
 
     if normalize and logprob:
         raise click.UsageError("--normalize and --logprob exclude each other")
@@ -552,7 +568,7 @@ def rescore(
         progress=not no_progress,
         inverse_model_paths=list(inverse_models),
         lm_paths=list(lm_paths),
-        shard=Shard.parse(shard) if shard else None,
+        shard=shard,
     )
     result = job.rescore
     if _not_rank_0():
@@ -573,21 +589,27 @@ def rescore(
     _report_ini(job)
 
 
-@cli.command("merge-shards", short_help="Join the parts of rescore --shard into one table.")
+@cli.command("merge-shards", short_help="Join the parts of rescore/nbest --shard into one file.")
 @click.argument("parts", nargs=-1, required=True)
-@click.option("-o", "--output", required=True, help="Merged table (.gz: gzip).")
+@click.option("-o", "--output", required=True, help="Merged table or n-best list (.gz: gzip).")
 @ini_options
 @_fail_cleanly
 def merge_shards(parts, output, moses_ini, ini_out, ini_table, weight):
-    """Check the PARTS of `rescore --shard K/N` (complete, one job, every shard once) and join
-    them into one table, byte-identical to an unsharded run."""
+    """Check the PARTS of `rescore --shard K/N` or `nbest --shard K/N` (complete, one job,
+    every shard once) and join them into one file, byte-identical to an unsharded run."""
     from phrasescore.rescore import run_merge
 
     job = run_merge(list(parts), output, moses_ini, ini_out, ini_table, weight)
     merged = job.merge
+    if merged.groups is None:
+        what = f"{merged.lines} lines"
+    elif merged.kind == "nbest":
+        what = f"{merged.lines} hypotheses of {merged.groups} sentences"
+    else:
+        what = f"{merged.lines} lines, {merged.groups} distinct sources"
+    output = "<stdout>" if merged.output == "-" else merged.output
     click.echo(
-        f"phrasescore: {merged.parts} parts, {merged.chunks} chunks, {merged.lines} lines "
-        f"-> {merged.output}",
+        f"phrasescore: {merged.parts} parts, {merged.chunks} chunks, {what} -> {output}",
         err=True,
     )
     _report_ini(job)
@@ -606,6 +628,19 @@ def merge_shards(parts, output, moses_ini, ini_out, ini_table, weight):
 @click.option("--weights", help="moses.ini or 'Name= w ...' file: re-rank each id's hypotheses.")
 @click.option("--one-best", is_flag=True, help="With --weights: print the best hypothesis per id.")
 @click.option("--batch-tokens", type=POSITIVE, default=8192, show_default=True, help="Per batch.")
+@click.option(
+    "--chunk-lines",
+    type=POSITIVE,
+    default=4000,
+    show_default=True,
+    help="Hypotheses per chunk, cut after the sentence that reaches it (the unit of --shard).",
+)
+@click.option(
+    "--shard",
+    type=ShardType(),
+    help="Score only part K of N (chunks i with i % N = K-1) and write a manifest beside -o; "
+    "join the parts with merge-shards.",
+)
 @device_option
 @threads_option
 @no_progress_option
@@ -622,27 +657,40 @@ def nbest(
     weights,
     one_best,
     batch_tokens,
+    chunk_lines,
+    shard,
     device,
     no_progress,
 ):
     """Add log p(hypothesis | source) to every line of a Moses n-best list NBEST (- for stdin).
 
-    With --lm and no -m, adds the CSLM's log p(hypothesis) alone.
+    With --lm and no -m, adds the CSLM's log p(hypothesis) alone. Under torchrun each rank
+    scores one shard and rank 0 merges them into the output.
     """
-    from phrasescore.rescore_nbest import NBestOptions, rescore_nbest
+    from phrasescore.rescore_nbest import NBestOptions, run_nbest
 
     options = NBestOptions(
         name=name,
         normalize=normalize,
         weights=weights,
         one_best=one_best,
+        block_hypotheses=chunk_lines,
         batch_tokens=batch_tokens,
         lm=lm,
         lm_name=lm_name,
     )
-    result = rescore_nbest(
-        nbest_path, source, model_path, output, options, device=device, progress=not no_progress
+    result = run_nbest(
+        nbest_path,
+        source,
+        model_path,
+        output,
+        options,
+        device=device,
+        progress=not no_progress,
+        shard=shard,
     )
+    if _not_rank_0():
+        return
     changed = "" if result.changed is None else f", best hypothesis changed for {result.changed}"
     click.echo(
         f"phrasescore: {result.hypotheses} hypotheses of {result.sentences} sentences, "

@@ -18,7 +18,7 @@ import stat
 import sys
 import tempfile
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import BinaryIO
 
@@ -264,13 +264,21 @@ class AtomicOutput:
     ``binary=True``) to a hidden temporary file in the target's directory; on success the file is
     flushed, synced and renamed to ``path``; on any exception the temporary file is removed and an
     existing ``path`` is left untouched. ``-`` writes to standard output (no atomicity possible).
-    A ``.gz`` name is written gzip-compressed.
+    A ``.gz`` name is written gzip-compressed. ``before_rename(tmp)``, if given, runs once the
+    complete file ``tmp`` is synced, before it takes its name (what it raises discards it).
     """
 
-    def __init__(self, path: str, binary: bool = False, compress: bool | None = None):
+    def __init__(
+        self,
+        path: str,
+        binary: bool = False,
+        compress: bool | None = None,
+        before_rename: Callable[[str], None] | None = None,
+    ):
         self.path = path
         self.binary = binary
         self.compress = path.endswith(".gz") if compress is None else compress
+        self.before_rename = before_rename
         self._tmp: str | None = None
         self._raw: BinaryIO | None = None
         self._gz: gzip.GzipFile | None = None
@@ -312,6 +320,12 @@ class AtomicOutput:
             self._discard()
             return False
         if self._tmp is not None:
+            if self.before_rename is not None:
+                try:
+                    self.before_rename(self._tmp)
+                except BaseException:
+                    self._discard()
+                    raise
             os.replace(self._tmp, self.path)
             self._tmp = None
         return False

@@ -62,7 +62,15 @@ from phrasescore.moses.phrase_table import (
     read_phrase_table,
 )
 from phrasescore.scoring import PairScorer, ScoredPairs, phrase_tokens
-from phrasescore.shards import Shard, check_parts, manifest_path, merge_shards, write_manifest
+from phrasescore.shards import (
+    PHRASE_TABLE,
+    Shard,
+    check_parts,
+    chunk_record,
+    merge_shards,
+    run_on_ranks,
+    write_manifest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -386,10 +394,21 @@ def rescore_table(
     entries = read_phrase_table(table, position=position)
     started = time.monotonic()
     counter = _Progress(progress, position, start_line, started, options.max_phrase_length)
-    chunk_index, input_lines = _skip_done_lines(entries, counter, start_line, shard, options, table)
+    records: list[dict] = []  # a shard's chunk records (shards.chunk_record), for its manifest
+    chunk_index, input_lines = _skip_done_lines(
+        entries, counter, start_line, shard, options, table, records
+    )
     try:
         input_lines = _write_chunks(
-            entries, columns, sink, counter, shard, options.chunk_lines, chunk_index, input_lines
+            entries,
+            columns,
+            sink,
+            counter,
+            shard,
+            options.chunk_lines,
+            chunk_index,
+            input_lines,
+            records,
         )
         sink.complete()
         counter.close()
@@ -404,6 +423,7 @@ def rescore_table(
                 counter.lines,
                 columns.job(),
                 device=dev.type,
+                chunks=records,
             )
         result = RescoreResult(
             output=output,
@@ -464,14 +484,22 @@ def _check_request(
         )
 
 
-def _skip_done_lines(entries, counter, start_line: int, shard: Shard | None, options, table):
+def _skip_done_lines(
+    entries, counter, start_line: int, shard: Shard | None, options, table, records: list[dict]
+):
     """After ``--resume``: read past the input lines the partial output already has; returns
-    (index of the next input chunk, input lines read)."""
+    (index of the next input chunk, input lines read). A shard appends the records of its
+    chunks done earlier to ``records``."""
     if start_line and shard is not None:
         # this shard's first chunks are done: skip to the input chunk after them
         log.info("resuming after line %d of the part", start_line)
         chunk_index = shard.first_unscored_chunk(-(-start_line // options.chunk_lines))
-        input_lines = sum(1 for _ in islice(entries, chunk_index * options.chunk_lines))
+        input_lines = 0
+        for i in range(chunk_index):
+            chunk = list(islice(entries, options.chunk_lines))
+            input_lines += len(chunk)
+            if chunk and shard.owns(i):
+                records.append(chunk_record(i, [e.source for e in chunk]))
         if input_lines < chunk_index * options.chunk_lines and not start_line % options.chunk_lines:
             counter.close()
             raise InputError("cannot resume: the input is shorter than the partial output", table)
@@ -490,9 +518,18 @@ def _skip_done_lines(entries, counter, start_line: int, shard: Shard | None, opt
 
 
 def _write_chunks(
-    entries, columns, sink, counter, shard, chunk_lines: int, chunk_index: int, input_lines: int
+    entries,
+    columns,
+    sink,
+    counter,
+    shard,
+    chunk_lines: int,
+    chunk_index: int,
+    input_lines: int,
+    records: list[dict],
 ) -> int:
-    """Score and write the remaining chunks (a shard: only its own); returns input lines read."""
+    """Score and write the remaining chunks (a shard: only its own, each one's record appended
+    to ``records``); returns input lines read."""
     first = True
     while chunk := list(islice(entries, chunk_lines)):
         if first:
@@ -502,6 +539,8 @@ def _write_chunks(
         if shard is None or shard.owns(chunk_index):
             sink.append_chunk(columns.format_chunk(chunk), len(chunk))
             counter.update(chunk)
+            if shard is not None:
+                records.append(chunk_record(chunk_index, [e.source for e in chunk]))
         chunk_index += 1
     return input_lines
 
@@ -846,15 +885,9 @@ def run_rescore(
     return RescoreJobResult(result, ini_out, update)
 
 
-def shard_part_path(output: str, shard: Shard) -> str:
-    """The hidden part of rank ``shard`` beside ``output`` under torchrun."""
-    directory, name = os.path.split(os.path.abspath(output))
-    suffix = ".gz" if name.endswith(".gz") else ""
-    return os.path.join(directory, f".{name}.shard-{shard.index}-of-{shard.count}{suffix}")
-
-
 def _run_torchrun(launch, score, table, output, device, progress) -> RescoreResult:
-    """One shard per rank, a barrier, then rank 0 merges and removes the parts.
+    """One shard per rank, a barrier, then rank 0 merges and removes the parts
+    (:func:`phrasescore.shards.run_on_ranks`).
 
     ``--resume`` goes on with each rank's partial part; a part that was finished (a run stopped
     during the merge) is kept as it is.
@@ -862,49 +895,40 @@ def _run_torchrun(launch, score, table, output, device, progress) -> RescoreResu
     check_files_exist([table])
     if output == "-" or is_pipe(table):  # every rank reads the table: not a pipe or stdin
         raise InputError("under torchrun give an input file and an output file")
-    dev = distributed.rank_device(launch, device)
-    # gloo for the barrier whatever the device: rescoring exchanges no tensors
-    distributed.init(launch, dev, backend="gloo")
-    try:
-        shard = Shard(launch.rank + 1, launch.world_size)
-        part = shard_part_path(output, shard)
-        started = time.monotonic()
-        if score.keywords["resume"] and os.path.exists(manifest_path(part)):
-            log.info("shard %s: finished in an earlier run (%s)", shard, display_name(part))
-            result = None
-        else:
-            result = score(part, device=str(dev), progress=progress and launch.is_main, shard=shard)
-        distinct_sources = distributed.all_sum(result.distinct_sources if result else 0)
-        too_long = distributed.all_sum(result.too_long if result else 0)
-        if launch.is_main:
-            parts = [
-                shard_part_path(output, Shard(k, shard.count)) for k in range(1, shard.count + 1)
-            ]
-            merged = merge_shards(parts, output)
-            for path in parts:
-                os.unlink(manifest_path(path))
-                os.unlink(path)
-            result = RescoreResult(
-                output=output,
-                lines=merged.lines,
-                distinct_sources=distinct_sources,
-                seconds=time.monotonic() - started,
-                new_columns=merged.new_columns,
-                column_names=merged.column_names,
-                signatures=merged.manifest["job"]["models"],
-                too_long=too_long,
-            )
-            log.info(
-                "torchrun: %d ranks rescored %d lines in %.1f s, %.0f pairs/s",
-                launch.world_size,
-                result.lines,
-                result.seconds,
-                result.pairs_per_second,
-            )
-        distributed.barrier()
+    started = time.monotonic()
+
+    def score_part(part: str, dev: str, shard: Shard) -> RescoreResult:
+        return score(part, device=dev, progress=progress and launch.is_main, shard=shard)
+
+    result, merged, (too_long,) = run_on_ranks(
+        launch,
+        device,
+        output,
+        score_part,
+        keep_finished=score.keywords["resume"],
+        sums=lambda result: [result.too_long if result else 0],
+    )
+    if merged is None:
         return result
-    finally:
-        distributed.shutdown()
+    result = RescoreResult(
+        output=output,
+        lines=merged.lines,
+        # from the parts' chunk records: a source group cut by a chunk edge counts once
+        distinct_sources=merged.groups,
+        seconds=time.monotonic() - started,
+        new_columns=merged.new_columns,
+        column_names=merged.column_names,
+        signatures=merged.manifest["job"]["models"],
+        too_long=too_long,
+    )
+    log.info(
+        "torchrun: %d ranks rescored %d lines in %.1f s, %.0f pairs/s",
+        launch.world_size,
+        result.lines,
+        result.seconds,
+        result.pairs_per_second,
+    )
+    return result
 
 
 @dataclass
@@ -922,8 +946,9 @@ def run_merge(
     ini_table: str | None = None,
     weight: float = 0.2,
 ) -> MergeJobResult:
-    """``phrasescore merge-shards``: check and merge the parts, then write the new moses.ini
-    (checked before anything is written; its table is the input the shards read)."""
+    """``phrasescore merge-shards``: check and merge the parts (of ``rescore --shard`` or
+    ``nbest --shard``), then write the new moses.ini (checked before anything is written; its
+    table is the input the shards read)."""
     ini = None
     if moses_ini:
         if output == "-":
@@ -932,6 +957,8 @@ def run_merge(
     check_output_paths({"output table": output, "moses.ini": ini_out if moses_ini else None})
     if moses_ini:
         manifest = check_parts(parts)[0][1]
+        if manifest["kind"] != PHRASE_TABLE:
+            raise InputError("--moses-ini is for the parts of a phrase table, not an n-best list")
         n_new = len(manifest["job"]["columns"])
         table = ini_table or manifest["input_path"]
         ini = _IniUpdate(moses_ini, table, os.path.abspath(output), n_new, weight)

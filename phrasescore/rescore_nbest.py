@@ -27,6 +27,13 @@ CSLM: with ``lm`` (``--lm``), the feature ``CSLM0= log p(hypothesis </s> | <s>)`
 language model (:mod:`phrasescore.lm_scoring`, SPEC §3.6) is added too, before the model's
 feature; re-ranking then needs a weight for it as well.
 
+Shards: with ``shard`` (``--shard K/N``) only the chunks of shard K are scored and written, and a
+manifest goes beside the output (:mod:`phrasescore.shards`). The chunks are the blocks above: the
+list is cut after the sentence-id group that brings a block to ``block_hypotheses`` lines
+(``--chunk-lines``), so a sentence's hypotheses are never split, and block ``i`` belongs to shard
+``i % N + 1``. Every shard reads the whole list (and checks every id against the source); the
+parts joined by ``merge-shards`` are byte-identical to one process's output with the same flags.
+
 Re-ranking: with ``weights`` (a moses.ini ``[weight]`` section or a file of ``Name= w ...``
 lines, as written by MERT), which must give a weight to the new feature as well, each id's
 hypotheses are ordered by the new total ``Σ weight · feature`` (ties keep the list's order) and
@@ -37,16 +44,26 @@ what ``multi-bleu.perl`` or ``phrasescore evaluate`` reads.
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from tqdm import tqdm
 
+from phrasescore import distributed
 from phrasescore.bundle import TrainedModel, load_lm
 from phrasescore.errors import InputError
-from phrasescore.files import AtomicOutput, check_output_path, display_name, iter_lines
+from phrasescore.files import (
+    AtomicOutput,
+    check_files_exist,
+    check_output_path,
+    display_name,
+    is_pipe,
+    iter_lines,
+)
 from phrasescore.hardware import resolve_device
 from phrasescore.jobs import model_for
 from phrasescore.lm_scoring import LMScorer
@@ -62,6 +79,7 @@ from phrasescore.moses.nbest import (
     with_feature,
 )
 from phrasescore.scoring import PairScorer
+from phrasescore.shards import NBEST, Shard, chunk_record, run_on_ranks, write_manifest
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +93,7 @@ class NBestOptions:
     weights: str | None = None
     one_best: bool = False
     block_hypotheses: int = 4000
+    """Lines per block (``--chunk-lines``): a block ends after the sentence that reaches it."""
     batch_tokens: int = 8192
     lm: str | None = None
     """A CSLM file (``phrasescore train-lm``): also add ``lm_name= log p(hypothesis)``."""
@@ -149,26 +168,78 @@ def rescore_nbest(
     device: str = "cpu",
     progress: bool = True,
     model: TrainedModel | None = None,
+    shard: Shard | None = None,
 ) -> NBestResult:
     """Add the model's feature (and the CSLM's) to every hypothesis of ``nbest`` (see the
-    module docstring); with an ``options.lm`` and no model, the CSLM feature alone."""
+    module docstring); with an ``options.lm`` and no model, the CSLM feature alone. With
+    ``shard``, only that shard's blocks, and a manifest beside ``output``."""
     options = options or NBestOptions()
     with_model = model is not None or model_path is not None or not options.lm
     names = _check_options(nbest, source, options, with_model)
+    if shard is not None:
+        _check_shard(nbest, output, options)
     check_output_path(output)
     weights = _read_weights(options.weights, names) if options.weights else None
     sources = read_source(source)
     dev = resolve_device(device)
-    features = _features(options, dev, model_for(model, model_path, dev) if with_model else None)
+    features, signatures = _features(
+        options, dev, model_for(model, model_path, dev) if with_model else None
+    )
     writer = _Writer(options, weights, len(sources))
+    plan: list[int] = []  # the lines of every block of the list (a shard's manifest)
+    records: list[dict] = []  # the shard's own blocks (shards.chunk_record)
+
+    def write_part_manifest(written: str) -> None:
+        job = {
+            "features": names,
+            **signatures,
+            "options": {
+                "normalize": options.normalize,
+                "batch_tokens": options.batch_tokens,
+                "weights": weights,
+            },
+            "source": {
+                "lines": len(sources),
+                "sha256": hashlib.sha256("\n".join(sources).encode("utf-8")).hexdigest(),
+            },
+        }
+        write_manifest(
+            output,
+            written,
+            shard,
+            nbest,
+            sum(plan),
+            options.block_hypotheses,
+            writer.hypotheses,
+            job,
+            device=dev.type,
+            kind=NBEST,
+            chunk_sizes=plan,
+            chunks=records,
+        )
+
+    if shard is not None:
+        log.info(
+            "shard %s: blocks i of about %d hypotheses with i %% %d == %d",
+            shard,
+            options.block_hypotheses,
+            shard.count,
+            shard.index - 1,
+        )
     started = time.monotonic()
     bar = tqdm(disable=not progress, unit=" hyps", unit_scale=True, dynamic_ncols=True)
     try:
-        with AtomicOutput(output) as out:
+        with AtomicOutput(
+            output, before_rename=write_part_manifest if shard is not None else None
+        ) as out:
             groups = iter_nbest_groups(read_nbest(nbest))
-            for block in _blocks(groups, options.block_hypotheses):
+            for index, block in enumerate(_blocks(groups, options.block_hypotheses)):
                 entries = [e for group in block for e in group]
+                plan.append(len(entries))
                 srcs = [_source_of(e, sources, source) for e in entries]
+                if shard is not None and not shard.owns(index):
+                    writer.skip(block)
+                    continue
                 hyps = [e.hypothesis for e in entries]
                 for name, score in features:
                     entries = [
@@ -176,6 +247,8 @@ def rescore_nbest(
                         for e, v in zip(entries, score(srcs, hyps), strict=True)
                     ]
                 writer.write_block(_regroup(entries, block), out)
+                if shard is not None:
+                    records.append(chunk_record(index, [str(e.id) for e in entries]))
                 bar.update(len(entries))
             writer.finish(out, nbest)
     finally:
@@ -199,6 +272,81 @@ def rescore_nbest(
         else "",
     )
     return result
+
+
+def run_nbest(
+    nbest: str,
+    source: str,
+    model_path: str | None,
+    output: str,
+    options: NBestOptions,
+    device: str = "cpu",
+    progress: bool = True,
+    shard: Shard | None = None,
+) -> NBestResult:
+    """``phrasescore nbest``: :func:`rescore_nbest`, or under torchrun (``WORLD_SIZE`` > 1)
+    one shard per rank into a hidden part beside the output, merged by rank 0
+    (:func:`phrasescore.shards.run_on_ranks`); rank 0 returns the whole list's result."""
+    launch = distributed.from_env()
+    if launch is None:
+        return rescore_nbest(
+            nbest, source, model_path, output, options, device, progress, shard=shard
+        )
+    if shard is not None:
+        raise InputError("--shard and torchrun exclude each other (torchrun gives each rank one)")
+    if source == "-":
+        raise InputError("under torchrun give --source as a file (every rank reads it)")
+    _check_shard(nbest, output, options)
+    check_output_path(output)
+    started = time.monotonic()
+
+    def score_part(part: str, dev: str, rank_shard: Shard) -> NBestResult:
+        progress_here = progress and launch.is_main
+        return rescore_nbest(
+            nbest, source, model_path, part, options, dev, progress_here, shard=rank_shard
+        )
+
+    result, merged, (changed,) = run_on_ranks(
+        launch, device, output, score_part, sums=lambda result: [result.changed or 0]
+    )
+    if merged is None:
+        return result
+    result = NBestResult(
+        output,
+        merged.groups,
+        merged.lines,
+        time.monotonic() - started,
+        changed if options.weights else None,
+    )
+    log.info(
+        "torchrun: %d ranks scored %d hypotheses in %.1f s (%.0f hypotheses/s)",
+        launch.world_size,
+        result.hypotheses,
+        result.seconds,
+        result.hypotheses_per_second,
+    )
+    return result
+
+
+def _check_shard(nbest: str, output: str, options: NBestOptions) -> None:
+    """What ``--shard`` needs: a list file (its identity goes in the manifest), an output file
+    (the manifest goes beside it), and a part of the list as output."""
+    if nbest == "-" or output == "-":
+        raise InputError(
+            "--shard and torchrun need an n-best list file and an output file (for the manifest)"
+        )
+    check_files_exist([nbest])
+    if is_pipe(nbest):
+        raise InputError(
+            "--shard reads the list's size and edges for its manifest: give the file", nbest
+        )
+    if options.one_best:
+        raise InputError(
+            "--one-best writes one line per source sentence, not a part of the list: shard "
+            "without it (merge-shards joins re-ranked parts)"
+        )
+    if os.path.abspath(output) == os.path.abspath(nbest):
+        raise InputError("the output would overwrite the n-best list", output)
 
 
 def _check_options(nbest: str, source: str, options: NBestOptions, with_model: bool) -> list[str]:
@@ -236,10 +384,12 @@ def _read_weights(path: str, names: list[str]) -> dict[str, list[float]]:
 
 def _features(options: NBestOptions, device, model: TrainedModel | None):
     """(name, score(sources, hypotheses) -> values) of each feature to add, in line order:
-    the CSLM's first, then the model's."""
+    the CSLM's first, then the model's; and the signatures of the LM and model."""
     features = []
+    signatures: dict[str, list[str]] = {"lms": [], "models": []}
     if options.lm:
         lm = load_lm(options.lm, device)
+        signatures["lms"].append(lm.signature)
         lm_scorer = LMScorer(lm, device)
         log.info(
             "n-best rescoring with language model %s, feature %s", lm.signature, options.lm_name
@@ -248,6 +398,7 @@ def _features(options: NBestOptions, device, model: TrainedModel | None):
             (options.lm_name, lambda srcs, hyps: lm_scorer.score_sentences(hyps).logprob)
         )
     if model is not None:
+        signatures["models"].append(model.signature)
         scorer = PairScorer(model, device=device, batch_tokens=options.batch_tokens)
         log.info("n-best rescoring with model %s, feature %s", model.signature, options.name)
 
@@ -256,7 +407,7 @@ def _features(options: NBestOptions, device, model: TrainedModel | None):
             return scored.logprob / scored.n_tokens if options.normalize else scored.logprob
 
         features.append((options.name, model_values))
-    return features
+    return features, signatures
 
 
 def _regroup(entries: list[NBestEntry], block: list[list[NBestEntry]]) -> list[list[NBestEntry]]:
@@ -293,6 +444,10 @@ class _Writer:
                 self.best_texts[group[0].id] = best.hypothesis
             else:
                 out.writelines(lines)
+
+    def skip(self, groups: list[list[NBestEntry]]) -> None:
+        """Groups another shard writes (only their ids count, for :meth:`finish`)."""
+        self.last_id = max(self.last_id, *(group[0].id for group in groups))
 
     def finish(self, out, nbest: str) -> None:
         """Refuse a list that ends before the source; write the 1-best texts."""

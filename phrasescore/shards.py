@@ -8,7 +8,13 @@ keeps the bytes: chunk ``i`` (0-based) belongs to shard ``i % N + 1``. The plan 
 input and ``--chunk-lines``; every shard reads the input once, from the beginning, scores its own
 chunks and skips the others, so it needs no line count before it starts, and the shards get equal
 work whatever the order of the table. A source group that straddles a chunk boundary is split
-exactly where one process splits it, which is what makes the merged table byte-identical.
+exactly where one process splits it, which is what makes the merged table byte-identical; each
+chunk's record in the manifest (:func:`chunk_record`) keeps its first and last source, so that the
+merge counts such a group once (:func:`joined_runs`), as one process does.
+
+``nbest`` reads a Moses n-best list in chunks too, the same rule, but cut at sentence-id groups:
+a chunk ends after the group that brings it to ``chunk_lines`` lines or more (the blocks one
+process scores), so no sentence's hypotheses are ever split; its plan lists every chunk's lines.
 
 The manifest
 ------------
@@ -29,17 +35,19 @@ does, and members are copied as they are: the merged file is byte-identical to o
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import os
 import re
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
-from phrasescore import __version__
+from phrasescore import __version__, distributed
 from phrasescore.errors import InputError
 from phrasescore.files import AtomicOutput, display_name, gzip_writer
 
@@ -47,6 +55,10 @@ log = logging.getLogger(__name__)
 
 MANIFEST_SUFFIX = ".manifest.json"
 MANIFEST_FORMAT = "phrasescore-shard"
+PHRASE_TABLE = "phrase-table"
+NBEST = "nbest"
+_KIND_NAMES = {PHRASE_TABLE: "a phrase table", NBEST: "an n-best list"}
+R = TypeVar("R")
 _EDGE_BYTES = 1 << 20
 _BLOCK = 1 << 20
 
@@ -63,10 +75,10 @@ class Shard:
         """``K/N`` as given to ``--shard``."""
         match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text or "")
         if not match:
-            raise InputError(f"--shard {text!r}: give K/N, e.g. 3/8")
+            raise InputError(f"{text!r} is not K/N (e.g. 3/8)")
         index, count = int(match.group(1)), int(match.group(2))
         if count < 1 or not 1 <= index <= count:
-            raise InputError(f"--shard {text}: K must be between 1 and N")
+            raise InputError(f"{text!r}: K must be between 1 and N, and N at least 1")
         return cls(index, count)
 
     def owns(self, chunk: int) -> bool:
@@ -104,6 +116,28 @@ def file_sha256(path: str) -> str:
     return digest.hexdigest()
 
 
+def chunk_record(index: int, keys: list[str]) -> dict:
+    """What a manifest keeps of one chunk of its part: the chunk's index and lines, the runs of
+    equal consecutive ``keys`` in it (a table's sources: its distinct sources as one process
+    counts them; an n-best list's sentence ids: its sentences) and the SHA-256 of its first and
+    last key, so that the merge can tell a run cut by the chunk's edges (:func:`joined_runs`)."""
+    runs = sum(1 for i, key in enumerate(keys) if i == 0 or key != keys[i - 1])
+    record = {"chunk": index, "lines": len(keys), "runs": runs}
+    if keys:
+        record["first"] = hashlib.sha256(keys[0].encode("utf-8")).hexdigest()
+        record["last"] = hashlib.sha256(keys[-1].encode("utf-8")).hexdigest()
+    return record
+
+
+def joined_runs(records: list[dict]) -> int:
+    """The runs of equal keys over chunks laid end to end in plan order (``records`` of
+    :func:`chunk_record`): each chunk's runs, less one for each edge whose two sides have the
+    same key (one run cut in two by the chunk edge)."""
+    records = [r for r in records if r["lines"]]
+    joins = sum(1 for a, b in itertools.pairwise(records) if a["last"] == b["first"])
+    return sum(r["runs"] for r in records) - joins
+
+
 def write_manifest(
     part: str,
     written: str,
@@ -114,20 +148,33 @@ def write_manifest(
     part_lines: int,
     job: dict,
     device: str = "cpu",
+    kind: str = PHRASE_TABLE,
+    chunk_sizes: list[int] | None = None,
+    chunks: list[dict] | None = None,
 ) -> dict:
     """Write ``part``'s manifest; ``written`` is the complete file that is about to become
-    ``part``. ``job`` holds what must agree across parts (models, flags, columns)."""
-    chunks = -(-input_lines // chunk_lines)
+    ``part``. ``job`` holds what must agree across parts (models, flags, columns).
+
+    ``chunk_sizes``: the lines of every chunk of the input, where chunks are cut at groups
+    (n-best lists); without it every chunk but the last has ``chunk_lines`` lines. ``chunks``:
+    the part's :func:`chunk_record` of each of its chunks, in order."""
+    plan = {"chunk_lines": chunk_lines, "rule": "chunk i -> shard i%N+1"}
+    if chunk_sizes is None:
+        plan["chunks"] = -(-input_lines // chunk_lines)
+    else:
+        plan["chunks"] = len(chunk_sizes)
+        plan["cut"] = "after the sentence-id group that reaches chunk_lines"
+        plan["chunk_sizes"] = list(chunk_sizes)
     manifest = {
         "format": MANIFEST_FORMAT,
         "version": 1,
         "phrasescore": __version__,
-        "kind": "phrase-table",
+        "kind": kind,
         "shard": shard.index,
         "of": shard.count,
         "input_path": os.path.abspath(table),
         "input": input_identity(table, input_lines),
-        "plan": {"chunk_lines": chunk_lines, "chunks": chunks, "rule": "chunk i -> shard i%N+1"},
+        "plan": plan,
         "job": job,
         "device": device,
         "threads": torch.get_num_threads(),
@@ -139,6 +186,8 @@ def write_manifest(
             "gzip": part.endswith(".gz"),
         },
     }
+    if chunks is not None:
+        manifest["part"]["chunks"] = chunks
     with AtomicOutput(manifest_path(part), compress=False) as fh:
         json.dump(manifest, fh, indent=1, sort_keys=True)
         fh.write("\n")
@@ -153,6 +202,13 @@ class MergeResult:
     parts: int
     chunks: int
     manifest: dict
+    groups: int | None = None
+    """A table's distinct sources (as one process counts them: runs of one source), an n-best
+    list's sentences; None when a part's manifest has no chunk records (an older phrasescore)."""
+
+    @property
+    def kind(self) -> str:
+        return self.manifest.get("kind", PHRASE_TABLE)
 
     @property
     def column_names(self) -> list[str]:
@@ -170,7 +226,7 @@ def read_manifest(part: str) -> dict:
     if not os.path.isfile(path):
         raise InputError(
             f"no manifest {os.path.basename(path)} beside the part (not a finished "
-            "`phrasescore rescore --shard` output)",
+            "`phrasescore rescore --shard` or `nbest --shard` output)",
             part,
         )
     try:
@@ -181,6 +237,11 @@ def read_manifest(part: str) -> dict:
     if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
         raise InputError("not a phrasescore shard manifest", path)
     return manifest
+
+
+def _kind_name(manifest: dict) -> str:
+    kind = manifest.get("kind")
+    return _KIND_NAMES.get(kind, repr(kind))
 
 
 def _common(manifest: dict) -> dict:
@@ -197,11 +258,16 @@ def check_parts(parts: list[str]) -> list[tuple[str, dict]]:
     first_part, first = loaded[0]
     for part, manifest in loaded[1:]:
         mine, theirs = _common(manifest), _common(first)
+        if mine["kind"] != theirs["kind"]:
+            raise InputError(
+                f"foreign part: a part of {_kind_name(manifest)}, but {display_name(first_part)} "
+                f"is a part of {_kind_name(first)}",
+                part,
+            )
         if mine != theirs:
-            what = next(k for k in ("input", "kind", "job", "of", "plan") if mine[k] != theirs[k])
+            what = next(k for k in ("input", "job", "of", "plan") if mine[k] != theirs[k])
             reason = {
-                "input": "another input table",
-                "kind": "another kind of file",
+                "input": f"another input {'n-best list' if mine['kind'] == NBEST else 'table'}",
                 "job": "other models or flags",
                 "of": "another number of shards",
                 "plan": "another --chunk-lines",
@@ -243,22 +309,53 @@ def check_parts(parts: list[str]) -> list[tuple[str, dict]]:
 
 class _PartReader:
     """The chunks of one part in order, as (text bytes, gzip member bytes or None), checked
-    against the manifest: SHA-256 of the whole file, lines per chunk, complete gzip members."""
+    against the manifest: SHA-256 of the whole file, lines per chunk, complete gzip members.
+
+    A phrase-table part holds one gzip member per chunk (copied as they are); an n-best part,
+    like ``nbest``'s own output, is one gzip stream, read as text (``members`` False)."""
 
     def __init__(self, part: str, manifest: dict):
         self.part = part
         self.manifest = manifest
         self.gzip = manifest["part"]["gzip"]
+        self.members = self.gzip and manifest.get("kind", PHRASE_TABLE) == PHRASE_TABLE
         self.digest = hashlib.sha256()
         self.handle = open(part, "rb")
         self.lines_read = 0
-        self._members = self._gzip_members() if self.gzip else None
+        self._members = self._gzip_members() if self.members else None
+        self._text = self._gzip_text() if self.gzip and not self.members else None
         self._pending = b""
 
     def _read(self) -> bytes:
         block = self.handle.read(_BLOCK)
         self.digest.update(block)
         return block
+
+    def _read_text(self) -> bytes:
+        """The next block of the part's text (decompressed for a gzip stream)."""
+        if self._text is None:
+            return self._read()
+        return next(self._text, b"")
+
+    def _gzip_text(self) -> Iterator[bytes]:
+        """The text of a gzip file, block by block, member after member; a stream cut short is
+        an error."""
+        data = self._read()
+        while data:
+            decomp = zlib.decompressobj(wbits=31)
+            while True:
+                try:
+                    text = decomp.decompress(data)
+                except zlib.error as exc:
+                    raise InputError(f"corrupt gzip stream ({exc})", self.part) from None
+                if text:
+                    yield text
+                if decomp.eof:
+                    data = decomp.unused_data or self._read()
+                    break
+                data = self._read()
+                if not data:
+                    raise InputError("truncated gzip stream (part incomplete)", self.part)
 
     def _gzip_members(self) -> Iterator[tuple[bytes, bytes]]:
         data = b""
@@ -289,7 +386,7 @@ class _PartReader:
 
     def chunk(self, n_lines: int) -> tuple[bytes, bytes | None]:
         """The next chunk, which must have ``n_lines`` lines."""
-        if self.gzip:
+        if self.members:
             while True:
                 item = next(self._members, None)
                 if item is None:
@@ -320,7 +417,7 @@ class _PartReader:
             if end >= 0:
                 line, self._pending = self._pending[: end + 1], self._pending[end + 1 :]
                 return line
-            block = self._read()
+            block = self._read_text()
             if not block:
                 line, self._pending = self._pending, b""
                 return line
@@ -328,7 +425,7 @@ class _PartReader:
 
     def finish(self) -> None:
         """Read to the end: nothing may be left but an empty gzip member; check the SHA-256."""
-        if self.gzip:
+        if self.members:
             for text, _member in self._members:
                 if text:
                     raise InputError("part has more lines than planned", self.part)
@@ -349,34 +446,64 @@ class _PartReader:
         self.handle.close()
 
 
+def chunk_sizes(manifest: dict) -> list[int]:
+    """The lines of each chunk of the input, in plan order."""
+    plan = manifest["plan"]
+    total = manifest["input"]["lines"]
+    if "chunk_sizes" in plan:
+        sizes = plan["chunk_sizes"]
+        if sum(sizes) != total or len(sizes) != plan["chunks"]:
+            raise InputError(
+                "manifest's plan does not add up to its input", manifest["part"]["name"]
+            )
+        return sizes
+    chunk_lines = plan["chunk_lines"]
+    return [min(chunk_lines, total - i * chunk_lines) for i in range(plan["chunks"])]
+
+
+def _merged_groups(ordered: list[tuple[str, dict]], sizes: list[int]) -> int | None:
+    """:func:`joined_runs` over every part's chunk records laid out in plan order; None when a
+    part has no records (written by an older phrasescore)."""
+    records: list[dict | None] = [None] * len(sizes)
+    for part, manifest in ordered:
+        own = manifest["part"].get("chunks")
+        if own is None:
+            return None
+        shard = Shard(manifest["shard"], manifest["of"])
+        for record in own:
+            i = record.get("chunk")
+            if not (isinstance(i, int) and 0 <= i < len(sizes)) or not shard.owns(i):
+                raise InputError(f"manifest records chunk {i}, not this shard's", part)
+            if records[i] is not None or record["lines"] != sizes[i]:
+                raise InputError(f"manifest's record of chunk {i} does not fit the plan", part)
+            records[i] = record
+    if any(record is None for record in records):
+        return None
+    return joined_runs(records)
+
+
 def merge_shards(parts: list[str], output: str) -> MergeResult:
-    """Check ``parts`` and write their chunks in plan order to ``output`` (atomically)."""
+    """Check ``parts`` and write their chunks in plan order to ``output`` (atomically).
+
+    A phrase table's gzip members are copied as they are (a ``.gz`` output from plain parts
+    gets one member per chunk, as ``rescore`` writes it); an n-best list is written as
+    ``nbest`` writes it: plain text, or one gzip stream for a ``.gz`` output."""
     ordered = check_parts(parts)
     manifest = ordered[0][1]
     count = manifest["of"]
-    chunk_lines = manifest["plan"]["chunk_lines"]
     total = manifest["input"]["lines"]
-    chunks = manifest["plan"]["chunks"]
+    sizes = chunk_sizes(manifest)
+    chunks = len(sizes)
     for part, _ in ordered:
         if output != "-" and os.path.abspath(part) == os.path.abspath(output):
             raise InputError("the output would overwrite a part", output)
+    groups = _merged_groups(ordered, sizes)
     readers = [_PartReader(part, m) for part, m in ordered]
-    compress = output.endswith(".gz")
     try:
-        with AtomicOutput(output, binary=True, compress=False) as out:
-            for i in range(chunks):
-                n_lines = min(chunk_lines, total - i * chunk_lines)
-                text, member = readers[i % count].chunk(n_lines)
-                if not compress:
-                    out.write(text)
-                elif member is not None:
-                    out.write(member)
-                else:
-                    out.write(_gzip_bytes(text))
-            if compress and chunks == 0:
-                out.write(_gzip_bytes(b""))
-            for reader in readers:
-                reader.finish()
+        if manifest.get("kind", PHRASE_TABLE) == PHRASE_TABLE:
+            _merge_table(readers, sizes, output)
+        else:
+            _merge_text(readers, sizes, output)
     finally:
         for reader in readers:
             reader.close()
@@ -387,7 +514,41 @@ def merge_shards(parts: list[str], output: str) -> MergeResult:
         total,
         display_name(output) if output != "-" else "<stdout>",
     )
-    return MergeResult(output, total, count, chunks, manifest)
+    return MergeResult(output, total, count, chunks, manifest, groups)
+
+
+def _merge_table(readers: list[_PartReader], sizes: list[int], output: str) -> None:
+    """A phrase table: gzip members copied as they are; a ``.gz`` output from plain parts gets
+    one member per chunk, as ``rescore`` writes it."""
+    compress = output.endswith(".gz")
+    with AtomicOutput(output, binary=True, compress=False) as out:
+        for i, n_lines in enumerate(sizes):
+            text, member = readers[i % len(readers)].chunk(n_lines)
+            if not compress:
+                out.write(text)
+            elif member is not None:
+                out.write(member)
+            else:
+                out.write(_gzip_bytes(text))
+        if compress and not sizes:
+            out.write(_gzip_bytes(b""))
+        for reader in readers:
+            reader.finish()
+
+
+def _merge_text(readers: list[_PartReader], sizes: list[int], output: str) -> None:
+    """An n-best list: the text written through the very writer ``nbest`` writes with (a text
+    :class:`AtomicOutput`, one gzip stream for ``.gz``), so that the bytes are the same."""
+    with AtomicOutput(output) as out:
+        for i, n_lines in enumerate(sizes):
+            reader = readers[i % len(readers)]
+            text, _ = reader.chunk(n_lines)
+            try:
+                out.write(text.decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                raise InputError(f"invalid UTF-8 ({exc.reason})", reader.part) from None
+        for reader in readers:
+            reader.finish()
 
 
 def _gzip_bytes(text: bytes) -> bytes:
@@ -398,3 +559,55 @@ def _gzip_bytes(text: bytes) -> bytes:
     with gzip_writer(buffer) as gz:
         gz.write(text)
     return buffer.getvalue()
+
+
+# ---------------------------------------------------------------------------- torchrun
+def shard_part_path(output: str, shard: Shard) -> str:
+    """The hidden part of rank ``shard`` beside ``output`` under torchrun."""
+    directory, name = os.path.split(os.path.abspath(output))
+    suffix = ".gz" if name.endswith(".gz") else ""
+    return os.path.join(directory, f".{name}.shard-{shard.index}-of-{shard.count}{suffix}")
+
+
+def run_on_ranks(
+    launch,
+    device: str,
+    output: str,
+    score_part: Callable[[str, str, Shard], R],
+    keep_finished: bool = False,
+    sums: Callable[[R | None], list[int]] = lambda result: [],
+) -> tuple[R | None, MergeResult | None, list[int]]:
+    """Under torchrun: rank r scores shard r+1 of the world size into a hidden part beside
+    ``output`` (``score_part(part, device, shard)``), then after a barrier rank 0 merges the
+    parts into ``output`` and removes them.
+
+    Returns this rank's result (None for a part ``keep_finished`` kept from an earlier run),
+    the merge on rank 0 (None elsewhere) and the sums over the ranks of ``sums(result)``
+    (a list of the same length on every rank, for the result as for None).
+    """
+    dev = distributed.rank_device(launch, device)
+    # gloo for the barriers whatever the device: the shards exchange no tensors
+    distributed.init(launch, dev, backend="gloo")
+    try:
+        shard = Shard(launch.rank + 1, launch.world_size)
+        part = shard_part_path(output, shard)
+        if keep_finished and os.path.exists(manifest_path(part)):
+            log.info("shard %s: finished in an earlier run (%s)", shard, display_name(part))
+            result = None
+        else:
+            result = score_part(part, str(dev), shard)
+        totals = [distributed.all_sum(value) for value in sums(result)]
+        distributed.barrier()
+        merged = None
+        if launch.is_main:
+            parts = [
+                shard_part_path(output, Shard(k, shard.count)) for k in range(1, shard.count + 1)
+            ]
+            merged = merge_shards(parts, output)
+            for path in parts:
+                os.unlink(manifest_path(path))
+                os.unlink(path)
+        distributed.barrier()
+        return result, merged, totals
+    finally:
+        distributed.shutdown()

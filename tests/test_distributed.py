@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -163,11 +164,51 @@ def test_missing_duplicated_truncated_or_foreign_parts_are_refused(
     assert not out.exists()
 
 
-def test_bad_shard_argument_is_one_line(tiny_model_path, tmp_path):
-    result = run_cli(
-        "rescore", SAMPLE_TABLE, "-m", tiny_model_path, "--shard", "4/3", "-o", tmp_path / "p"
+def _sources(table) -> list[str]:
+    return [line.split(" ||| ")[0] for line in gzip.open(table, "rt", encoding="utf-8")]
+
+
+@pytest.mark.parametrize(
+    "table,chunk,count",
+    [
+        (SAMPLE_TABLE, 7, 3),  # chunk edges at lines 21, 42, 70, ... fall inside source groups
+        (MOSES_TABLE, 30, 2),  # one source on all 300 lines: every edge is inside it
+    ],
+)
+def test_merged_distinct_sources_count_a_group_cut_by_a_chunk_edge_once(
+    tiny_model_path, tmp_path, table, chunk, count
+):
+    """Regression: the merge added the shards' distinct sources, so a source group cut by a
+    chunk edge counted twice (630,218 against one process's 630,216 on the whole table)."""
+    sources = _sources(table)
+    assert any(sources[i] == sources[i - 1] for i in range(chunk, len(sources), chunk))
+    one = rescore_table(
+        str(table), [tiny_model_path], str(tmp_path / "one.gz"), _options(), progress=False
     )
-    assert "K must be between 1 and N" in one_line_error(result)
+    assert one.distinct_sources == sum(
+        1 for i, s in enumerate(sources) if i == 0 or s != sources[i - 1]
+    )
+    parts = []
+    for k in range(1, count + 1):
+        parts.append(str(tmp_path / f"part.{k}.gz"))
+        options = RescoreOptions(dtype="float32", chunk_lines=chunk)
+        rescore_table(
+            str(table), [tiny_model_path], parts[-1], options, progress=False, shard=Shard(k, count)
+        )
+    result = run_cli("merge-shards", *parts, "-o", tmp_path / "merged.gz")
+    assert result.returncode == 0, result.stderr
+    assert f", {one.distinct_sources} distinct sources -> " in result.stderr
+    assert merge_shards(parts, str(tmp_path / "again.gz")).groups == one.distinct_sources
+
+
+@pytest.mark.parametrize("shard", ["4/3", "0/3", "3", "1/0"])
+def test_bad_shard_argument_is_refused_by_click(tiny_model_path, tmp_path, shard):
+    result = run_cli(
+        "rescore", SAMPLE_TABLE, "-m", tiny_model_path, "--shard", shard, "-o", tmp_path / "p"
+    )
+    assert result.returncode == 2, result.stderr
+    assert "Invalid value for '--shard'" in result.stderr and "Traceback" not in result.stderr
+    assert not list(tmp_path.iterdir())
 
 
 # ---------------------------------------------------------------------------- torchrun
@@ -183,6 +224,12 @@ def test_torchrun_rescoring_is_byte_identical_to_one_process(tiny_model_path, tm
     assert result.returncode == 0, result.stderr
     assert out.read_bytes() == (tmp_path / "one.gz").read_bytes()
     assert sorted(os.listdir(tmp_path)) == ["one.gz", "torchrun.gz"]  # parts removed
+    # the summary counts the source group cut by the edge at line 90 once, as one process does
+    assert _distinct(result.stderr) == _distinct(one.stderr) == 127
+
+
+def _distinct(stderr: str) -> int:
+    return int(re.search(r", (\d+) distinct sources,", stderr).group(1))
 
 
 TRAIN_SCRIPT = """
