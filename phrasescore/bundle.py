@@ -261,10 +261,10 @@ def load_bundle(path: str, kind: type[Bundle], device: str | torch.device = "cpu
             raise ModelFileError(
                 f"{kind.WHAT} file is damaged: its signature does not match its content", path
             )
-        check_shapes(build, tensors, path)  # before any memory is allocated for the network
+        shell = check_shapes(build, tensors, path)  # no memory allocated for the network
     except (KeyError, ValueError, TypeError) as exc:
         raise ModelFileError(f"damaged phrasescore {kind.WHAT} file ({exc})", path) from None
-    network = load_weights(build(), tensors, path)
+    network = load_weights(shell, tensors, path)
     return make(network.to(device), metadata["signature"])
 
 

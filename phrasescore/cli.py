@@ -492,7 +492,7 @@ def info(model_path):
 @click.option(
     "--chunk-lines",
     type=POSITIVE,
-    default=50000,
+    default=10000,
     show_default=True,
     help="Lines per chunk (the unit of --resume).",
 )

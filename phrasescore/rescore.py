@@ -87,7 +87,7 @@ class RescoreOptions:
     no_eos: bool = False
     dtype: str = "float32"
     batch_tokens: int = 8192
-    chunk_lines: int = 50000
+    chunk_lines: int = 10000
     max_phrase_length: int = 100
 
     def key(self) -> dict:

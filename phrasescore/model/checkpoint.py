@@ -22,6 +22,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
@@ -76,7 +77,7 @@ def compute_signature(tensors: dict[str, torch.Tensor], core: dict[str, str]) ->
     digest = hashlib.sha256()
     for name in sorted(tensors):
         digest.update(name.encode())
-        digest.update(tensors[name].numpy().tobytes())
+        digest.update(np.ascontiguousarray(tensors[name].numpy()))  # no copy of the bytes
     for key in sorted(core):
         digest.update(key.encode())
         digest.update(core[key].encode())
@@ -129,15 +130,18 @@ def check_sizes(config: dict[str, Any], path: str) -> None:
                 )
 
 
-def check_shapes(build: Callable[[], torch.nn.Module], tensors: dict[str, Any], path: str) -> None:
+def check_shapes(
+    build: Callable[[], torch.nn.Module], tensors: dict[str, Any], path: str
+) -> torch.nn.Module:
     """Build the network on the meta device (no memory) and refuse a file whose tensors do not
-    have exactly its parameter names and shapes."""
+    have exactly its parameter names and shapes; returns the shape-only network, for
+    :func:`load_weights` to fill."""
     with torch.device("meta"):
         shell = build()
     expected = {name: tuple(t.shape) for name, t in shell.state_dict().items()}
     found = {name: tuple(t.shape) for name, t in tensors.items()}
     if expected == found:
-        return
+        return shell
     missing = sorted(set(expected) - set(found))
     unexpected = sorted(set(found) - set(expected))
     if missing or unexpected:
@@ -151,9 +155,11 @@ def check_shapes(build: Callable[[], torch.nn.Module], tensors: dict[str, Any], 
 def load_weights(
     network: torch.nn.Module, tensors: dict[str, torch.Tensor], path: str
 ) -> torch.nn.Module:
-    """``network`` with the file's ``tensors`` loaded (strictly), in eval mode."""
+    """``network`` with the file's ``tensors`` loaded (strictly), in eval mode. The tensors
+    become the parameters (``assign``): a shape-only network from :func:`check_shapes` is filled
+    without a second copy of the weights or a random initialisation."""
     try:
-        network.load_state_dict(tensors, strict=True)
+        network.load_state_dict(tensors, strict=True, assign=True)
     except RuntimeError as exc:
         first = str(exc).splitlines()[0]
         raise ModelFileError(f"weights do not fit the configuration ({first})", path) from None
