@@ -190,7 +190,16 @@ def test_ctrl_c_saves_a_checkpoint_that_resume_continues(tmp_path, corpus_files)
         "--patience",
         "1000000",
     ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT back to its default in the child: a suite started in the background by a
+    # non-interactive shell (`make test &`, CI wrappers) inherits SIGINT ignored, and Python then
+    # never raises KeyboardInterrupt (the run went on to its end in such a loop)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     # SIGINT once the first validation was logged: the training loop is running then, whatever
     # the machine's load (no sleep decides the outcome).
     seen = []
