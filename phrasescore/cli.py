@@ -290,6 +290,14 @@ def _no_progress_monitor_thread() -> None:
 @click.option(
     "--no-reverse", is_flag=True, help="lstm: read the source in its own order, not reversed."
 )
+@click.option(
+    "--self-normalize",
+    "self_normalize",
+    type=click.FloatRange(min=0.0),
+    help="ALPHA: add ALPHA (log Z)² per target token to the loss (Devlin et al. 2014), so that "
+    "rescore/nbest --scoring self-normalized can skip the softmax; 0 (default): off. Devlin et "
+    "al. used 0.1. Stored in the model.",
+)
 @click.option("--src-lang", default="en", show_default=True, help="Source language (tokeniser).")
 @click.option("--tgt-lang", default="fr", show_default=True, help="Target language (tokeniser).")
 @text_options
@@ -323,6 +331,7 @@ def train(
     arch,
     layers,
     no_reverse,
+    self_normalize,
     src_lang,
     tgt_lang,
     tokenize,
@@ -352,7 +361,11 @@ def train(
         resume=resume,
         overrides=_train_overrides(settings),
         arch=arch,
-        model_overrides=dict(layers=layers, reverse_source=False if no_reverse else None),
+        model_overrides=dict(
+            layers=layers,
+            reverse_source=False if no_reverse else None,
+            self_normalize=self_normalize,
+        ),
     )
     _echo_trained(result)
 
