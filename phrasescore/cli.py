@@ -126,6 +126,17 @@ def _options(*decorators):
     return apply
 
 
+scoring_option = click.option(
+    "--scoring",
+    type=click.Choice(["exact", "self-normalized"]),
+    default="exact",
+    show_default=True,
+    help="exact: the softmax over the whole target vocabulary. self-normalized: for a model "
+    "trained with --self-normalize only: log p ~ the sum of the target words' logits, no "
+    "softmax (faster; log p > 0 is clamped to 0; README: Self-normalised scoring).",
+)
+
+
 def _ini_options():
     """``--moses-ini/--ini-out/--ini-table/--weight`` of rescore and merge-shards."""
     return _options(
@@ -468,6 +479,7 @@ def info(model_path):
     help="Leave the end-of-sequence term out of log p: the target words alone (for a "
     "sentence-trained model scoring phrase fragments; README: Which model to train).",
 )
+@scoring_option
 @ini_options
 @device_option
 @click.option(
@@ -519,6 +531,7 @@ def rescore(
     logprob,
     unk_column,
     no_eos,
+    scoring,
     moses_ini,
     ini_out,
     ini_table,
@@ -550,6 +563,7 @@ def rescore(
         batch_tokens=batch_tokens,
         chunk_lines=chunk_lines,
         max_phrase_length=max_phrase_length,
+        scoring=scoring,
     )
     job = run_rescore(
         table,
@@ -577,7 +591,8 @@ def rescore(
     click.echo(
         f"phrasescore: rescored {result.lines} lines{resumed}, {result.distinct_sources} distinct "
         f"sources, {result.seconds:.1f} s, {result.pairs_per_second:.0f} pairs/s, "
-        f"+{result.new_columns} column(s) -> {output}"
+        f"+{result.new_columns} column(s) -> {output}, {result.scoring} scoring"
+        + (f" ({result.clamped} score(s) clamped at p = 1)" if result.clamped else "")
         + (
             f", {result.too_long} over --max-phrase-length (floor value)" if result.too_long else ""
         ),
@@ -619,6 +634,7 @@ def merge_shards(parts, output, moses_ini, ini_out, ini_table, weight):
 @click.option("--weights", help="moses.ini or 'Name= w ...' file: re-rank each id's hypotheses.")
 @click.option("--one-best", is_flag=True, help="With --weights: print the best hypothesis per id.")
 @click.option("--batch-tokens", type=POSITIVE, default=8192, show_default=True, help="Per batch.")
+@scoring_option
 @device_option
 @threads_option
 @no_progress_option
@@ -635,6 +651,7 @@ def nbest(
     weights,
     one_best,
     batch_tokens,
+    scoring,
     device,
     no_progress,
 ):
@@ -652,14 +669,20 @@ def nbest(
         batch_tokens=batch_tokens,
         lm=lm,
         lm_name=lm_name,
+        scoring=scoring,
     )
     result = rescore_nbest(
         nbest_path, source, model_path, output, options, device=device, progress=not no_progress
     )
     changed = "" if result.changed is None else f", best hypothesis changed for {result.changed}"
+    mode = ""
+    if model_path:
+        mode = f", {scoring} scoring" + (
+            f" ({result.clamped} clamped at log p = 0)" if result.clamped else ""
+        )
     click.echo(
         f"phrasescore: {result.hypotheses} hypotheses of {result.sentences} sentences, "
-        f"{result.seconds:.1f} s{changed} -> {result.output}",
+        f"{result.seconds:.1f} s{changed}{mode} -> {result.output}",
         err=True,
     )
 

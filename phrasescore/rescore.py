@@ -61,7 +61,13 @@ from phrasescore.moses.phrase_table import (
     probability_from_logprob,
     read_phrase_table,
 )
-from phrasescore.scoring import PairScorer, ScoredPairs, phrase_tokens
+from phrasescore.scoring import (
+    SELF_NORMALIZED,
+    PairScorer,
+    ScoredPairs,
+    check_scoring,
+    phrase_tokens,
+)
 from phrasescore.shards import Shard, check_parts, manifest_path, merge_shards, write_manifest
 
 log = logging.getLogger(__name__)
@@ -81,6 +87,8 @@ class RescoreOptions:
     batch_tokens: int = 8192
     chunk_lines: int = 50000
     max_phrase_length: int = 100
+    scoring: str = "exact"
+    """``exact`` or ``self-normalized`` (:mod:`phrasescore.scoring`): the model columns only."""
 
     def key(self) -> dict:
         return dict(self.__dict__)
@@ -98,6 +106,10 @@ class RescoreResult:
     resumed_from_line: int = 0
     too_long: int = 0
     """Pairs with a phrase over ``max_phrase_length`` tokens, given the floor value unscored."""
+    scoring: str = "exact"
+    clamped: int = 0
+    """Self-normalized scoring: model scores of this run above log p = 0, clamped to p = 1
+    (summed over the model columns; lines done before a ``--resume`` are not counted)."""
 
     @property
     def pairs_per_second(self) -> float:
@@ -366,7 +378,7 @@ def rescore_table(
     # Load everything before writing anything: a bad model leaves no output behind.
     dev = resolve_device(device)
     options.dtype = resolve_dtype(options.dtype, dev)  # 'auto' fixed here: part of the resume key
-    log.info("device %s, dtype %s", dev, options.dtype)
+    log.info("device %s, dtype %s, scoring %s", dev, options.dtype, options.scoring)
     columns = NewColumns.load(
         model_paths, models, inverse_model_paths or [], lm_paths or [], options, dev
     )
@@ -415,6 +427,8 @@ def rescore_table(
             signatures=columns.signatures,
             resumed_from_line=start_line,
             too_long=counter.too_long,
+            scoring=options.scoring,
+            clamped=columns.clamped(),
         )
         if before_publish is not None:
             before_publish(result)
@@ -434,6 +448,12 @@ def rescore_table(
             "floor value exp(-100) without scoring",
             result.too_long,
             options.max_phrase_length,
+        )
+    if result.clamped:
+        log.info(
+            "self-normalized scoring: %d model score(s) had log p > 0 (sum of target logits), "
+            "clamped to p = 1",
+            result.clamped,
         )
     _log_result(result)
     return result
@@ -549,6 +569,7 @@ class NewColumns:
                 dtype=options.dtype,
                 batch_tokens=options.batch_tokens,
                 include_eos=not options.no_eos,
+                scoring=options.scoring,
             )
             for m in models
         ]
@@ -558,6 +579,7 @@ class NewColumns:
         self.names = [
             f"phrasescore{'-inverse' if inverse else ''}:{m.signature}"
             + ("+no-eos" if options.no_eos else "")
+            + ("+self-normalized" if options.scoring == SELF_NORMALIZED else "")
             for m, inverse in zip(models, directions, strict=True)
         ]
         self.names += [column.name for column in lm_columns]
@@ -575,6 +597,12 @@ class NewColumns:
                 raise InputError("give at least one --model (or --lm)")
             models = [load_model(path, device) for path in model_paths]
         inverse_models = [load_model(path, device) for path in inverse_paths]
+        named = list(model_paths) + list(inverse_paths)
+        loaded = list(models) + inverse_models
+        for model, path in zip(
+            loaded, named if len(named) == len(loaded) else [None] * len(loaded), strict=True
+        ):
+            check_scoring(model, options.scoring, path)  # before any output is written
         check_directions(models, inverse_models, model_paths, inverse_paths)
         directions = [False] * len(models) + [True] * len(inverse_models)
         columns = cls(list(models) + inverse_models, directions, lm_columns, options, device)
@@ -612,6 +640,10 @@ class NewColumns:
                 100 * given,
                 hint,
             )
+
+    def clamped(self) -> int:
+        """Model scores clamped at log p = 0 so far (self-normalized scoring)."""
+        return sum(scorer.clamped for scorer in self.scorers)
 
     def identity(self, table: str) -> dict:
         """What a partial output was made from: input, models, flags (the resume key)."""
@@ -876,6 +908,7 @@ def _run_torchrun(launch, score, table, output, device, progress) -> RescoreResu
             result = score(part, device=str(dev), progress=progress and launch.is_main, shard=shard)
         distinct_sources = distributed.all_sum(result.distinct_sources if result else 0)
         too_long = distributed.all_sum(result.too_long if result else 0)
+        clamped = distributed.all_sum(result.clamped if result else 0)
         if launch.is_main:
             parts = [
                 shard_part_path(output, Shard(k, shard.count)) for k in range(1, shard.count + 1)
@@ -893,6 +926,8 @@ def _run_torchrun(launch, score, table, output, device, progress) -> RescoreResu
                 column_names=merged.column_names,
                 signatures=merged.manifest["job"]["models"],
                 too_long=too_long,
+                scoring=merged.manifest["job"]["options"].get("scoring", "exact"),
+                clamped=clamped,
             )
             log.info(
                 "torchrun: %d ranks rescored %d lines in %.1f s, %.0f pairs/s",

@@ -79,6 +79,8 @@ class NBestOptions:
     lm: str | None = None
     """A CSLM file (``phrasescore train-lm``): also add ``lm_name= log p(hypothesis)``."""
     lm_name: str = "CSLM0"
+    scoring: str = "exact"
+    """``exact`` or ``self-normalized`` (:mod:`phrasescore.scoring`; the model's feature only)."""
 
 
 @dataclass
@@ -89,6 +91,8 @@ class NBestResult:
     seconds: float
     changed: int | None = None
     """With weights: ids whose best hypothesis is not the one with the best original total."""
+    clamped: int = 0
+    """Self-normalized scoring: hypotheses whose log p was above 0, clamped to 0."""
 
     @property
     def hypotheses_per_second(self) -> float:
@@ -159,7 +163,9 @@ def rescore_nbest(
     weights = _read_weights(options.weights, names) if options.weights else None
     sources = read_source(source)
     dev = resolve_device(device)
-    features = _features(options, dev, model_for(model, model_path, dev) if with_model else None)
+    features, scorer = _features(
+        options, dev, model_for(model, model_path, dev) if with_model else None, model_path
+    )
     writer = _Writer(options, weights, len(sources))
     started = time.monotonic()
     bar = tqdm(disable=not progress, unit=" hyps", unit_scale=True, dynamic_ncols=True)
@@ -187,6 +193,7 @@ def rescore_nbest(
         writer.hypotheses,
         seconds,
         writer.changed if weights else None,
+        scorer.clamped if scorer is not None else 0,
     )
     log.info(
         "%d hypotheses of %d sentences scored in %.1f s (%.0f hypotheses/s)%s",
@@ -234,10 +241,11 @@ def _read_weights(path: str, names: list[str]) -> dict[str, list[float]]:
     return weights
 
 
-def _features(options: NBestOptions, device, model: TrainedModel | None):
+def _features(options: NBestOptions, device, model: TrainedModel | None, model_path=None):
     """(name, score(sources, hypotheses) -> values) of each feature to add, in line order:
-    the CSLM's first, then the model's."""
+    the CSLM's first, then the model's; and the model's scorer (None without a model)."""
     features = []
+    scorer = None
     if options.lm:
         lm = load_lm(options.lm, device)
         lm_scorer = LMScorer(lm, device)
@@ -248,15 +256,26 @@ def _features(options: NBestOptions, device, model: TrainedModel | None):
             (options.lm_name, lambda srcs, hyps: lm_scorer.score_sentences(hyps).logprob)
         )
     if model is not None:
-        scorer = PairScorer(model, device=device, batch_tokens=options.batch_tokens)
-        log.info("n-best rescoring with model %s, feature %s", model.signature, options.name)
+        scorer = PairScorer(
+            model,
+            device=device,
+            batch_tokens=options.batch_tokens,
+            scoring=options.scoring,
+            model_path=model_path,
+        )
+        log.info(
+            "n-best rescoring with model %s, feature %s, %s scoring",
+            model.signature,
+            options.name,
+            options.scoring,
+        )
 
         def model_values(srcs, hyps):
             scored = scorer.score_phrases(srcs, hyps)
             return scored.logprob / scored.n_tokens if options.normalize else scored.logprob
 
         features.append((options.name, model_values))
-    return features
+    return features, scorer
 
 
 def _regroup(entries: list[NBestEntry], block: list[list[NBestEntry]]) -> list[list[NBestEntry]]:

@@ -656,7 +656,9 @@ class Trainer:
 
     def _validate_here(self, run: _Run) -> str:
         position = run.position
-        validation = evaluate(run.network, run.valid, self.device, max(self.tcfg.batch_tokens, 2000))
+        validation = evaluate(
+            run.network, run.valid, self.device, max(self.tcfg.batch_tokens, 2000)
+        )
         ppl = validation.perplexity
         window_nll, window_tokens = run.window_nll, run.window_tokens
         run.window_nll, run.window_tokens = 0.0, 0

@@ -57,6 +57,7 @@ class LossTerms(NamedTuple):
     abs_log_z: Tensor | None
     """Σ_t |log Z_t| (detached) when asked for or when α > 0, else None."""
 
+
 log = logging.getLogger(__name__)
 
 
