@@ -134,6 +134,39 @@ def test_a_model_file_without_the_field_loads_as_alpha_0(tiny_model_path, tmp_pa
     assert "--self-normalize" in error
 
 
+@pytest.mark.parametrize("arch", ["cho", "lstm", "attention"])
+def test_the_objective_adds_alpha_log_z_squared_per_token(arch):
+    """objective = NLL + α Σ_t (log Z_t)² over the real tokens (Devlin et al. 2014), the NLL
+    unchanged by it, and the output biases start at -log V (log Z near 0)."""
+    model = _random_model(arch, alpha=0.3, biases=None)
+    net = model.network.train()
+    sources, targets = table_pairs()
+    src = [model.src_vocab.encode_batch([s.split()])[0] + [EOS_ID] for s in sources[:6]]
+    tgt = [model.tgt_vocab.encode_batch([t.split()])[0] for t in targets[:6]]
+    width, length = max(map(len, src)), max(map(len, tgt)) + 1
+    src_t = torch.tensor([s + [0] * (width - len(s)) for s in src])
+    tgt_in = torch.tensor([[BOS_ID, *t] + [0] * (length - 1 - len(t)) for t in tgt])
+    tgt_out = torch.tensor([[*t, EOS_ID] + [0] * (length - 1 - len(t)) for t in tgt])
+    lengths = torch.tensor([len(s) for s in src])
+    mask = tgt_out != 0
+    terms = net.loss_terms(src_t, lengths, tgt_in, tgt_out, mask)
+    logits = net.logits(net.decode_features(net.encode(src_t, lengths), tgt_in)[mask]).float()
+    log_z = torch.logsumexp(logits, 1)
+    nll = -(torch.log_softmax(logits, 1).gather(1, tgt_out[mask][:, None])).sum()
+    torch.testing.assert_close(terms.nll, nll.detach(), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(
+        terms.objective, nll + 0.3 * log_z.square().sum(), rtol=1e-5, atol=1e-4
+    )
+    torch.testing.assert_close(terms.abs_log_z, log_z.abs().sum().detach(), rtol=1e-5, atol=1e-4)
+    assert float(log_z.abs().mean()) < 0.5  # biases -log V: log Z starts near 0, not log V
+    terms.objective.backward()
+    assert net.out_vocab.bias.grad is not None
+    model.network.config.self_normalize = 0.0  # α = 0: the objective is the NLL alone
+    plain = net.loss_terms(src_t, lengths, tgt_in, tgt_out, mask)
+    assert plain.abs_log_z is None
+    torch.testing.assert_close(plain.objective, nll, rtol=1e-5, atol=1e-4)
+
+
 def test_negative_alpha_is_a_usage_error(tmp_path, corpus_files):
     proc = run_cli(
         "train", *corpus_files, "-o", tmp_path / "m.safetensors", "--self-normalize", "-1"
@@ -197,20 +230,22 @@ def test_resume_with_the_penalty_is_exact(tmp_path, arch):
 
 
 # ---------------------------------------------------------------------------- scoring
-def _random_model(arch: str) -> TrainedModel:
+def _random_model(arch: str, alpha: float = 0.1, biases: float | None = 1.5) -> TrainedModel:
     """A random network of the tiny preset with α recorded, on the sample table's words; the
-    output biases alternate +1.5 / -1.5 so that some pairs' logit sums are above 0."""
+    output biases alternate +``biases`` / -``biases`` so that some pairs' logit sums are above 0
+    (None: as initialised)."""
     sources, targets = table_pairs()
     mcfg, _ = preset("tiny", arch)
     src_vocab = WordVocabulary.build(s.split() for s in sources)
     tgt_vocab = WordVocabulary.build(t.split() for t in targets)
     mcfg.src_vocab_size, mcfg.tgt_vocab_size = len(src_vocab), len(tgt_vocab)
-    mcfg.self_normalize = 0.1
+    mcfg.self_normalize = alpha
     torch.manual_seed(4)
     network = build_network(mcfg).eval()
-    with torch.no_grad():
-        signs = 1.0 - 2.0 * (torch.arange(mcfg.tgt_vocab_size) % 2)
-        network.out_vocab.bias.copy_(1.5 * signs)
+    if biases is not None:
+        with torch.no_grad():
+            signs = 1.0 - 2.0 * (torch.arange(mcfg.tgt_vocab_size) % 2)
+            network.out_vocab.bias.copy_(biases * signs)
     return TrainedModel(
         network, src_vocab, tgt_vocab, TextNormalizer("en"), TextNormalizer("fr"), {}
     )
@@ -315,3 +350,47 @@ def test_nbest_self_normalized_feature(sn_model_path, tmp_path):
         "--no-progress",
     )  # fmt: skip
     assert exact.returncode == 0 and (tmp_path / "e.gz").read_bytes() != out.read_bytes()
+
+
+# ---------------------------------------------------------------------------- torchrun
+SN_TRAIN_SCRIPT = """
+import sys
+from tests.conftest import train_tiny
+path, src, tgt = sys.argv[1:4]
+train_tiny(path, src, tgt, max_steps=8, valid_every=4, optimizer="sgd", learning_rate=0.5,
+           seed=5, model_overrides={"self_normalize": 0.5})
+"""
+
+
+def test_ddp_training_with_the_penalty_equals_one_process(tmp_path, corpus_files, monkeypatch):
+    """The penalty is part of the objective DDP averages: 2 gloo ranks give the weights and
+    perplexities of one process on the same global batches (tolerances of
+    tests/test_distributed.py: float32 summation order only)."""
+    import phrasescore.train as train
+
+    from .test_distributed import _GlobalBatches, torchrun
+
+    script = tmp_path / "train_script.py"
+    script.write_text(SN_TRAIN_SCRIPT)
+    ddp_path = tmp_path / "ddp.safetensors"
+    result = torchrun(script, ddp_path, *corpus_files)
+    assert result.returncode == 0, result.stderr
+    ddp = torch.load(str(ddp_path) + ".checkpoint", weights_only=True)
+
+    real = train.TokenBudgetBatcher
+    monkeypatch.setattr(train, "TokenBudgetBatcher", lambda *a, **k: _GlobalBatches(real(*a, **k)))
+    one_path = tmp_path / "one.safetensors"
+    train_tiny(
+        one_path, *corpus_files, max_steps=8, valid_every=4, optimizer="sgd", learning_rate=0.5,
+        seed=5, model_overrides={"self_normalize": 0.5},
+    )  # fmt: skip
+    one = torch.load(str(one_path) + ".checkpoint", weights_only=True)
+    for name, value in one["network"].items():
+        torch.testing.assert_close(ddp["network"][name], value, atol=1e-5, rtol=1e-4)
+    ddp_hist = json.loads(ddp["meta"])["position"]["history"]
+    one_hist = json.loads(one["meta"])["position"]["history"]
+    assert len(ddp_hist) == len(one_hist) == 2
+    for a, b in zip(ddp_hist, one_hist, strict=True):
+        assert a["valid_ppl"] == pytest.approx(b["valid_ppl"], rel=1e-5)
+        assert a["valid_abs_log_z"] == pytest.approx(b["valid_abs_log_z"], rel=1e-5)
+    assert load_model(str(ddp_path)).config.self_normalize == 0.5
