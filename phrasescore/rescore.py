@@ -378,10 +378,10 @@ def rescore_table(
     # Load everything before writing anything: a bad model leaves no output behind.
     dev = resolve_device(device)
     options.dtype = resolve_dtype(options.dtype, dev)  # 'auto' fixed here: part of the resume key
-    log.info("device %s, dtype %s, scoring %s", dev, options.dtype, options.scoring)
     columns = NewColumns.load(
         model_paths, models, inverse_model_paths or [], lm_paths or [], options, dev
     )
+    log.info("device %s, dtype %s, scoring %s", dev, options.dtype, options.scoring)
     identity = columns.identity(table)
     if shard is not None:
         identity["shard"] = [shard.index, shard.count]
