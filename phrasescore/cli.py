@@ -133,7 +133,7 @@ scoring_option = click.option(
     show_default=True,
     help="exact: the softmax over the whole target vocabulary. self-normalized: for a model "
     "trained with --self-normalize only: log p ~ the sum of the target words' logits, no "
-    "softmax (faster; log p > 0 is clamped to 0; README: Self-normalised scoring).",
+    "softmax (faster, approximate; log p > 0 is clamped to 0; README: rescore --scoring).",
 )
 
 
@@ -305,7 +305,8 @@ def _no_progress_monitor_thread() -> None:
     "--self-normalize",
     "self_normalize",
     type=click.FloatRange(min=0.0),
-    help="ALPHA: add ALPHA (log Z)² per target token to the loss (Devlin et al. 2014), so that "
+    metavar="ALPHA",
+    help="Add ALPHA (log Z)² per target token to the loss (Devlin et al. 2014), so that "
     "rescore/nbest --scoring self-normalized can skip the softmax; 0 (default): off. Devlin et "
     "al. used 0.1. Stored in the model.",
 )
