@@ -124,6 +124,12 @@ class TrainedModel:
             "architecture": self.config.arch,
             "parameters": params,
             "config": self.config.to_dict(),
+            "self-normalization": (
+                f"alpha {self.config.self_normalize:g} (Devlin et al. 2014): rescore/nbest "
+                "--scoring self-normalized available"
+                if self.config.self_normalize
+                else "off (exact scoring only)"
+            ),
             "source vocabulary": f"{self.src_vocab.kind}, {len(self.src_vocab)} entries",
             "target vocabulary": f"{self.tgt_vocab.kind}, {len(self.tgt_vocab)} entries",
             "source text": self.src_text.to_state(),

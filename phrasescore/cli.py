@@ -143,6 +143,17 @@ def _options(*decorators):
     return apply
 
 
+scoring_option = click.option(
+    "--scoring",
+    type=click.Choice(["exact", "self-normalized"]),
+    default="exact",
+    show_default=True,
+    help="exact: the softmax over the whole target vocabulary. self-normalized: for a model "
+    "trained with --self-normalize only: log p ~ the sum of the target words' logits, no "
+    "softmax (faster, approximate; log p > 0 is clamped to 0; README: rescore --scoring).",
+)
+
+
 def _ini_options():
     """``--moses-ini/--ini-out/--ini-table/--weight`` of rescore and merge-shards."""
     return _options(
@@ -307,6 +318,15 @@ def _no_progress_monitor_thread() -> None:
 @click.option(
     "--no-reverse", is_flag=True, help="lstm: read the source in its own order, not reversed."
 )
+@click.option(
+    "--self-normalize",
+    "self_normalize",
+    type=click.FloatRange(min=0.0),
+    metavar="ALPHA",
+    help="Add ALPHA (log Z)² per target token to the loss (Devlin et al. 2014), so that "
+    "rescore/nbest --scoring self-normalized can skip the softmax; 0 (default): off. Devlin et "
+    "al. used 0.1. Stored in the model.",
+)
 @click.option("--src-lang", default="en", show_default=True, help="Source language (tokeniser).")
 @click.option("--tgt-lang", default="fr", show_default=True, help="Target language (tokeniser).")
 @text_options
@@ -340,6 +360,7 @@ def train(
     arch,
     layers,
     no_reverse,
+    self_normalize,
     src_lang,
     tgt_lang,
     tokenize,
@@ -369,7 +390,11 @@ def train(
         resume=resume,
         overrides=_train_overrides(settings),
         arch=arch,
-        model_overrides=dict(layers=layers, reverse_source=False if no_reverse else None),
+        model_overrides=dict(
+            layers=layers,
+            reverse_source=False if no_reverse else None,
+            self_normalize=self_normalize,
+        ),
     )
     _echo_trained(result)
 
@@ -472,6 +497,7 @@ def info(model_path):
     help="Leave the end-of-sequence term out of log p: the target words alone (for a "
     "sentence-trained model scoring phrase fragments; README: Which model to train).",
 )
+@scoring_option
 @ini_options
 @device_option
 @click.option(
@@ -523,6 +549,7 @@ def rescore(
     logprob,
     unk_column,
     no_eos,
+    scoring,
     moses_ini,
     ini_out,
     ini_table,
@@ -553,6 +580,7 @@ def rescore(
         batch_tokens=batch_tokens,
         chunk_lines=chunk_lines,
         max_phrase_length=max_phrase_length,
+        scoring=scoring,
     )
     job = run_rescore(
         table,
@@ -580,7 +608,8 @@ def rescore(
     click.echo(
         f"phrasescore: rescored {result.lines} lines{resumed}, {result.distinct_sources} distinct "
         f"sources, {result.seconds:.1f} s, {result.pairs_per_second:.0f} pairs/s, "
-        f"+{result.new_columns} column(s) -> {output}"
+        f"+{result.new_columns} column(s) -> {output}, {result.scoring} scoring"
+        + (f" ({result.clamped} score(s) clamped at p = 1)" if result.clamped else "")
         + (
             f", {result.too_long} over --max-phrase-length (floor value)" if result.too_long else ""
         ),
@@ -641,6 +670,7 @@ def merge_shards(parts, output, moses_ini, ini_out, ini_table, weight):
     help="Score only part K of N (chunks i with i % N = K-1) and write a manifest beside -o; "
     "join the parts with merge-shards.",
 )
+@scoring_option
 @device_option
 @threads_option
 @no_progress_option
@@ -659,6 +689,7 @@ def nbest(
     batch_tokens,
     chunk_lines,
     shard,
+    scoring,
     device,
     no_progress,
 ):
@@ -678,6 +709,7 @@ def nbest(
         batch_tokens=batch_tokens,
         lm=lm,
         lm_name=lm_name,
+        scoring=scoring,
     )
     result = run_nbest(
         nbest_path,
@@ -692,9 +724,14 @@ def nbest(
     if _not_rank_0():
         return
     changed = "" if result.changed is None else f", best hypothesis changed for {result.changed}"
+    mode = ""
+    if model_path:
+        mode = f", {scoring} scoring" + (
+            f" ({result.clamped} clamped at log p = 0)" if result.clamped else ""
+        )
     click.echo(
         f"phrasescore: {result.hypotheses} hypotheses of {result.sentences} sentences, "
-        f"{result.seconds:.1f} s{changed} -> {result.output}",
+        f"{result.seconds:.1f} s{changed}{mode} -> {result.output}",
         err=True,
     )
 

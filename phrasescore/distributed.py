@@ -115,18 +115,20 @@ def start_job(device: str) -> tuple[Launch | None, torch.device]:
 
 
 class _Loss(torch.nn.Module):
-    """``network.loss`` as ``forward``, so that DistributedDataParallel sees the call."""
+    """``network.loss_terms`` as ``forward``, so that DistributedDataParallel sees the call
+    (the self-normalisation penalty, part of the objective, is averaged with the NLL)."""
 
     def __init__(self, network: torch.nn.Module):
         super().__init__()
         self.network = network
 
     def forward(self, *args):
-        return self.network.loss(*args)
+        return self.network.loss_terms(*args)
 
 
 def data_parallel_loss(network: torch.nn.Module, device: torch.device):
-    """``network.loss`` wrapped in DistributedDataParallel (gradients averaged over ranks)."""
+    """``network.loss_terms`` wrapped in DistributedDataParallel (gradients averaged over
+    ranks)."""
     from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [device] if device.type == "cuda" else None

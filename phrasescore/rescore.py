@@ -61,7 +61,13 @@ from phrasescore.moses.phrase_table import (
     probability_from_logprob,
     read_phrase_table,
 )
-from phrasescore.scoring import PairScorer, ScoredPairs, phrase_tokens
+from phrasescore.scoring import (
+    SELF_NORMALIZED,
+    PairScorer,
+    ScoredPairs,
+    check_scoring,
+    phrase_tokens,
+)
 from phrasescore.shards import (
     PHRASE_TABLE,
     Shard,
@@ -89,6 +95,8 @@ class RescoreOptions:
     batch_tokens: int = 8192
     chunk_lines: int = 10000
     max_phrase_length: int = 100
+    scoring: str = "exact"
+    """``exact`` or ``self-normalized`` (:mod:`phrasescore.scoring`): the model columns only."""
 
     def key(self) -> dict:
         return dict(self.__dict__)
@@ -106,6 +114,10 @@ class RescoreResult:
     resumed_from_line: int = 0
     too_long: int = 0
     """Pairs with a phrase over ``max_phrase_length`` tokens, given the floor value unscored."""
+    scoring: str = "exact"
+    clamped: int = 0
+    """Self-normalized scoring: model scores of this run above log p = 0, clamped to p = 1
+    (summed over the model columns; lines done before a ``--resume`` are not counted)."""
 
     @property
     def pairs_per_second(self) -> float:
@@ -374,10 +386,10 @@ def rescore_table(
     # Load everything before writing anything: a bad model leaves no output behind.
     dev = resolve_device(device)
     options.dtype = resolve_dtype(options.dtype, dev)  # 'auto' fixed here: part of the resume key
-    log.info("device %s, dtype %s", dev, options.dtype)
     columns = NewColumns.load(
         model_paths, models, inverse_model_paths or [], lm_paths or [], options, dev
     )
+    log.info("device %s, dtype %s, scoring %s", dev, options.dtype, options.scoring)
     identity = columns.identity(table)
     if shard is not None:
         identity["shard"] = [shard.index, shard.count]
@@ -435,6 +447,8 @@ def rescore_table(
             signatures=columns.signatures,
             resumed_from_line=start_line,
             too_long=counter.too_long,
+            scoring=options.scoring,
+            clamped=columns.clamped(),
         )
         if before_publish is not None:
             before_publish(result)
@@ -454,6 +468,12 @@ def rescore_table(
             "floor value exp(-100) without scoring",
             result.too_long,
             options.max_phrase_length,
+        )
+    if result.clamped:
+        log.info(
+            "self-normalized scoring: %d model score(s) had log p > 0 (sum of target logits), "
+            "clamped to p = 1",
+            result.clamped,
         )
     _log_result(result)
     return result
@@ -588,6 +608,7 @@ class NewColumns:
                 dtype=options.dtype,
                 batch_tokens=options.batch_tokens,
                 include_eos=not options.no_eos,
+                scoring=options.scoring,
             )
             for m in models
         ]
@@ -597,6 +618,7 @@ class NewColumns:
         self.names = [
             f"phrasescore{'-inverse' if inverse else ''}:{m.signature}"
             + ("+no-eos" if options.no_eos else "")
+            + ("+self-normalized" if options.scoring == SELF_NORMALIZED else "")
             for m, inverse in zip(models, directions, strict=True)
         ]
         self.names += [column.name for column in lm_columns]
@@ -614,6 +636,12 @@ class NewColumns:
                 raise InputError("give at least one --model (or --lm)")
             models = [load_model(path, device) for path in model_paths]
         inverse_models = [load_model(path, device) for path in inverse_paths]
+        named = list(model_paths) + list(inverse_paths)
+        loaded = list(models) + inverse_models
+        for model, path in zip(
+            loaded, named if len(named) == len(loaded) else [None] * len(loaded), strict=True
+        ):
+            check_scoring(model, options.scoring, path)  # before any output is written
         check_directions(models, inverse_models, model_paths, inverse_paths)
         directions = [False] * len(models) + [True] * len(inverse_models)
         columns = cls(list(models) + inverse_models, directions, lm_columns, options, device)
@@ -651,6 +679,10 @@ class NewColumns:
                 100 * given,
                 hint,
             )
+
+    def clamped(self) -> int:
+        """Model scores clamped at log p = 0 so far (self-normalized scoring)."""
+        return sum(scorer.clamped for scorer in self.scorers)
 
     def identity(self, table: str) -> dict:
         """What a partial output was made from: input, models, flags (the resume key)."""
@@ -900,13 +932,13 @@ def _run_torchrun(launch, score, table, output, device, progress) -> RescoreResu
     def score_part(part: str, dev: str, shard: Shard) -> RescoreResult:
         return score(part, device=dev, progress=progress and launch.is_main, shard=shard)
 
-    result, merged, (too_long,) = run_on_ranks(
+    result, merged, (too_long, clamped) = run_on_ranks(
         launch,
         device,
         output,
         score_part,
         keep_finished=score.keywords["resume"],
-        sums=lambda result: [result.too_long if result else 0],
+        sums=lambda result: [result.too_long, result.clamped] if result else [0, 0],
     )
     if merged is None:
         return result
@@ -920,6 +952,8 @@ def _run_torchrun(launch, score, table, output, device, progress) -> RescoreResu
         column_names=merged.column_names,
         signatures=merged.manifest["job"]["models"],
         too_long=too_long,
+        scoring=merged.manifest["job"]["options"].get("scoring", "exact"),
+        clamped=clamped,
     )
     log.info(
         "torchrun: %d ranks rescored %d lines in %.1f s, %.0f pairs/s",

@@ -98,6 +98,8 @@ class NBestOptions:
     lm: str | None = None
     """A CSLM file (``phrasescore train-lm``): also add ``lm_name= log p(hypothesis)``."""
     lm_name: str = "CSLM0"
+    scoring: str = "exact"
+    """``exact`` or ``self-normalized`` (:mod:`phrasescore.scoring`; the model's feature only)."""
 
 
 @dataclass
@@ -108,6 +110,8 @@ class NBestResult:
     seconds: float
     changed: int | None = None
     """With weights: ids whose best hypothesis is not the one with the best original total."""
+    clamped: int = 0
+    """Self-normalized scoring: hypotheses whose log p was above 0, clamped to 0."""
 
     @property
     def hypotheses_per_second(self) -> float:
@@ -182,8 +186,8 @@ def rescore_nbest(
     weights = _read_weights(options.weights, names) if options.weights else None
     sources = read_source(source)
     dev = resolve_device(device)
-    features, signatures = _features(
-        options, dev, model_for(model, model_path, dev) if with_model else None
+    features, signatures, scorer = _features(
+        options, dev, model_for(model, model_path, dev) if with_model else None, model_path
     )
     writer = _Writer(options, weights, len(sources))
     plan: list[int] = []  # the lines of every block of the list (a shard's manifest)
@@ -196,6 +200,7 @@ def rescore_nbest(
             "options": {
                 "normalize": options.normalize,
                 "batch_tokens": options.batch_tokens,
+                "scoring": options.scoring,
                 "weights": weights,
             },
             "source": {
@@ -260,6 +265,7 @@ def rescore_nbest(
         writer.hypotheses,
         seconds,
         writer.changed if weights else None,
+        scorer.clamped if scorer is not None else 0,
     )
     log.info(
         "%d hypotheses of %d sentences scored in %.1f s (%.0f hypotheses/s)%s",
@@ -382,11 +388,13 @@ def _read_weights(path: str, names: list[str]) -> dict[str, list[float]]:
     return weights
 
 
-def _features(options: NBestOptions, device, model: TrainedModel | None):
+def _features(options: NBestOptions, device, model: TrainedModel | None, model_path=None):
     """(name, score(sources, hypotheses) -> values) of each feature to add, in line order:
-    the CSLM's first, then the model's; and the signatures of the LM and model."""
+    the CSLM's first, then the model's; the signatures of the LM and model; and the model's
+    scorer (None without a model)."""
     features = []
     signatures: dict[str, list[str]] = {"lms": [], "models": []}
+    scorer = None
     if options.lm:
         lm = load_lm(options.lm, device)
         signatures["lms"].append(lm.signature)
@@ -399,15 +407,26 @@ def _features(options: NBestOptions, device, model: TrainedModel | None):
         )
     if model is not None:
         signatures["models"].append(model.signature)
-        scorer = PairScorer(model, device=device, batch_tokens=options.batch_tokens)
-        log.info("n-best rescoring with model %s, feature %s", model.signature, options.name)
+        scorer = PairScorer(
+            model,
+            device=device,
+            batch_tokens=options.batch_tokens,
+            scoring=options.scoring,
+            model_path=model_path,
+        )
+        log.info(
+            "n-best rescoring with model %s, feature %s, %s scoring",
+            model.signature,
+            options.name,
+            options.scoring,
+        )
 
         def model_values(srcs, hyps):
             scored = scorer.score_phrases(srcs, hyps)
             return scored.logprob / scored.n_tokens if options.normalize else scored.logprob
 
         features.append((options.name, model_values))
-    return features, signatures
+    return features, signatures, scorer
 
 
 def _regroup(entries: list[NBestEntry], block: list[list[NBestEntry]]) -> list[list[NBestEntry]]:

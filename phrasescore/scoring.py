@@ -18,6 +18,17 @@ bytes; different batch sizes change float32 sums only in the last digits (< 1e-4
 
 log p(y | x) = Σ_t log p(y_t | y_<t, x) over the target tokens *including* the end-of-sequence
 symbol (Cho et al. 2014, eq. 4).
+
+Scoring modes (``scoring``):
+
+``exact``            (default) the softmax over the whole target vocabulary, step 3 above.
+``self-normalized``  for a model trained with ``--self-normalize`` α > 0 only: log p(y | x) ≈
+                     Σ_t u_{y_t}, the sum of the target words' logits (Devlin et al. 2014, §2.1:
+                     the penalty keeps log Z near 0), one row of the output matrix per token
+                     (:meth:`~phrasescore.model.base.EncoderDecoder.target_logits`) instead of
+                     the [tokens x vocabulary] product. The sum can be above 0: each pair's log p
+                     is clamped at 0 (p ≤ 1) and the clamped pairs are counted
+                     (:attr:`PairScorer.clamped`).
 """
 
 from __future__ import annotations
@@ -30,6 +41,7 @@ import numpy as np
 import torch
 
 from phrasescore.bundle import TrainedModel
+from phrasescore.errors import InputError
 from phrasescore.hardware import resolve_dtype
 from phrasescore.model.base import EncoderDecoder, EncoderOutput, select_rows
 from phrasescore.text.vocab import BOS_ID, EOS_ID
@@ -37,6 +49,24 @@ from phrasescore.text.vocab import BOS_ID, EOS_ID
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+EXACT = "exact"
+SELF_NORMALIZED = "self-normalized"
+SCORING_MODES = (EXACT, SELF_NORMALIZED)
+"""The values of ``--scoring`` (see the module docstring)."""
+
+
+def check_scoring(model: TrainedModel, scoring: str, path: str | None = None) -> None:
+    """Refuse a scoring mode the model cannot give: ``self-normalized`` needs a model trained
+    with ``--self-normalize`` α > 0 (for any other model the logits are not log-probabilities)."""
+    if scoring not in SCORING_MODES:
+        raise InputError(f"unknown scoring mode {scoring!r} (one of {', '.join(SCORING_MODES)})")
+    if scoring == SELF_NORMALIZED and not model.config.self_normalize > 0:
+        raise InputError(
+            f"--scoring {SELF_NORMALIZED} needs a model trained with --self-normalize ALPHA > 0; "
+            f"model {model.signature or '(unsaved)'} was trained without it (use --scoring exact)",
+            path,
+        )
 
 
 def phrase_tokens(normalizer, phrase: str) -> list[str]:
@@ -53,6 +83,7 @@ class ScoredPairs:
     """Scores of a block of pairs, in input order."""
 
     logprob: np.ndarray  # float64 [N]: log p(y | x), EOS included unless include_eos=False
+    # (self-normalized scoring: Σ_t u_{y_t}, clamped at 0)
     n_tokens: np.ndarray  # int64 [N]: target tokens scored (EOS counted likewise)
     src_unknown: np.ndarray  # int64 [N]: source words the vocabulary does not know
     tgt_unknown: np.ndarray  # int64 [N]
@@ -70,10 +101,20 @@ class PairScorer:
         batch_tokens: int = 8192,
         chunk_rows: int | None = None,
         include_eos: bool = True,
+        scoring: str = EXACT,
+        model_path: str | None = None,
     ):
         """``include_eos=False`` leaves the end-of-sequence term out of log p (and of the token
         count): the probability of the target words alone, a fragment's score under a model
-        trained on whole sentences (README: "Which model to train for the column")."""
+        trained on whole sentences (README: "Which model to train for the column").
+
+        ``scoring``: ``exact`` or ``self-normalized`` (module docstring; refused, naming
+        ``model_path``, for a model not trained with ``--self-normalize``)."""
+        check_scoring(model, scoring, model_path)
+        self.scoring = scoring
+        self.self_normalized = scoring == SELF_NORMALIZED
+        self.clamped = 0
+        """Pairs whose self-normalised log p was above 0 and was clamped to 0 (all calls)."""
         self.include_eos = include_eos
         self.model = model
         self.device = torch.device(device)
@@ -147,6 +188,11 @@ class PairScorer:
             idx = order[start:end]
             self._score_batch(enc_all, idx, pair_source, tgt_ids, length, result, per_tok)
             start = end
+        if self.self_normalized:
+            # Σ_t u_{y_t} approximates log p and can exceed 0: keep p a probability (≤ 1)
+            above = result > 0.0
+            self.clamped += int(above.sum())
+            result[above] = 0.0
         return result, per_tok
 
     def _encode_distinct(self, sources: list[tuple[int, ...]]) -> EncoderOutput:
@@ -202,7 +248,9 @@ class PairScorer:
         tgt_out[:, -1] = EOS_ID
         tgt_in = self._to_device(tgt_in)
         tgt_out = self._to_device(tgt_out)
-        token_lp = self.network.token_logprobs(enc, tgt_in, tgt_out, None, self.chunk_rows)
+        token_lp = self.network.token_logprobs(
+            enc, tgt_in, tgt_out, None, self.chunk_rows, self_normalized=self.self_normalized
+        )
         token_lp = token_lp.double().cpu().numpy()
         result[idx] = token_lp.sum(axis=1) if self.include_eos else token_lp[:, :-1].sum(axis=1)
         if per_tok is not None:

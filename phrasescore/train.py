@@ -2,7 +2,10 @@
 
 Objective (Cho et al. 2014, eq. 3): maximise the mean conditional log-likelihood of the target
 tokens (EOS included), i.e. minimise the summed token NLL divided by the number of target tokens
-of the batch. Batches hold pairs of similar length within a token budget (or a fixed number of
+of the batch. With ``--self-normalize α`` (``ModelConfig.self_normalize``) every target token also
+adds α (log Z)², log Z being the log of the softmax's normaliser at that step (Devlin et al. 2014,
+§2.1), divided by the same number; perplexities (train and validation) are those of the NLL alone,
+and validation also logs the mean |log Z|. Batches hold pairs of similar length within a token budget (or a fixed number of
 pairs for ``--preset paper``, as the paper's minibatches of 64).
 
 Files written next to the model ``MODEL``:
@@ -196,20 +199,45 @@ def learning_rate_at(tcfg: TrainConfig, epoch_position: float) -> float:
     return tcfg.learning_rate * 0.5**halvings
 
 
+@dataclass
+class Validation:
+    """What one validation measures."""
+
+    perplexity: float
+    """Per-token perplexity (EOS included): exp of the mean NLL, never the penalty."""
+    mean_abs_log_z: float | None
+    """Mean |log Z| per target token (Devlin et al. 2014: 0 for a self-normalised softmax);
+    None for networks that compute none (the CSLM)."""
+
+
 @torch.no_grad()
-def evaluate_perplexity(network, dataset: ParallelDataset, device, batch_tokens: int) -> float:
-    """Per-token perplexity (EOS included) of ``dataset`` under ``network``."""
+def evaluate(network, dataset: ParallelDataset, device, batch_tokens: int) -> Validation:
+    """Perplexity and mean |log Z| of ``dataset`` under ``network``."""
     was_training = network.training
     network.eval()
     batcher = TokenBudgetBatcher(dataset, batch_tokens, shuffle=False, seed=0)
-    nll, tokens = 0.0, 0
+    nll, abs_log_z, tokens = 0.0, 0.0, 0
+    have_log_z = True
     for idx in batcher.batches(0):
         batch = collate(dataset, idx, device)
         mask = batch.tgt_out != 0
-        nll += float(network.loss(batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out, mask))
+        terms = network.loss_terms(
+            batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out, mask, log_z=True
+        )
+        nll += float(terms.nll)
+        if terms.abs_log_z is None:
+            have_log_z = False
+        else:
+            abs_log_z += float(terms.abs_log_z)
         tokens += int(batch.n_tgt_tokens)
     network.train(was_training)
-    return math.exp(nll / max(tokens, 1))
+    n = max(tokens, 1)
+    return Validation(math.exp(nll / n), abs_log_z / n if have_log_z else None)
+
+
+def evaluate_perplexity(network, dataset: ParallelDataset, device, batch_tokens: int) -> float:
+    """Per-token perplexity (EOS included) of ``dataset`` under ``network``."""
+    return evaluate(network, dataset, device, batch_tokens).perplexity
 
 
 def _plot_curve(path: str, history: list[dict[str, Any]]) -> None:
@@ -442,7 +470,7 @@ class Trainer:
             train, tcfg.batch_tokens, shuffle=True, seed=tcfg.seed, max_pairs=tcfg.batch_pairs
         )
         network.train()
-        loss = network.loss
+        loss = network.loss_terms
         if self.launch is not None:
             loss = distributed.data_parallel_loss(network, self.device)
             log.info(
@@ -518,19 +546,20 @@ class Trainer:
         batch = collate(run.train, idx, self.device)
         mask = batch.tgt_out != 0
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp):
-            nll = run.loss(batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out, mask)
+            terms = run.loss(batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out, mask)
+        objective, nll = terms.objective, terms.nll  # nll: for the perplexity (no penalty)
         n_tok = int(batch.n_tgt_tokens)
         run.optimizer.zero_grad(set_to_none=True)
         # mean over target tokens, or over pairs (Sutskever et al. divide the summed gradient by
-        # the batch's 128 sentences)
+        # the batch's 128 sentences); the self-normalisation penalty is averaged the same way
         denominator = len(idx) if tcfg.loss_per_sentence else n_tok
         if self.launch is None:
-            (nll / denominator).backward()
+            (objective / denominator).backward()
         else:
             # DDP averages the W ranks' gradients: scaled by W / (global denominator), the
-            # average is the gradient of the summed NLL over the global batch
+            # average is the gradient of the summed objective over the global batch
             total = distributed.all_sum(denominator if weight else 0)
-            (nll * (weight * self.world / total)).backward()
+            (objective * (weight * self.world / total)).backward()
             if not weight:
                 nll, n_tok = nll * 0.0, 0
         if tcfg.clip_norm:
@@ -627,9 +656,10 @@ class Trainer:
 
     def _validate_here(self, run: _Run) -> str:
         position = run.position
-        ppl = evaluate_perplexity(
+        validation = evaluate(
             run.network, run.valid, self.device, max(self.tcfg.batch_tokens, 2000)
         )
+        ppl = validation.perplexity
         window_nll, window_tokens = run.window_nll, run.window_tokens
         run.window_nll, run.window_tokens = 0.0, 0
         train_ppl = math.exp(window_nll / window_tokens) if window_tokens else float("nan")
@@ -641,6 +671,8 @@ class Trainer:
                 "elapsed": round(position["elapsed"], 1),
             }
         )
+        if validation.mean_abs_log_z is not None:
+            position["history"][-1]["valid_abs_log_z"] = validation.mean_abs_log_z
         signature = ""
         if ppl < position["best"]:
             position["best"] = ppl
@@ -651,10 +683,13 @@ class Trainer:
             position["bad"] += 1
             note = f"no improvement ({position['bad']}/{self.tcfg.patience})"
         log.info(
-            "step %d: train perplexity %.2f, validation perplexity %.2f (%s)",
+            "step %d: train perplexity %.2f, validation perplexity %.2f%s (%s)",
             position["step"],
             train_ppl,
             ppl,
+            ""
+            if validation.mean_abs_log_z is None
+            else f", mean |log Z| {validation.mean_abs_log_z:.3f}",
             note,
         )
         try:
@@ -664,27 +699,26 @@ class Trainer:
         return signature
 
     def _save_best(self, run: _Run) -> str:
-        return self.write_model(
-            run.network,
-            run.texts,
-            run.vocabs,
-            info={
-                "preset": self.preset,
-                "train_config": self.tcfg.to_dict(),
-                "data": self.data.describe(),
-                "steps": run.position["step"],
-                "valid_ppl": run.position["best"],
-                "unigram_valid_ppl": run.unigram,
-                "phrasescore_version": __version__,
-            },
-        )
+        info = {
+            "preset": self.preset,
+            "train_config": self.tcfg.to_dict(),
+            "data": self.data.describe(),
+            "steps": run.position["step"],
+            "valid_ppl": run.position["best"],
+            "unigram_valid_ppl": run.unigram,
+            "phrasescore_version": __version__,
+        }
+        last = run.position["history"][-1] if run.position["history"] else {}
+        if "valid_abs_log_z" in last:
+            info["valid_mean_abs_log_z"] = round(last["valid_abs_log_z"], 6)
+        return self.write_model(run.network, run.texts, run.vocabs, info=info)
 
 
 @dataclass
 class _Run:
     """The state of one run between steps (the resumable part is ``position``)."""
 
-    loss: Any  # network.loss, or its DistributedDataParallel wrapper under torchrun
+    loss: Any  # network.loss_terms, or its DistributedDataParallel wrapper under torchrun
     network: torch.nn.Module
     optimizer: torch.optim.Optimizer
     train: ParallelDataset
@@ -728,7 +762,8 @@ def run_training(
 
     ``arch`` picks the architecture and its presets; ``overrides`` set
     :class:`~phrasescore.model.config.TrainConfig` fields and ``model_overrides``
-    :class:`~phrasescore.model.config.ModelConfig` fields (``layers``, ``reverse_source``), None
+    :class:`~phrasescore.model.config.ModelConfig` fields (``layers``, ``reverse_source``,
+    ``self_normalize``), None
     meaning the preset's. On ``resume`` both come from the checkpoint instead.
     """
     if phrase_table and (source or target):
@@ -767,6 +802,14 @@ def run_training(
             setattr(mcfg, key, value)
     if mcfg.layers < 1:
         raise InputError(f"--layers must be at least 1, got {mcfg.layers}")
+    if not (mcfg.self_normalize >= 0 and math.isfinite(mcfg.self_normalize)):
+        raise InputError(f"--self-normalize must be a finite 0 or more, got {mcfg.self_normalize}")
+    if mcfg.self_normalize and not resume:
+        log.info(
+            "self-normalised output layer: objective NLL + %g (log Z)² per target token "
+            "(Devlin et al. 2014)",
+            mcfg.self_normalize,
+        )
     if (
         overrides.get("optimizer") in DEFAULT_LEARNING_RATE
         and overrides.get("learning_rate") is None

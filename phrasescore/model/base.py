@@ -13,7 +13,9 @@ search, sampling) is written once, here and in ``phrasescore.scoring``/``phrases
     The same decoder one step at a time, for generation.
 ``logits(features) -> Tensor [N, V]``
     The last (vocabulary) projection; kept separate so that scoring can compute the softmax in
-    row chunks and never hold a [tokens, vocabulary] matrix for a whole batch.
+    row chunks and never hold a [tokens, vocabulary] matrix for a whole batch. It is the linear
+    layer ``out_vocab`` (logits = W f + b) in every architecture: self-normalised scoring
+    (:meth:`EncoderDecoder.target_logits`) reads single rows of it.
 ``POSITIONAL_OUTPUTS``
     The keys of ``encode``'s output that hold one entry per source position ([B, S, ...]);
     every other tensor is one vector per source. :meth:`EncoderDecoder.concat_encodings` pads
@@ -22,12 +24,20 @@ search, sampling) is written once, here and in ``phrasescore.scoring``/``phrases
 
 p(y | x) = Π_t p(y_t | y_<t, x) (Cho et al. 2014, eq. 4); log p sums over target tokens including
 the end-of-sequence symbol.
+
+Self-normalisation (Devlin et al. 2014, "Fast and Robust Neural Network Joint Models for
+Statistical Machine Translation", §2.1): with ``config.self_normalize`` = α > 0 the training
+objective adds α (log Z(x, y_<t))² per target token, Z being the softmax's normaliser Σ_v exp(u_v),
+so that log Z stays near 0 and log p(y_t | y_<t, x) ≈ u_{y_t}, the target word's logit alone.
+Scoring can then skip the softmax: :meth:`EncoderDecoder.target_logits` computes one row of the
+output matrix per token instead of the whole vocabulary.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -35,6 +45,18 @@ from torch import Tensor, nn
 from phrasescore.model.config import ModelConfig
 
 EncoderOutput = dict[str, Tensor]
+
+
+class LossTerms(NamedTuple):
+    """A batch's training loss, summed over its real target tokens (the caller divides)."""
+
+    objective: Tensor
+    """What is minimised: the NLL plus α Σ_t (log Z_t)² when the model self-normalises."""
+    nll: Tensor
+    """The summed negative log-likelihood alone (detached): what perplexity is made of."""
+    abs_log_z: Tensor | None
+    """Σ_t |log Z_t| (detached) when asked for or when α > 0, else None."""
+
 
 log = logging.getLogger(__name__)
 
@@ -96,12 +118,53 @@ class EncoderDecoder(nn.Module):
     def loss(
         self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor, tgt_out: Tensor, tgt_mask: Tensor
     ) -> Tensor:
-        """Summed negative log-likelihood of the real target tokens (mean is taken by the caller)."""
+        """The summed training objective of the real target tokens (the mean is taken by the
+        caller): the NLL, plus α Σ_t (log Z_t)² when ``config.self_normalize`` = α > 0."""
+        return self.loss_terms(src, src_lengths, tgt_in, tgt_out, tgt_mask).objective
+
+    def loss_terms(
+        self,
+        src: Tensor,
+        src_lengths: Tensor,
+        tgt_in: Tensor,
+        tgt_out: Tensor,
+        tgt_mask: Tensor,
+        log_z: bool = False,
+    ) -> LossTerms:
+        """The objective, the NLL alone and (``log_z`` or α > 0) Σ_t |log Z_t|, summed over the
+        real target tokens.
+
+        NLL: -Σ_t log p(y_t | y_<t, x) (Cho et al. 2014, eq. 3, summed). Self-normalisation
+        (Devlin et al. 2014, §2.1): objective = NLL + α Σ_t (log Z_t)², log Z_t = logsumexp of
+        the logits at step t, α = ``config.self_normalize``. Perplexity is made of the NLL alone.
+        """
         enc = self.encode(src, src_lengths)
         features = self.decode_features(enc, tgt_in)
         flat = features[tgt_mask]
         logits = self.logits(flat).float()
-        return nn.functional.cross_entropy(logits, tgt_out[tgt_mask], reduction="sum")
+        nll = nn.functional.cross_entropy(logits, tgt_out[tgt_mask], reduction="sum")
+        alpha = float(self.config.self_normalize)
+        if not (alpha or log_z):
+            return LossTerms(nll, nll.detach(), None)
+        lz = torch.logsumexp(logits, dim=1)
+        objective = nll + alpha * lz.square().sum() if alpha else nll
+        return LossTerms(objective, nll.detach(), lz.detach().abs().sum())
+
+    def target_logits(self, features: Tensor, gold: Tensor) -> Tensor:
+        """u_{gold[i]} = W[gold[i]] · features[i] + b[gold[i]] in float32, for feature rows
+        [N, R]: the logit of each reference word alone, never the [N x vocabulary] product.
+
+        For a self-normalised model (Devlin et al. 2014, §2.1: log Z ≈ 0) this approximates
+        log p(gold[i] | ...) = u_{gold[i]} - log Z; exactly, it is log p + log Z. The rows of
+        the output matrix ``out_vocab`` (every architecture's last layer) are gathered and a
+        row-wise dot product taken in float32 (bf16 rows are read as such).
+        """
+        layer: nn.Linear = self.out_vocab
+        weight = layer.weight.index_select(0, gold).float()
+        values = (features.float() * weight).sum(1)
+        if layer.bias is not None:
+            values = values + layer.bias.index_select(0, gold).float()
+        return values
 
     @torch.no_grad()
     def token_logprobs(
@@ -111,6 +174,7 @@ class EncoderDecoder(nn.Module):
         tgt_out: Tensor,
         tgt_mask: Tensor | None = None,
         chunk_rows: int | None = None,
+        self_normalized: bool = False,
     ) -> Tensor:
         """log p(y_t | y_<t, x) for every target position [B, T] (0 where ``tgt_mask`` is False).
 
@@ -118,6 +182,10 @@ class EncoderDecoder(nn.Module):
         chunks of the real tokens only (:func:`target_logprobs`): per chunk the logits, then the
         log-sum-exp over the vocabulary and the reference word's logit in one pass, in float32,
         never a [rows x vocabulary] log-softmax.
+
+        ``self_normalized``: the reference word's logit alone (:meth:`target_logits`), the
+        approximation log p ≈ u_{y_t} of a self-normalised model (Devlin et al. 2014, §2.1); no
+        vocabulary-sized product at all. It may exceed 0; the caller clamps what it needs to.
         """
         features = self.decode_features(enc, tgt_in)
         out = torch.zeros(tgt_out.shape, dtype=torch.float32, device=tgt_out.device)
@@ -127,8 +195,11 @@ class EncoderDecoder(nn.Module):
         else:
             rows = features[tgt_mask]
             gold = tgt_out[tgt_mask]
-        vocab = self.config.tgt_vocab_size
-        values = target_logprobs(self.logits, rows, gold, vocab, chunk_rows)
+        if self_normalized:
+            values = self.target_logits(rows, gold)
+        else:
+            vocab = self.config.tgt_vocab_size
+            values = target_logprobs(self.logits, rows, gold, vocab, chunk_rows)
         if tgt_mask is None:
             out.view(-1).copy_(values)
         else:

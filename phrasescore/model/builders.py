@@ -11,6 +11,7 @@ from phrasescore.model.attention import AttentionEncoderDecoder
 from phrasescore.model.base import EncoderDecoder
 from phrasescore.model.config import ARCHITECTURES, ModelConfig
 from phrasescore.model.encdec import GRUEncoderDecoder
+from phrasescore.model.initialization import init_self_normalized
 from phrasescore.model.lstm import DeepLSTMEncoderDecoder
 
 NETWORKS: dict[str, type[EncoderDecoder]] = {
@@ -25,9 +26,13 @@ if tuple(NETWORKS) != ARCHITECTURES:  # pragma: no cover - a programming error
 
 
 def build_network(config: ModelConfig) -> EncoderDecoder:
-    """A freshly initialised network of ``config.arch``."""
+    """A freshly initialised network of ``config.arch`` (output biases lowered by log V when it
+    self-normalises: :func:`~phrasescore.model.initialization.init_self_normalized`)."""
     if config.arch not in NETWORKS:
         raise ValueError(
             f"unknown architecture {config.arch!r} (known: {', '.join(ARCHITECTURES)})"
         )
-    return NETWORKS[config.arch](config)
+    network = NETWORKS[config.arch](config)
+    if config.self_normalize:
+        init_self_normalized(network)
+    return network

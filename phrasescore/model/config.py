@@ -66,6 +66,10 @@ class ModelConfig:
     layers: int = 1  # lstm: stacked layers in encoder and decoder
     reverse_source: bool = True  # lstm: read the source words in reverse order
     init_uniform: float | None = None  # lstm: weights U(-a, a) instead of N(0, init_std²)
+    # alpha of the self-normalisation penalty alpha (log Z)² per target token (Devlin et al.
+    # 2014, §2.1; ``train --self-normalize``); 0: off. Model files written before it load as 0.
+    # Recorded here because scoring reads it: ``--scoring self-normalized`` needs alpha > 0.
+    self_normalize: float = 0.0
     src_vocab_size: int = 0
     tgt_vocab_size: int = 0
 

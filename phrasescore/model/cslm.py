@@ -44,6 +44,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from phrasescore.model.base import LossTerms
 from phrasescore.model.config import TrainConfig
 from phrasescore.model.constants import BOS_ID, PAD_ID
 from phrasescore.model.initialization import init_cslm
@@ -163,6 +164,20 @@ class FeedForwardLM(nn.Module):
         context = self.truncate(self.windows(tgt_in)[tgt_mask])
         logits = self(context).float()
         return nn.functional.cross_entropy(logits, tgt_out[tgt_mask], reduction="sum")
+
+    def loss_terms(
+        self,
+        src: Tensor,
+        src_lengths: Tensor,
+        tgt_in: Tensor,
+        tgt_out: Tensor,
+        tgt_mask: Tensor,
+        log_z: bool = False,
+    ) -> LossTerms:
+        """:meth:`loss` as the trainer takes it (``EncoderDecoder.loss_terms``): the CSLM is not
+        self-normalised, so the objective is the NLL and no log Z is computed."""
+        nll = self.loss(src, src_lengths, tgt_in, tgt_out, tgt_mask)
+        return LossTerms(nll, nll.detach(), None)
 
     def word_embeddings(self) -> Tensor:
         return self.embed.weight
