@@ -143,6 +143,12 @@ def _options(*decorators):
     return apply
 
 
+shard_option = click.option(
+    "--shard",
+    type=ShardType(),
+    help="Score only part K of N (chunks i with i % N = K-1) and write a manifest beside -o; "
+    "join the parts with merge-shards.",
+)
 scoring_option = click.option(
     "--scoring",
     type=click.Choice(["exact", "self-normalized"]),
@@ -529,12 +535,7 @@ def info(model_path):
     show_default=True,
     help="Pairs with a longer phrase (tokens) get the floor value exp(-100) unscored.",
 )
-@click.option(
-    "--shard",
-    type=ShardType(),
-    help="Score only part K of N (chunks i with i % N = K-1) and write a manifest beside -o; "
-    "join the parts with merge-shards.",
-)
+@shard_option
 @threads_option
 @click.option("--resume", is_flag=True, help="Continue an interrupted run from its last chunk.")
 @no_progress_option
@@ -664,12 +665,7 @@ def merge_shards(parts, output, moses_ini, ini_out, ini_table, weight):
     show_default=True,
     help="Hypotheses per chunk, cut after the sentence that reaches it (the unit of --shard).",
 )
-@click.option(
-    "--shard",
-    type=ShardType(),
-    help="Score only part K of N (chunks i with i % N = K-1) and write a manifest beside -o; "
-    "join the parts with merge-shards.",
-)
+@shard_option
 @scoring_option
 @device_option
 @threads_option
