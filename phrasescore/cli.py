@@ -628,12 +628,13 @@ def merge_shards(parts, output, moses_ini, ini_out, ini_table, weight):
     """Check the PARTS of `rescore --shard K/N` or `nbest --shard K/N` (complete, one job,
     every shard once) and join them into one file, byte-identical to an unsharded run."""
     from phrasescore.rescore import run_merge
+    from phrasescore.shards import NBEST
 
     job = run_merge(list(parts), output, moses_ini, ini_out, ini_table, weight)
     merged = job.merge
     if merged.groups is None:
         what = f"{merged.lines} lines"
-    elif merged.kind == "nbest":
+    elif merged.kind == NBEST:
         what = f"{merged.lines} hypotheses of {merged.groups} sentences"
     else:
         what = f"{merged.lines} lines, {merged.groups} distinct sources"

@@ -208,7 +208,7 @@ class MergeResult:
 
     @property
     def kind(self) -> str:
-        return self.manifest.get("kind", PHRASE_TABLE)
+        return part_kind(self.manifest)
 
     @property
     def column_names(self) -> list[str]:
@@ -239,8 +239,13 @@ def read_manifest(part: str) -> dict:
     return manifest
 
 
+def part_kind(manifest: dict) -> str:
+    """:data:`PHRASE_TABLE` or :data:`NBEST`: what a part holds."""
+    return manifest.get("kind", PHRASE_TABLE)
+
+
 def _kind_name(manifest: dict) -> str:
-    kind = manifest.get("kind")
+    kind = part_kind(manifest)
     return _KIND_NAMES.get(kind, repr(kind))
 
 
@@ -318,7 +323,7 @@ class _PartReader:
         self.part = part
         self.manifest = manifest
         self.gzip = manifest["part"]["gzip"]
-        self.members = self.gzip and manifest.get("kind", PHRASE_TABLE) == PHRASE_TABLE
+        self.members = self.gzip and part_kind(manifest) == PHRASE_TABLE
         self.digest = hashlib.sha256()
         self.handle = open(part, "rb")
         self.lines_read = 0
@@ -500,7 +505,7 @@ def merge_shards(parts: list[str], output: str) -> MergeResult:
     groups = _merged_groups(ordered, sizes)
     readers = [_PartReader(part, m) for part, m in ordered]
     try:
-        if manifest.get("kind", PHRASE_TABLE) == PHRASE_TABLE:
+        if part_kind(manifest) == PHRASE_TABLE:
             _merge_table(readers, sizes, output)
         else:
             _merge_text(readers, sizes, output)

@@ -31,11 +31,7 @@ ATTENTION_INIT_STD = 0.001
 
 def orthogonal_blocks(param: torch.Tensor, size: int) -> None:
     """Each [size, size] column block of ``param`` (e.g. ``[U_r U_z U]``) a random orthogonal
-    matrix of its own. A meta tensor (a shape-only network, see
-    :func:`~phrasescore.model.checkpoint.check_shapes`) has no values to initialise: it is left
-    alone, which also keeps the QR decomposition's meta kernels (~75 MB of imports) unloaded."""
-    if param.is_meta:
-        return
+    matrix of its own."""
     for block in range(param.shape[1] // size):
         nn.init.orthogonal_(param.data[:, block * size : (block + 1) * size])
 
