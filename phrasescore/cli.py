@@ -537,6 +537,14 @@ def info(model_path):
 )
 @shard_option
 @threads_option
+@click.option(
+    "--workers",
+    type=POSITIVE,
+    default=1,
+    show_default=True,
+    help="Score in this many processes of one thread each (CPU; same bytes as one process). "
+    "One per core uses a multi-core CPU best (README: Using every core).",
+)
 @click.option("--resume", is_flag=True, help="Continue an interrupted run from its last chunk.")
 @no_progress_option
 @_fail_cleanly
@@ -561,6 +569,7 @@ def rescore(
     chunk_lines,
     max_phrase_length,
     shard,
+    workers,
     resume,
     no_progress,
 ):
@@ -598,6 +607,7 @@ def rescore(
         inverse_model_paths=list(inverse_models),
         lm_paths=list(lm_paths),
         shard=shard,
+        workers=workers,
     )
     result = job.rescore
     if _not_rank_0():

@@ -26,6 +26,7 @@ an uninterrupted run with the same flags.
 from __future__ import annotations
 
 import functools
+import io
 import json
 import logging
 import os
@@ -39,6 +40,7 @@ from tqdm import tqdm
 
 from phrasescore import __version__, distributed
 from phrasescore.bundle import TrainedModel, load_lm, load_model
+from phrasescore.chunk_pool import ChunkPool, single_threaded_parent
 from phrasescore.errors import InputError
 from phrasescore.files import (
     AtomicOutput,
@@ -207,6 +209,27 @@ def unknown_values(scored) -> list[str]:
     return [format_probability(probability_from_logprob(-float(c))) for c in counts]
 
 
+def chunk_bytes(text: str, compress: bool) -> bytes:
+    """A chunk's output lines as written: UTF-8, and for a ``.gz`` output one complete gzip
+    member (a file of members is one valid gzip stream)."""
+    data = text.encode("utf-8")
+    if not compress:
+        return data
+    buffer = io.BytesIO()
+    with gzip_writer(buffer) as gz:
+        gz.write(data)
+    return buffer.getvalue()
+
+
+@dataclass
+class ChunkOutput:
+    """What scoring one chunk gives: its bytes and the model scores it clamped (``--scoring
+    self-normalized``; counted here because a worker process's scorers are not the parent's)."""
+
+    data: bytes
+    clamped: int
+
+
 class _PartialOutput:
     """The partial output file and its JSON state (see the module docstring)."""
 
@@ -247,15 +270,8 @@ class _PartialOutput:
             self._write_state()
         return self.lines_done
 
-    def append_chunk(self, text: str, n_lines: int) -> None:
-        data = text.encode("utf-8")
-        if self.compress:
-            import io
-
-            buffer = io.BytesIO()
-            with gzip_writer(buffer) as gz:
-                gz.write(data)
-            data = buffer.getvalue()
+    def append_chunk(self, data: bytes, n_lines: int) -> None:
+        """Append a chunk's bytes (:func:`chunk_bytes`: one gzip member for a ``.gz`` output)."""
         self.handle.write(data)
         self.handle.flush()
         os.fsync(self.handle.fileno())
@@ -303,8 +319,10 @@ class _StdoutOutput:
             raise InputError("--resume needs an output file, not standard output")
         return 0
 
-    def append_chunk(self, text: str, n_lines: int) -> None:
-        self.stream.write(text.encode("utf-8"))
+    compress = False
+
+    def append_chunk(self, data: bytes, n_lines: int) -> None:
+        self.stream.write(data)
         self.stream.flush()
 
     def complete(self) -> None:
@@ -351,7 +369,14 @@ def check_directions(models, inverse_models, model_paths, inverse_paths) -> None
                 )
 
 
-def rescore_table(
+def rescore_table(*args, workers: int = 1, **kwargs) -> RescoreResult:
+    """:func:`_rescore_table`; with ``workers`` > 1 this process runs PyTorch with one thread
+    throughout (the workers are forked from it: :mod:`phrasescore.chunk_pool`)."""
+    with single_threaded_parent(workers > 1):
+        return _rescore_table(*args, workers=workers, **kwargs)
+
+
+def _rescore_table(
     table: str,
     model_paths: list[str],
     output: str | None = None,
@@ -364,6 +389,7 @@ def rescore_table(
     lm_paths: list[str] | None = None,
     before_publish: Callable[[RescoreResult], None] | None = None,
     shard: Shard | None = None,
+    workers: int = 1,
 ) -> RescoreResult:
     """Append one column per model (and optionally the unknown-word column) to ``table``.
 
@@ -379,12 +405,18 @@ def rescore_table(
 
     With ``shard`` only that shard's chunks are scored, and a manifest is written beside the
     output (:mod:`phrasescore.shards`); ``merge-shards`` puts the parts together.
+
+    ``workers`` > 1 (CPU only): the chunks are scored in that many forked processes of one
+    PyTorch thread each (:mod:`phrasescore.chunk_pool`); the output bytes are those of one
+    process with one thread.
     """
     options = options or RescoreOptions()
     output = output or default_output_path(table)
     _check_request(table, output, options, resume, shard)
     # Load everything before writing anything: a bad model leaves no output behind.
     dev = resolve_device(device)
+    if workers > 1 and dev.type != "cpu":
+        raise InputError(f"--workers is for scoring on the CPU; on {dev.type} use one process")
     options.dtype = resolve_dtype(options.dtype, dev)  # 'auto' fixed here: part of the resume key
     columns = NewColumns.load(
         model_paths, models, inverse_model_paths or [], lm_paths or [], options, dev
@@ -410,8 +442,12 @@ def rescore_table(
     chunk_index, input_lines = _skip_done_lines(
         entries, counter, start_line, shard, options, table, records
     )
+    pool = None
     try:
-        input_lines = _write_chunks(
+        if workers > 1:
+            columns.warm_up()  # compiled here once: the forked workers inherit the kernels
+            pool = ChunkPool(functools.partial(score_chunk, columns, sink.compress), workers)
+        input_lines, clamped = _write_chunks(
             entries,
             columns,
             sink,
@@ -421,6 +457,7 @@ def rescore_table(
             chunk_index,
             input_lines,
             records,
+            pool,
         )
         sink.complete()
         counter.close()
@@ -448,7 +485,7 @@ def rescore_table(
             resumed_from_line=start_line,
             too_long=counter.too_long,
             scoring=options.scoring,
-            clamped=columns.clamped(),
+            clamped=clamped,
         )
         if before_publish is not None:
             before_publish(result)
@@ -462,6 +499,8 @@ def rescore_table(
         raise
     finally:
         counter.close()
+        if pool is not None:
+            pool.terminate()  # stopped already after the last chunk; at once after an error
     if result.too_long:
         log.warning(
             "%d pairs have a phrase of more than %d tokens (--max-phrase-length): given the "
@@ -547,22 +586,46 @@ def _write_chunks(
     chunk_index: int,
     input_lines: int,
     records: list[dict],
-) -> int:
+    pool: ChunkPool | None = None,
+) -> tuple[int, int]:
     """Score and write the remaining chunks (a shard: only its own, each one's record appended
-    to ``records``); returns input lines read."""
-    first = True
-    while chunk := list(islice(entries, chunk_lines)):
-        if first:
-            columns.warn_direction(chunk)
-            first = False
-        input_lines += len(chunk)
-        if shard is None or shard.owns(chunk_index):
-            sink.append_chunk(columns.format_chunk(chunk), len(chunk))
-            counter.update(chunk)
-            if shard is not None:
-                records.append(chunk_record(chunk_index, [e.source for e in chunk]))
-        chunk_index += 1
-    return input_lines
+    to ``records``), in this process or in ``pool``'s workers; returns (input lines read, model
+    scores clamped)."""
+    read = [input_lines]
+
+    def own_chunks():
+        index = chunk_index
+        while chunk := list(islice(entries, chunk_lines)):
+            if index == chunk_index:
+                columns.warn_direction(chunk)
+            read[0] += len(chunk)
+            if shard is None or shard.owns(index):
+                yield index, chunk
+            index += 1
+
+    if pool is None:
+        score = functools.partial(score_chunk, columns, sink.compress)
+        done = ((item, score(item)) for item in own_chunks())
+    else:
+        done = pool.imap(own_chunks())
+    clamped = 0
+    for (index, chunk), out in done:
+        sink.append_chunk(out.data, len(chunk))
+        clamped += out.clamped
+        counter.update(chunk)
+        if shard is not None:
+            records.append(chunk_record(index, [e.source for e in chunk]))
+    if pool is not None:
+        pool.close()
+    return read[0], clamped
+
+
+def score_chunk(columns: NewColumns, compress: bool, item: tuple[int, list]) -> ChunkOutput:
+    """Score and format one chunk ``(index, entries)``: its bytes as written, and the scores it
+    clamped. The same function runs in this process and in ``--workers`` processes."""
+    before = columns.clamped()
+    text = columns.format_chunk(item[1])
+    return ChunkOutput(chunk_bytes(text, compress), columns.clamped() - before)
 
 
 DIRECTION_MARGIN = 0.2
@@ -679,6 +742,14 @@ class NewColumns:
                 100 * given,
                 hint,
             )
+
+    def warm_up(self) -> None:
+        """Score two short pairs with every model (kernels compiled and caches filled before
+        ``--workers`` processes are forked from this one: they inherit them)."""
+        for scorer in self.scorers:
+            word = [[len(scorer.model.src_vocab) - 1]] * 2
+            scorer.score_ids(word, [[len(scorer.model.tgt_vocab) - 1]] * 2)
+            scorer.clamped = 0
 
     def clamped(self) -> int:
         """Model scores clamped at log p = 0 so far (self-normalized scoring)."""
@@ -843,6 +914,7 @@ def run_rescore(
     inverse_model_paths: list[str] | None = None,
     lm_paths: list[str] | None = None,
     shard: Shard | None = None,
+    workers: int = 1,
 ) -> RescoreJobResult:
     """``phrasescore rescore``: check the moses.ini first, rescore, then write the new ini.
 
@@ -858,6 +930,10 @@ def run_rescore(
     launch = distributed.from_env()
     if launch is not None and shard is not None:
         raise InputError("--shard and torchrun exclude each other (torchrun gives each rank one)")
+    if launch is not None and workers > 1:
+        raise InputError(
+            "--workers and torchrun exclude each other (torchrun starts the processes)"
+        )
     ini = None
     if moses_ini:
         if output == "-":
@@ -889,6 +965,7 @@ def run_rescore(
         resume=resume,
         inverse_model_paths=inverse_model_paths,
         lm_paths=lm_paths,
+        workers=workers,
     )
     try:
         if launch is not None:

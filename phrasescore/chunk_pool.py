@@ -1,0 +1,191 @@
+"""Chunks of work done in several single-threaded processes, results in input order.
+
+``rescore --workers N`` scores its chunks in N processes of one PyTorch thread each instead of
+one process with N intra-op threads. On a few cores that scores more pairs per CPU-second and
+keeps every core busy: the model's products are small enough that a second thread inside them
+mostly waits, and the text work around them (parsing, token ids, formatting, gzip) is Python,
+which one process runs on one core at a time. README "Using every core" has the figures.
+
+How (:class:`ChunkPool`):
+
+- The workers are *forked* after the models are loaded: they share the parent's weights, its
+  imported PyTorch and its compiled kernels copy-on-write instead of loading their own.
+- The parent runs PyTorch with one thread from before the models are loaded until the fork
+  (:func:`single_threaded_parent`): an OpenMP thread pool does not survive ``fork`` (the
+  child's first parallel region would wait for threads that do not exist), and a pool is only
+  created by a parallel region of more than one thread. Each worker then sets its own threads.
+- One task queue, one result queue: a free worker takes the next chunk; the parent hands the
+  results on in input order and keeps at most ``IN_FLIGHT_PER_WORKER`` chunks per worker
+  queued or being scored, so memory stays bounded whatever the input's length.
+- The same chunk gives the same result in whichever worker scores it (same code, same weights,
+  same thread count), so the output bytes do not depend on the scheduling.
+- Failures: an :class:`~phrasescore.errors.InputError` in a worker is raised again in the parent
+  (same message, path and line); any other exception becomes :class:`WorkerError` with the
+  worker's traceback; a worker that dies (killed, out of memory) is noticed within
+  ``POLL_SECONDS`` and raises :class:`WorkerError` instead of waiting for ever. Workers ignore
+  SIGINT: Ctrl-C interrupts the parent, which stops them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import queue
+import signal
+import traceback
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+
+from phrasescore.errors import InputError
+
+log = logging.getLogger(__name__)
+
+IN_FLIGHT_PER_WORKER = 2
+"""Chunks per worker queued or being scored: one to work on, one waiting, so no worker idles
+while the parent writes."""
+POLL_SECONDS = 1.0
+"""How often the parent, waiting for a result, checks that every worker is still alive."""
+
+
+class WorkerError(RuntimeError):
+    """A worker process failed for a reason other than the input (a bug, or it was killed)."""
+
+
+@contextlib.contextmanager
+def single_threaded_parent(active: bool):
+    """PyTorch at one thread in this process while the block runs (models are loaded and
+    warmed up before the fork: see the module docstring), the thread count restored after."""
+    if not active:
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _worker_main(work: Callable[[Any], Any], threads: int, tasks, results) -> None:
+    """A worker: take (index, item) from ``tasks`` until None, put (index, ok, value)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    torch.set_num_threads(threads)
+    while (task := tasks.get()) is not None:
+        index, item = task
+        try:
+            results.put((index, True, work(item)))
+        except InputError as exc:
+            results.put((index, False, ("input", exc.message, exc.path, exc.line)))
+        except BaseException:  # noqa: BLE001 - reported to the parent, which raises it
+            results.put((index, False, ("crash", traceback.format_exc(), None, None)))
+
+
+class ChunkPool:
+    """``workers`` forked processes, each running ``work`` with ``threads`` PyTorch threads.
+
+    Use as a context manager; :meth:`imap` yields ``(item, work(item))`` in input order.
+    ``work`` and whatever it refers to (the loaded models) are inherited by the fork, never
+    pickled; only the items and the results travel, through pipes.
+    """
+
+    def __init__(self, work: Callable[[Any], Any], workers: int, threads: int = 1):
+        if workers < 2:
+            raise ValueError("a ChunkPool needs at least 2 workers")
+        context = multiprocessing.get_context("fork")
+        self.tasks = context.Queue()
+        self.results = context.Queue()
+        self.processes = [
+            context.Process(
+                target=_worker_main,
+                args=(work, threads, self.tasks, self.results),
+                name=f"phrasescore-worker-{i + 1}",
+                daemon=True,
+            )
+            for i in range(workers)
+        ]
+        for process in self.processes:
+            process.start()
+        log.info("%d worker processes, %d thread(s) each", workers, threads)
+
+    def __enter__(self) -> ChunkPool:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.terminate()
+
+    def imap(self, items: Iterable[Any]) -> Iterator[tuple[Any, Any]]:
+        """``(item, work(item))`` for each item, in input order."""
+        limit = IN_FLIGHT_PER_WORKER * len(self.processes)
+        waiting: dict[int, Any] = {}  # items sent, by index
+        done: dict[int, Any] = {}  # results that arrived before their turn
+        source = iter(items)
+        sent = next_out = 0
+        exhausted = False
+        while True:
+            while not exhausted and sent - next_out < limit:
+                item = next(source, _END)
+                if item is _END:
+                    exhausted = True
+                    break
+                waiting[sent] = item
+                self.tasks.put((sent, item))
+                sent += 1
+            if next_out == sent:
+                return
+            while next_out not in done:
+                index, value = self._next_result()
+                done[index] = value
+            yield waiting.pop(next_out), done.pop(next_out)
+            next_out += 1
+
+    def _next_result(self) -> tuple[int, Any]:
+        while True:
+            try:
+                index, ok, value = self.results.get(timeout=POLL_SECONDS)
+            except queue.Empty:
+                self._check_alive()
+                continue
+            if ok:
+                return index, value
+            kind, message, path, line = value
+            if kind == "input":
+                raise InputError(message, path, line)
+            raise WorkerError(f"a worker process failed:\n{message}")
+
+    def _check_alive(self) -> None:
+        for process in self.processes:
+            if process.exitcode is not None:
+                code = process.exitcode
+                how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+                raise WorkerError(
+                    f"worker process {process.name} ended ({how}) before its chunk was done"
+                    + (" (out of memory?)" if code == -signal.SIGKILL else "")
+                )
+
+    def close(self) -> None:
+        """Let the workers finish and exit."""
+        for _ in self.processes:
+            self.tasks.put(None)
+        for process in self.processes:
+            process.join(timeout=60)
+        self.terminate()
+
+    def terminate(self) -> None:
+        """Stop the workers now (an error or Ctrl-C in the parent)."""
+        for process in self.processes:
+            if process.is_alive():
+                process.terminate()
+        for process in self.processes:
+            process.join(timeout=10)
+        for q in (self.tasks, self.results):
+            q.cancel_join_thread()
+            q.close()
+
+
+_END = object()

@@ -1,0 +1,162 @@
+"""rescore --workers: chunks scored in forked single-threaded processes (phrasescore.chunk_pool)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from phrasescore.chunk_pool import ChunkPool, WorkerError
+from phrasescore.errors import InputError
+
+from .conftest import DATA
+
+TABLE_GZ = DATA / "moses" / "multi30k.head300.phrase-table.gz"
+TABLE_PLAIN = DATA / "moses" / "tiny.phrase-table"
+
+
+def run_cli(*args, **kwargs):
+    return subprocess.run(
+        [sys.executable, "-m", "phrasescore", *map(str, args)],
+        capture_output=True,
+        text=True,
+        **kwargs,
+    )
+
+
+@pytest.mark.parametrize("table", [TABLE_GZ, TABLE_PLAIN], ids=lambda p: p.name)
+def test_workers_write_the_bytes_of_one_process(table, tiny_model_path, tmp_path):
+    suffix = ".gz" if table.name.endswith(".gz") else ""
+    flags = ["-m", tiny_model_path, "-m", tiny_model_path, "--unk-column"]
+    flags += ["--normalize", "--chunk-lines", "7", "--no-progress"]
+    one = tmp_path / f"one{suffix}"
+    many = tmp_path / f"many{suffix}"
+    first = run_cli("rescore", table, "-o", one, *flags, "--threads", "1")
+    assert first.returncode == 0, first.stderr
+    second = run_cli("rescore", table, "-o", many, *flags, "--workers", "3")
+    assert second.returncode == 0, second.stderr
+    assert "3 worker processes" in second.stderr
+    assert many.read_bytes() == one.read_bytes()
+    lines = (gzip.decompress(one.read_bytes()) if suffix else one.read_bytes()).count(b"\n")
+    assert lines == (gzip.open(table) if suffix else open(table, "rb")).read().count(b"\n")
+    # the summary's counts (lines, distinct sources) are those of one process
+    summary = lambda proc: proc.stderr.strip().splitlines()[-1].split(", ")[:2]  # noqa: E731
+    assert summary(second) == summary(first)
+    assert sorted(os.listdir(tmp_path)) == sorted([one.name, many.name])
+
+
+def test_workers_with_a_shard_and_standard_output(tiny_model_path, tmp_path):
+    flags = ["-m", tiny_model_path, "--chunk-lines", "20", "--no-progress"]
+    for workers in ("1", "2"):
+        part = tmp_path / f"part{workers}.gz"
+        proc = run_cli(
+            "rescore", TABLE_GZ, "-o", part, *flags, "--shard", "2/3", "--workers", workers
+        )
+        assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "part1.gz").read_bytes() == (tmp_path / "part2.gz").read_bytes()
+    with gzip.open(TABLE_GZ) as stdin:
+        data = stdin.read()
+    piped = run_cli("rescore", "-", "-o", "-", *flags, "--workers", "2", input=data.decode())
+    alone = run_cli("rescore", "-", "-o", "-", *flags, input=data.decode())
+    assert piped.returncode == 0 and piped.stdout == alone.stdout
+    assert piped.stdout.count("\n") == data.count(b"\n")
+
+
+def test_a_bad_line_seen_by_a_worker_is_one_error_line_and_no_output(tiny_model_path, tmp_path):
+    lines = gzip.open(TABLE_GZ, "rt", encoding="utf-8").read().splitlines(True)
+    # a phrase the model cannot score is not an input error; a malformed line is, and it is
+    # found while reading: the workers are stopped, nothing is left behind
+    lines[150] = "only ||| two fields\n"
+    bad = tmp_path / "bad.gz"
+    with gzip.open(bad, "wt", encoding="utf-8") as fh:
+        fh.write("".join(lines))
+    out = tmp_path / "out.gz"
+    proc = run_cli(
+        "rescore", bad, "-m", tiny_model_path, "-o", out, "--chunk-lines", "10", "--workers", "2"
+    )
+    assert proc.returncode == 1
+    assert f"{bad}:151:" in proc.stderr and "Traceback" not in proc.stderr
+    assert sorted(os.listdir(tmp_path)) == ["bad.gz"]
+
+
+def lines_done(state) -> int:
+    try:
+        return json.loads(state.read_text())["lines"]
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def test_ctrl_c_stops_the_workers_and_keeps_the_partial_output(tiny_model_path, tmp_path):
+    lines = gzip.open(TABLE_GZ, "rt", encoding="utf-8").read().splitlines(True)
+    part = tmp_path / "part.gz"
+    flags = ["-m", tiny_model_path, "--chunk-lines", "10", "--no-progress", "--workers", "2"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "phrasescore", "rescore", "-", "-o", str(part), *flags],
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        start_new_session=True,
+    )
+    # 100 of 300 lines and the pipe stays open: the run cannot end before the signal (the
+    # parent reads ahead of the workers by up to 2 chunks each, so 50 lines get written)
+    proc.stdin.write("".join(lines[:100]).encode())
+    proc.stdin.flush()
+    state = tmp_path / ".part.gz.partial.json"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and lines_done(state) < 50:
+        time.sleep(0.05)
+    assert lines_done(state) >= 50
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole process group
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert b"Traceback" not in err
+    assert not part.exists() and state.exists()
+    # no worker outlives the command
+    left = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True)
+    assert left.stdout.strip() == ""
+    # --resume goes on from the last chunk written: the bytes of one uninterrupted process
+    text = "".join(lines)
+    resumed = run_cli("rescore", "-", "-o", part, *flags, "--resume", input=text)
+    assert resumed.returncode == 0, resumed.stderr
+    alone = run_cli("rescore", "-", "-o", "-", *flags[:-2], "--threads", "1", input=text)
+    assert gzip.decompress(part.read_bytes()).decode() == alone.stdout
+
+
+# ---------------------------------------------------------------------------- the pool itself
+def _slow_square(x: int) -> int:
+    time.sleep(0.001 * ((7 * x) % 5))  # later items often finish first
+    return x * x
+
+
+def _fail_at(x: int) -> int:
+    if x == 13:
+        raise InputError("no thirteen", "items.txt", 13)
+    return x
+
+
+def _die_at(x: int) -> int:
+    if x == 5:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+
+def test_pool_results_come_in_input_order():
+    with ChunkPool(_slow_square, 3) as pool:
+        assert [(x, y) for x, y in pool.imap(range(40))] == [(x, x * x) for x in range(40)]
+
+
+def test_pool_passes_an_input_error_on_with_its_place():
+    with pytest.raises(InputError) as caught, ChunkPool(_fail_at, 2) as pool:
+        list(pool.imap(range(30)))
+    assert str(caught.value) == "items.txt:13: no thirteen"
+
+
+def test_pool_notices_a_killed_worker():
+    with pytest.raises(WorkerError, match="killed by signal 9"), ChunkPool(_die_at, 2) as pool:
+        list(pool.imap(range(30)))
