@@ -14,6 +14,10 @@ How (:class:`ChunkPool`):
   (:func:`single_threaded_parent`): an OpenMP thread pool does not survive ``fork`` (the
   child's first parallel region would wait for threads that do not exist), and a pool is only
   created by a parallel region of more than one thread. Each worker then sets its own threads.
+  TorchInductor's compile thread pool does not survive it either: parent and workers compile
+  in their own thread (:func:`compile_in_process`), and the parent warms the kernels up before
+  the fork so that the workers seldom compile at all. (A library caller that has run PyTorch
+  with several threads before must not fork workers from that process.)
 - One task queue, one result queue: a free worker takes the next chunk; the parent hands the
   results on in input order and keeps at most ``IN_FLIGHT_PER_WORKER`` chunks per worker
   queued or being scored, so memory stays bounded whatever the input's length.
@@ -33,6 +37,7 @@ import logging
 import multiprocessing
 import queue
 import signal
+import sys
 import traceback
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -63,16 +68,27 @@ def single_threaded_parent(active: bool):
         return
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    compile_in_process()
     try:
         yield
     finally:
         torch.set_num_threads(threads)
 
 
+def compile_in_process() -> None:
+    """Make torch.compile build kernels in this thread: TorchInductor's compile thread pool is
+    created once per process and a forked worker inherits it without its threads (a compile in
+    the worker would wait for them for ever)."""
+    inductor_config = sys.modules.get("torch._inductor.config")
+    if inductor_config is not None:
+        inductor_config.compile_threads = 1
+
+
 def _worker_main(work: Callable[[Any], Any], threads: int, tasks, results) -> None:
     """A worker: take (index, item) from ``tasks`` until None, put (index, ok, value)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     torch.set_num_threads(threads)
+    compile_in_process()
     while (task := tasks.get()) is not None:
         index, item = task
         try:

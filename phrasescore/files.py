@@ -159,6 +159,24 @@ def iter_lines(
         yield line
 
 
+def decode_lines(data: bytes, name: str, first_lineno: int = 1) -> list[str]:
+    """The lines of ``data`` (lines read by :func:`iter_raw_lines` and joined, endings kept)
+    decoded as strict UTF-8; invalid UTF-8 is an :class:`InputError` naming its line (the first
+    line is ``first_lineno``), as :func:`iter_lines` reports it."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line_start = data.rfind(b"\n", 0, exc.start) + 1
+        lineno = first_lineno + data.count(b"\n", 0, exc.start)
+        raise InputError(f"invalid UTF-8 at byte {exc.start - line_start}", name, lineno) from None
+    lines = text.split("\n")
+    last = lines.pop()  # "" when the data ends with a newline
+    lines = [line + "\n" for line in lines]
+    if last:
+        lines.append(last)
+    return lines
+
+
 def default_file_mode() -> int:
     """0666 less the umask: the mode open() would give a new file."""
     return 0o666 & ~_umask()

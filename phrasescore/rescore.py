@@ -31,9 +31,10 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import islice
+from typing import NamedTuple
 
 import numpy as np
 from tqdm import tqdm
@@ -49,19 +50,22 @@ from phrasescore.files import (
     check_files_exist,
     check_output_path,
     check_output_paths,
+    decode_lines,
     display_name,
     gzip_writer,
     is_pipe,
     iter_lines,
+    iter_raw_lines,
 )
 from phrasescore.hardware import resolve_device, resolve_dtype
 from phrasescore.lm_scoring import LMPhraseColumn
 from phrasescore.moses.ini import update_moses_ini_text
 from phrasescore.moses.phrase_table import (
+    PhraseTableEntry,
     format_entry,
     format_probability,
+    parse_phrase_table_lines,
     probability_from_logprob,
-    read_phrase_table,
 )
 from phrasescore.scoring import (
     SELF_NORMALIZED,
@@ -228,6 +232,10 @@ class ChunkOutput:
 
     data: bytes
     clamped: int
+    record: dict
+    """:func:`~phrasescore.shards.chunk_record`: lines, runs of one source, first/last source."""
+    too_long: int
+    """Pairs with a phrase over ``max_phrase_length`` tokens (given the floor value)."""
 
 
 class _PartialOutput:
@@ -435,27 +443,27 @@ def _rescore_table(
     sink = _StdoutOutput() if output == "-" else _PartialOutput(output, identity)
     start_line = sink.open(resume)
     position = ReadPosition()
-    entries = read_phrase_table(table, position=position)
+    reader = RawTable(table, position)
     started = time.monotonic()
     counter = _Progress(progress, position, start_line, started, options.max_phrase_length)
     records: list[dict] = []  # a shard's chunk records (shards.chunk_record), for its manifest
-    chunk_index, input_lines = _skip_done_lines(
-        entries, counter, start_line, shard, options, table, records
+    chunk_index, _ = _skip_done_lines(
+        reader, counter, start_line, shard, options, table, records
     )
     pool = None
     try:
+        score = functools.partial(score_chunk, columns, sink.compress, reader.name)
         if workers > 1:
             columns.warm_up()  # compiled here once: the forked workers inherit the kernels
-            pool = ChunkPool(functools.partial(score_chunk, columns, sink.compress), workers)
+            pool = ChunkPool(score, workers)
         input_lines, clamped = _write_chunks(
-            entries,
-            columns,
+            reader,
+            score,
             sink,
             counter,
             shard,
             options.chunk_lines,
             chunk_index,
-            input_lines,
             records,
             pool,
         )
@@ -544,7 +552,7 @@ def _check_request(
 
 
 def _skip_done_lines(
-    entries, counter, start_line: int, shard: Shard | None, options, table, records: list[dict]
+    reader, counter, start_line: int, shard: Shard | None, options, table, records: list[dict]
 ):
     """After ``--resume``: read past the input lines the partial output already has; returns
     (index of the next input chunk, input lines read). A shard appends the records of its
@@ -555,7 +563,7 @@ def _skip_done_lines(
         chunk_index = shard.first_unscored_chunk(-(-start_line // options.chunk_lines))
         input_lines = 0
         for i in range(chunk_index):
-            chunk = list(islice(entries, options.chunk_lines))
+            chunk = reader.entries(options.chunk_lines)
             input_lines += len(chunk)
             if chunk and shard.owns(i):
                 records.append(chunk_record(i, [e.source for e in chunk]))
@@ -566,7 +574,12 @@ def _skip_done_lines(
     if start_line:
         log.info("resuming after line %d", start_line)
         # the lines done count in the summary too (distinct sources of the whole table)
-        skipped = counter.count(islice(entries, start_line))
+        skipped = 0
+        while skipped < start_line:  # a chunk at a time: memory stays that of one chunk
+            done = counter.count(reader.entries(min(options.chunk_lines, start_line - skipped)))
+            if not done:
+                break
+            skipped += done
         if skipped < start_line:
             counter.close()
             raise InputError(
@@ -576,56 +589,104 @@ def _skip_done_lines(
     return 0, 0
 
 
+class RawChunk(NamedTuple):
+    """A chunk of table lines as read, for :func:`score_chunk` (in this process or a worker's:
+    one bytes object travels to a worker instead of thousands of parsed entries)."""
+
+    index: int
+    first_lineno: int
+    data: bytes
+    num_scores: int
+    """The scores every line must have (line 1's count)."""
+    first: bool
+    """The first chunk this run scores (the table's direction is checked on it)."""
+
+
+class RawTable:
+    """A phrase table read as raw lines, cut into :class:`RawChunk` s; line 1 is parsed here, so
+    that every chunk knows the number of scores a line must have."""
+
+    def __init__(self, table: str, position: ReadPosition):
+        self.name = display_name(table)
+        self.lines = iter_raw_lines(table, position)
+        self.lineno = 0  # lines read so far
+        self.num_scores = -1
+
+    def _read(self, count: int) -> list[bytes]:
+        lines = list(islice(self.lines, count))
+        if lines and self.lineno == 0:
+            first = parse_phrase_table_lines(decode_lines(lines[0], self.name), self.name)
+            self.num_scores = len(next(first).scores)
+        self.lineno += len(lines)
+        return lines
+
+    def entries(self, count: int) -> list[PhraseTableEntry]:
+        """The next ``count`` lines, parsed (lines skipped by ``--resume``)."""
+        first = self.lineno + 1
+        data = b"".join(self._read(count))
+        return parse_raw(self.name, first, data, self.num_scores)
+
+    def chunk(self, index: int, count: int, first: bool) -> RawChunk | None:
+        """The next ``count`` lines as one chunk; None at the end of the table."""
+        first_lineno = self.lineno + 1
+        lines = self._read(count)
+        if not lines:
+            return None
+        return RawChunk(index, first_lineno, b"".join(lines), self.num_scores, first)
+
+
+def parse_raw(name: str, first_lineno: int, data: bytes, num_scores: int) -> list:
+    """The entries of raw table lines (UTF-8 and every field checked, errors naming the line)."""
+    lines = decode_lines(data, name, first_lineno)
+    return list(parse_phrase_table_lines(lines, name, first_lineno, num_scores))
+
+
 def _write_chunks(
-    entries,
-    columns,
+    reader: RawTable,
+    score: Callable[[RawChunk], ChunkOutput],
     sink,
     counter,
     shard,
     chunk_lines: int,
     chunk_index: int,
-    input_lines: int,
     records: list[dict],
     pool: ChunkPool | None = None,
 ) -> tuple[int, int]:
     """Score and write the remaining chunks (a shard: only its own, each one's record appended
     to ``records``), in this process or in ``pool``'s workers; returns (input lines read, model
     scores clamped)."""
-    read = [input_lines]
 
     def own_chunks():
         index = chunk_index
-        while chunk := list(islice(entries, chunk_lines)):
-            if index == chunk_index:
-                columns.warn_direction(chunk)
-            read[0] += len(chunk)
+        while chunk := reader.chunk(index, chunk_lines, first=index == chunk_index):
             if shard is None or shard.owns(index):
-                yield index, chunk
+                yield chunk
             index += 1
 
-    if pool is None:
-        score = functools.partial(score_chunk, columns, sink.compress)
-        done = ((item, score(item)) for item in own_chunks())
-    else:
-        done = pool.imap(own_chunks())
+    done = ((c, score(c)) for c in own_chunks()) if pool is None else pool.imap(own_chunks())
     clamped = 0
-    for (index, chunk), out in done:
-        sink.append_chunk(out.data, len(chunk))
+    for _, out in done:
+        sink.append_chunk(out.data, out.record["lines"])
         clamped += out.clamped
-        counter.update(chunk)
+        counter.update(out.record, out.too_long)
         if shard is not None:
-            records.append(chunk_record(index, [e.source for e in chunk]))
+            records.append(out.record)
     if pool is not None:
         pool.close()
-    return read[0], clamped
+    return reader.lineno, clamped
 
 
-def score_chunk(columns: NewColumns, compress: bool, item: tuple[int, list]) -> ChunkOutput:
-    """Score and format one chunk ``(index, entries)``: its bytes as written, and the scores it
-    clamped. The same function runs in this process and in ``--workers`` processes."""
+def score_chunk(columns: NewColumns, compress: bool, name: str, raw: RawChunk) -> ChunkOutput:
+    """Parse, score and format one chunk: its bytes as written, its record
+    (:func:`~phrasescore.shards.chunk_record`), its pairs over the length limit and the scores
+    it clamped. The same function runs in this process and in ``--workers`` processes."""
+    chunk = parse_raw(name, raw.first_lineno, raw.data, raw.num_scores)
+    if raw.first:
+        columns.warn_direction(chunk)
     before = columns.clamped()
-    text = columns.format_chunk(item[1])
-    return ChunkOutput(chunk_bytes(text, compress), columns.clamped() - before)
+    text, too_long = columns.format_chunk(chunk)
+    record = chunk_record(raw.index, [e.source for e in chunk])
+    return ChunkOutput(chunk_bytes(text, compress), columns.clamped() - before, record, too_long)
 
 
 DIRECTION_MARGIN = 0.2
@@ -744,12 +805,10 @@ class NewColumns:
             )
 
     def warm_up(self) -> None:
-        """Score two short pairs with every model (kernels compiled and caches filled before
-        ``--workers`` processes are forked from this one: they inherit them)."""
+        """Compile every model's kernels before ``--workers`` processes are forked from this
+        one (:meth:`PairScorer.warm_up`): they inherit them."""
         for scorer in self.scorers:
-            word = [[len(scorer.model.src_vocab) - 1]] * 2
-            scorer.score_ids(word, [[len(scorer.model.tgt_vocab) - 1]] * 2)
-            scorer.clamped = 0
+            scorer.warm_up()
 
     def clamped(self) -> int:
         """Model scores clamped at log p = 0 so far (self-normalized scoring)."""
@@ -780,9 +839,9 @@ class NewColumns:
             job["lms"] = [column.lm.signature for column in self.lm_columns]
         return job
 
-    def format_chunk(self, chunk) -> str:
-        """The output lines of a chunk of table entries; pairs with a phrase over
-        ``max_phrase_length`` tokens get the floor value without being scored."""
+    def format_chunk(self, chunk) -> tuple[str, int]:
+        """The output lines of a chunk of table entries, and how many pairs have a phrase over
+        ``max_phrase_length`` tokens (they get the floor value without being scored)."""
         sources = [e.source for e in chunk]
         targets = [e.target for e in chunk]
         too_long = too_long_pairs(sources, targets, self.options.max_phrase_length)
@@ -799,9 +858,10 @@ class NewColumns:
             columns.append(lm_values_within_limit(lm_column, sources, targets, too_long))
         if self.options.unk_column:
             columns.append(unknown_values(first_scored))
-        return "".join(
+        text = "".join(
             format_entry(entry, [col[i] for col in columns]) for i, entry in enumerate(chunk)
         )
+        return text, int(too_long.sum())
 
 
 class _Progress:
@@ -825,7 +885,7 @@ class _Progress:
         self.lines = start_line
         self.distinct_sources = 0
         self.too_long = 0
-        self.last_source = None
+        self.last_source = None  # SHA-256 of the last source counted (a chunk record's "last")
         self.bar = tqdm(
             disable=not enabled,
             total=position.size,
@@ -835,24 +895,25 @@ class _Progress:
             desc="rescore",
         )
 
-    def _count_sources(self, entries: Iterable) -> int:
-        n = 0
-        for entry in entries:
-            n += 1
-            if entry.source != self.last_source:
-                self.distinct_sources += 1
-                self.last_source = entry.source
-            if is_too_long(entry.source, entry.target, self.max_phrase_length):
-                self.too_long += 1
-        return n
+    def _add(self, record: dict, too_long: int) -> None:
+        """Count a chunk by its :func:`~phrasescore.shards.chunk_record`: a source whose lines
+        began in the chunk before counts once."""
+        if record["lines"]:
+            self.distinct_sources += record["runs"] - (record["first"] == self.last_source)
+            self.last_source = record["last"]
+        self.too_long += too_long
 
-    def count(self, entries: Iterable) -> int:
+    def count(self, entries: list) -> int:
         """Count the distinct sources of lines done earlier (``--resume``); their number."""
-        return self._count_sources(entries)
+        limit = self.max_phrase_length
+        too_long = sum(is_too_long(e.source, e.target, limit) for e in entries)
+        self._add(chunk_record(0, [e.source for e in entries]), too_long)
+        return len(entries)
 
-    def update(self, chunk) -> None:
-        self._count_sources(chunk)
-        self.lines += len(chunk)
+    def update(self, record: dict, too_long: int) -> None:
+        """A chunk written: its record and its pairs over the length limit."""
+        self._add(record, too_long)
+        self.lines += record["lines"]
         elapsed = time.monotonic() - self.started
         bar = self.bar
         if bar.total is None and self.position.size:

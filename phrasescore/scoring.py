@@ -124,6 +124,17 @@ class PairScorer:
         network: EncoderDecoder = model.network
         self.network = network.to(self.device, self.dtype).eval()
 
+    def warm_up(self) -> None:
+        """Score two one-word pairs so that the compiled kernels are built now: one row chunk
+        of 3 rows and one of 1 (torch.compile specialises a dimension of size 1)."""
+        saved = self.chunk_rows, self.clamped
+        self.chunk_rows = 3
+        try:
+            src, tgt = len(self.model.src_vocab) - 1, len(self.model.tgt_vocab) - 1
+            self.score_ids([[src]] * 2, [[tgt]] * 2)
+        finally:
+            self.chunk_rows, self.clamped = saved
+
     # ------------------------------------------------------------------ text level
     def score_phrases(
         self, sources: Sequence[str], targets: Sequence[str], per_token: bool = False

@@ -167,3 +167,25 @@ def test_fused_output_layer_matches_the_log_softmax():
         want = _eager_lse_gather(x @ w.T, gold)
         assert got.dtype == torch.float32
         assert torch.allclose(got, want, atol=1e-5), (dtype, (got - want).abs().max())
+
+
+def test_fused_output_layer_rows_whose_maximum_is_far_outside_the_shift_columns():
+    """The log-sum-exp is shifted by the maximum of the first SHIFT_COLUMNS logits; a row with a
+    logit 200 above them overflows fp32's exp and is computed again the usual way."""
+    from phrasescore.model.base import (
+        FUSED_MIN_VOCAB,
+        SHIFT_COLUMNS,
+        _eager_lse_gather,
+        fused_logsumexp_gather,
+    )
+
+    torch.manual_seed(1)
+    logits = torch.randn(6, FUSED_MIN_VOCAB + 100)
+    logits[1, SHIFT_COLUMNS + 7] = 200.0  # far above the head: exp would overflow
+    logits[4, -1] = 60.0  # above the head, within exp's range: no second pass needed
+    gold = torch.tensor([3, SHIFT_COLUMNS + 7, 0, 9, 2, 5])
+    got = fused_logsumexp_gather(logits, gold)
+    want = _eager_lse_gather(logits, gold)
+    assert torch.isfinite(got).all()
+    assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+    assert got[1] == pytest.approx(0.0, abs=1e-5) and got[4] < -55.0

@@ -48,7 +48,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from phrasescore.model.base import EncoderDecoder, EncoderOutput, maxout
+from phrasescore.model.base import EncoderDecoder, EncoderOutput, maxout, summed_linear
 from phrasescore.model.config import ModelConfig
 from phrasescore.model.constants import PAD_ID
 from phrasescore.model.gru import gru_encoder_step, run_gru_encoder
@@ -179,7 +179,9 @@ class AttentionEncoderDecoder(EncoderDecoder):
 
     def _output_features(self, s: Tensor, prev_emb: Tensor, context: Tensor) -> Tensor:
         """G_l maxout(U_o s_i + V_o E y_{i-1} + C_o c_i) (Bahdanau et al. A.2.2)."""
-        t = self.out_hidden(s) + self.out_prev(prev_emb) + self.out_context(context)
+        t = summed_linear(
+            [(self.out_hidden, s), (self.out_prev, prev_emb), (self.out_context, context)]
+        )
         return self.out_rank(self.dropout(maxout(t)))
 
     def _run_decoder(

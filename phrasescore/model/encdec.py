@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from phrasescore.model.base import EncoderDecoder, EncoderOutput, maxout
+from phrasescore.model.base import EncoderDecoder, EncoderOutput, maxout, summed_linear
 from phrasescore.model.config import ModelConfig
 from phrasescore.model.constants import PAD_ID
 from phrasescore.model.gru import gru_decoder_step, run_gru_decoder, run_gru_encoder
@@ -104,7 +104,7 @@ class GRUEncoderDecoder(EncoderDecoder):
 
     def _output_features(self, h: Tensor, prev_emb: Tensor, ctx_out: Tensor) -> Tensor:
         """G_l maxout(O_h h' + O_y e(y_{t-1}) + O_c c) (Cho et al. A.1.2)."""
-        s = self.out_hidden(h) + self.out_prev(prev_emb) + ctx_out
+        s = summed_linear([(self.out_hidden, h), (self.out_prev, prev_emb)], ctx_out)
         return self.out_rank(self.dropout(maxout(s)))
 
     def decode_features(self, enc: EncoderOutput, tgt_in: Tensor) -> Tensor:

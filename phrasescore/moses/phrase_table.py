@@ -109,9 +109,22 @@ def read_phrase_table(
     non-empty phrases), which is faster when the table is known to be good. ``position``
     reports how far the file has been read (for progress bars).
     """
-    name = display_name(path)
-    num_scores = -1
-    for lineno, line in enumerate(iter_lines(path, keep_ends=True, position=position), 1):
+    lines = iter_lines(path, keep_ends=True, position=position)
+    return parse_phrase_table_lines(lines, display_name(path), validate=validate)
+
+
+def parse_phrase_table_lines(
+    lines: Iterable[str],
+    name: str,
+    first_lineno: int = 1,
+    num_scores: int = -1,
+    validate: bool = True,
+) -> Iterator[PhraseTableEntry]:
+    """The entries of phrase-table ``lines`` (line endings kept), the first of which is line
+    ``first_lineno`` of the file ``name``; :func:`read_phrase_table` reads a whole file with it,
+    ``rescore`` one chunk of lines at a time. ``num_scores``: the scores every line must have
+    (-1: as many as the first line has)."""
+    for lineno, line in enumerate(lines, first_lineno):
         if line[-1:] == "\n":
             if line[-2:-1] == "\r":
                 newline, body = "\r\n", line[:-2]
