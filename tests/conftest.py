@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,16 @@ TEXT = DATA / "text"
 @pytest.fixture
 def data_dir() -> Path:
     return DATA
+
+
+def run_cli(*args, **kwargs) -> subprocess.CompletedProcess:
+    """``python -m phrasescore ARGS`` in a fresh process, output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "phrasescore", *map(str, args)],
+        capture_output=True,
+        text=True,
+        **kwargs,
+    )
 
 
 def write_lines(path: Path, lines: list[str]) -> str:

@@ -4,8 +4,6 @@ devices give one line and an exit code, never a traceback (issue 14)."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -13,20 +11,11 @@ from phrasescore.errors import InputError
 from phrasescore.files import check_output_path
 from phrasescore.hardware import resolve_device
 
-from .conftest import DATA
+from .conftest import DATA, run_cli
 
 TABLE = DATA / "moses" / "tiny.phrase-table"
 NBEST = DATA / "nbest" / "multi30k.test2016.ids0-4.100best.nbest.gz"
 NBEST_SOURCE = DATA / "nbest" / "multi30k.test2016.head5.tok.lc.en"
-
-
-def run_cli(*args, **kwargs):
-    return subprocess.run(
-        [sys.executable, "-m", "phrasescore", *map(str, args)],
-        capture_output=True,
-        text=True,
-        **kwargs,
-    )
 
 
 def one_line_error(proc, code: int) -> str:

@@ -21,7 +21,7 @@ from phrasescore.moses.phrase_table import format_entry, read_phrase_table
 from phrasescore.rescore import RescoreOptions, rescore_table
 from phrasescore.scoring import PairScorer
 
-from .conftest import DATA, train_tiny
+from .conftest import DATA, run_cli, train_tiny
 
 TABLES = [
     DATA / "moses" / "multi30k.head300.phrase-table.gz",
@@ -31,15 +31,6 @@ TABLES = [
     DATA / "moses" / "tiny.phrase-table",
 ]
 EXAMPLE_TABLE = DATA.parent.parent / "examples" / "model" / "phrase-table.gz"
-
-
-def run_cli(*args, **kwargs):
-    return subprocess.run(
-        [sys.executable, "-m", "phrasescore", *map(str, args)],
-        capture_output=True,
-        text=True,
-        **kwargs,
-    )
 
 
 def read_text(path) -> str:

@@ -15,19 +15,10 @@ import pytest
 from phrasescore.chunk_pool import ChunkPool, WorkerError
 from phrasescore.errors import InputError
 
-from .conftest import DATA
+from .conftest import DATA, run_cli
 
 TABLE_GZ = DATA / "moses" / "multi30k.head300.phrase-table.gz"
 TABLE_PLAIN = DATA / "moses" / "tiny.phrase-table"
-
-
-def run_cli(*args, **kwargs):
-    return subprocess.run(
-        [sys.executable, "-m", "phrasescore", *map(str, args)],
-        capture_output=True,
-        text=True,
-        **kwargs,
-    )
 
 
 @pytest.mark.parametrize("table", [TABLE_GZ, TABLE_PLAIN], ids=lambda p: p.name)
