@@ -377,14 +377,7 @@ def check_directions(models, inverse_models, model_paths, inverse_paths) -> None
                 )
 
 
-def rescore_table(*args, workers: int = 1, **kwargs) -> RescoreResult:
-    """:func:`_rescore_table`; with ``workers`` > 1 this process runs PyTorch with one thread
-    throughout (the workers are forked from it: :mod:`phrasescore.chunk_pool`)."""
-    with single_threaded_parent(workers > 1):
-        return _rescore_table(*args, workers=workers, **kwargs)
-
-
-def _rescore_table(
+def rescore_table(
     table: str,
     model_paths: list[str],
     output: str | None = None,
@@ -418,112 +411,115 @@ def _rescore_table(
     PyTorch thread each (:mod:`phrasescore.chunk_pool`); the output bytes are those of one
     process with one thread.
     """
-    options = options or RescoreOptions()
-    output = output or default_output_path(table)
-    _check_request(table, output, options, resume, shard)
-    # Load everything before writing anything: a bad model leaves no output behind.
-    dev = resolve_device(device)
-    if workers > 1 and dev.type != "cpu":
-        raise InputError(f"--workers is for scoring on the CPU; on {dev.type} use one process")
-    options.dtype = resolve_dtype(options.dtype, dev)  # 'auto' fixed here: part of the resume key
-    columns = NewColumns.load(
-        model_paths, models, inverse_model_paths or [], lm_paths or [], options, dev
-    )
-    log.info("device %s, dtype %s, scoring %s", dev, options.dtype, options.scoring)
-    identity = columns.identity(table)
-    if shard is not None:
-        identity["shard"] = [shard.index, shard.count]
-        log.info(
-            "shard %s: chunks i of %d lines with i %% %d == %d",
-            shard,
-            options.chunk_lines,
-            shard.count,
-            shard.index - 1,
+    with single_threaded_parent(workers > 1):  # see phrasescore.chunk_pool
+        options = options or RescoreOptions()
+        output = output or default_output_path(table)
+        _check_request(table, output, options, resume, shard)
+        # Load everything before writing anything: a bad model leaves no output behind.
+        dev = resolve_device(device)
+        if workers > 1 and dev.type != "cpu":
+            raise InputError(f"--workers is for scoring on the CPU; on {dev.type} use one process")
+        options.dtype = resolve_dtype(
+            options.dtype, dev
+        )  # 'auto' fixed here: part of the resume key
+        columns = NewColumns.load(
+            model_paths, models, inverse_model_paths or [], lm_paths or [], options, dev
         )
-    sink = _StdoutOutput() if output == "-" else _PartialOutput(output, identity)
-    start_line = sink.open(resume)
-    position = ReadPosition()
-    reader = RawTable(table, position)
-    started = time.monotonic()
-    counter = _Progress(progress, position, start_line, started, options.max_phrase_length)
-    records: list[dict] = []  # a shard's chunk records (shards.chunk_record), for its manifest
-    chunk_index, _ = _skip_done_lines(
-        reader, counter, start_line, shard, options, table, records
-    )
-    pool = None
-    try:
-        score = functools.partial(score_chunk, columns, sink.compress, reader.name)
-        if workers > 1:
-            columns.warm_up()  # compiled here once: the forked workers inherit the kernels
-            pool = ChunkPool(score, workers)
-        input_lines, clamped = _write_chunks(
-            reader,
-            score,
-            sink,
-            counter,
-            shard,
-            options.chunk_lines,
-            chunk_index,
-            records,
-            pool,
-        )
-        sink.complete()
-        counter.close()
+        log.info("device %s, dtype %s, scoring %s", dev, options.dtype, options.scoring)
+        identity = columns.identity(table)
         if shard is not None:
-            write_manifest(
-                output,
-                sink.path,
+            identity["shard"] = [shard.index, shard.count]
+            log.info(
+                "shard %s: chunks i of %d lines with i %% %d == %d",
                 shard,
-                table,
-                input_lines,
                 options.chunk_lines,
-                counter.lines,
-                columns.job(),
-                device=dev.type,
-                chunks=records,
+                shard.count,
+                shard.index - 1,
             )
-        result = RescoreResult(
-            output=output,
-            lines=counter.lines,
-            distinct_sources=counter.distinct_sources,
-            seconds=time.monotonic() - started,
-            new_columns=len(columns.names),
-            column_names=columns.names,
-            signatures=columns.signatures,
-            resumed_from_line=start_line,
-            too_long=counter.too_long,
-            scoring=options.scoring,
-            clamped=clamped,
+        sink = _StdoutOutput() if output == "-" else _PartialOutput(output, identity)
+        start_line = sink.open(resume)
+        position = ReadPosition()
+        reader = RawTable(table, position)
+        started = time.monotonic()
+        counter = _Progress(progress, position, start_line, started, options.max_phrase_length)
+        records: list[dict] = []  # a shard's chunk records (shards.chunk_record), for its manifest
+        chunk_index = _skip_done_lines(
+            reader, counter, start_line, shard, options, table, records
         )
-        if before_publish is not None:
-            before_publish(result)
-        sink.publish()
-    except InputError:
-        # a bad input line: resuming cannot help, so leave nothing behind
-        sink.discard()
-        raise
-    except BaseException:
-        sink.close_incomplete()
-        raise
-    finally:
-        counter.close()
-        if pool is not None:
-            pool.terminate()  # stopped already after the last chunk; at once after an error
-    if result.too_long:
-        log.warning(
-            "%d pairs have a phrase of more than %d tokens (--max-phrase-length): given the "
-            "floor value exp(-100) without scoring",
-            result.too_long,
-            options.max_phrase_length,
-        )
-    if result.clamped:
-        log.info(
-            "self-normalized scoring: %d model score(s) had log p > 0 (sum of target logits), "
-            "clamped to p = 1",
-            result.clamped,
-        )
-    _log_result(result)
-    return result
+        pool = None
+        try:
+            score = functools.partial(score_chunk, columns, sink.compress, reader.name)
+            if workers > 1:
+                columns.warm_up()  # compiled here once: the forked workers inherit the kernels
+                pool = ChunkPool(score, workers)
+            input_lines, clamped = _write_chunks(
+                reader,
+                score,
+                sink,
+                counter,
+                shard,
+                options.chunk_lines,
+                chunk_index,
+                records,
+                pool,
+            )
+            sink.complete()
+            counter.close()
+            if shard is not None:
+                write_manifest(
+                    output,
+                    sink.path,
+                    shard,
+                    table,
+                    input_lines,
+                    options.chunk_lines,
+                    counter.lines,
+                    columns.job(),
+                    device=dev.type,
+                    chunks=records,
+                )
+            result = RescoreResult(
+                output=output,
+                lines=counter.lines,
+                distinct_sources=counter.distinct_sources,
+                seconds=time.monotonic() - started,
+                new_columns=len(columns.names),
+                column_names=columns.names,
+                signatures=columns.signatures,
+                resumed_from_line=start_line,
+                too_long=counter.too_long,
+                scoring=options.scoring,
+                clamped=clamped,
+            )
+            if before_publish is not None:
+                before_publish(result)
+            sink.publish()
+        except InputError:
+            # a bad input line: resuming cannot help, so leave nothing behind
+            sink.discard()
+            raise
+        except BaseException:
+            sink.close_incomplete()
+            raise
+        finally:
+            counter.close()
+            if pool is not None:
+                pool.terminate()  # stopped already after the last chunk; at once after an error
+        if result.too_long:
+            log.warning(
+                "%d pairs have a phrase of more than %d tokens (--max-phrase-length): given the "
+                "floor value exp(-100) without scoring",
+                result.too_long,
+                options.max_phrase_length,
+            )
+        if result.clamped:
+            log.info(
+                "self-normalized scoring: %d model score(s) had log p > 0 (sum of target logits), "
+                "clamped to p = 1",
+                result.clamped,
+            )
+        _log_result(result)
+        return result
 
 
 def _check_request(
@@ -555,8 +551,8 @@ def _skip_done_lines(
     reader, counter, start_line: int, shard: Shard | None, options, table, records: list[dict]
 ):
     """After ``--resume``: read past the input lines the partial output already has; returns
-    (index of the next input chunk, input lines read). A shard appends the records of its
-    chunks done earlier to ``records``."""
+    the index of the next input chunk. A shard appends the records of its chunks done earlier
+    to ``records``."""
     if start_line and shard is not None:
         # this shard's first chunks are done: skip to the input chunk after them
         log.info("resuming after line %d of the part", start_line)
@@ -570,7 +566,7 @@ def _skip_done_lines(
         if input_lines < chunk_index * options.chunk_lines and not start_line % options.chunk_lines:
             counter.close()
             raise InputError("cannot resume: the input is shorter than the partial output", table)
-        return chunk_index, input_lines
+        return chunk_index
     if start_line:
         log.info("resuming after line %d", start_line)
         # the lines done count in the summary too (distinct sources of the whole table)
@@ -586,7 +582,7 @@ def _skip_done_lines(
                 f"cannot resume: the input has only {skipped} lines, the partial output {start_line}",
                 table,
             )
-    return 0, 0
+    return 0
 
 
 class RawChunk(NamedTuple):
