@@ -443,9 +443,7 @@ def rescore_table(
         started = time.monotonic()
         counter = _Progress(progress, position, start_line, started, options.max_phrase_length)
         records: list[dict] = []  # a shard's chunk records (shards.chunk_record), for its manifest
-        chunk_index = _skip_done_lines(
-            reader, counter, start_line, shard, options, table, records
-        )
+        chunk_index = _skip_done_lines(reader, counter, start_line, shard, options, table, records)
         pool = None
         try:
             score = functools.partial(score_chunk, columns, sink.compress, reader.name)
