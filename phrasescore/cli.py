@@ -125,6 +125,14 @@ threads_option = click.option(
     help="CPU threads for PyTorch (default: PyTorch's).",
 )
 no_progress_option = click.option("--no-progress", is_flag=True, help="No progress bar.")
+workers_option = click.option(
+    "--workers",
+    type=POSITIVE,
+    default=1,
+    show_default=True,
+    help="Score in this many processes of one thread each (CPU; same bytes as one process). "
+    "One per core uses a multi-core CPU best (README: Using every core).",
+)
 
 
 def model_option(help: str = "Model file."):
@@ -537,14 +545,7 @@ def info(model_path):
 )
 @shard_option
 @threads_option
-@click.option(
-    "--workers",
-    type=POSITIVE,
-    default=1,
-    show_default=True,
-    help="Score in this many processes of one thread each (CPU; same bytes as one process). "
-    "One per core uses a multi-core CPU best (README: Using every core).",
-)
+@workers_option
 @click.option("--resume", is_flag=True, help="Continue an interrupted run from its last chunk.")
 @no_progress_option
 @_fail_cleanly
@@ -680,6 +681,7 @@ def merge_shards(parts, output, moses_ini, ini_out, ini_table, weight):
 @scoring_option
 @device_option
 @threads_option
+@workers_option
 @no_progress_option
 @_fail_cleanly
 def nbest(
@@ -698,6 +700,7 @@ def nbest(
     shard,
     scoring,
     device,
+    workers,
     no_progress,
 ):
     """Add log p(hypothesis | source) to every line of a Moses n-best list NBEST (- for stdin).
@@ -727,6 +730,7 @@ def nbest(
         device=device,
         progress=not no_progress,
         shard=shard,
+        workers=workers,
     )
     if _not_rank_0():
         return

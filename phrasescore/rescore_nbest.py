@@ -44,6 +44,8 @@ what ``multi-bleu.perl`` or ``phrasescore evaluate`` reads.
 
 from __future__ import annotations
 
+import collections
+import functools
 import hashlib
 import logging
 import os
@@ -51,10 +53,12 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+import numpy as np
 from tqdm import tqdm
 
 from phrasescore import distributed
 from phrasescore.bundle import TrainedModel, load_lm
+from phrasescore.chunk_pool import ChunkPool, single_threaded_parent
 from phrasescore.errors import InputError
 from phrasescore.files import (
     AtomicOutput,
@@ -173,10 +177,22 @@ def rescore_nbest(
     progress: bool = True,
     model: TrainedModel | None = None,
     shard: Shard | None = None,
+    workers: int = 1,
 ) -> NBestResult:
     """Add the model's feature (and the CSLM's) to every hypothesis of ``nbest`` (see the
     module docstring); with an ``options.lm`` and no model, the CSLM feature alone. With
-    ``shard``, only that shard's blocks, and a manifest beside ``output``."""
+    ``shard``, only that shard's blocks, and a manifest beside ``output``. ``workers`` > 1
+    (CPU): the blocks are scored in that many forked single-threaded processes
+    (:mod:`phrasescore.chunk_pool`), with the bytes of one process."""
+    with single_threaded_parent(workers > 1):  # see phrasescore.chunk_pool
+        return _rescore_nbest(
+            nbest, source, model_path, output, options, device, progress, model, shard, workers
+        )
+
+
+def _rescore_nbest(
+    nbest, source, model_path, output, options, device, progress, model, shard, workers
+) -> NBestResult:
     options = options or NBestOptions()
     with_model = model is not None or model_path is not None or not options.lm
     names = _check_options(nbest, source, options, with_model)
@@ -186,6 +202,8 @@ def rescore_nbest(
     weights = _read_weights(options.weights, names) if options.weights else None
     sources = read_source(source)
     dev = resolve_device(device)
+    if workers > 1 and dev.type != "cpu":
+        raise InputError(f"--workers is for scoring on the CPU; on {dev.type} use one process")
     features, signatures, scorer = _features(
         options, dev, model_for(model, model_path, dev) if with_model else None, model_path
     )
@@ -233,31 +251,54 @@ def rescore_nbest(
         )
     started = time.monotonic()
     bar = tqdm(disable=not progress, unit=" hyps", unit_scale=True, dynamic_ncols=True)
+    score = functools.partial(score_block, features, scorer)
+    pending: collections.deque = collections.deque()  # blocks read, in order, until written
+    clamped = 0
+
+    def blocks():
+        """The pairs of each block to score (None for another shard's block)."""
+        groups = iter_nbest_groups(read_nbest(nbest))
+        for index, block in enumerate(_blocks(groups, options.block_hypotheses)):
+            entries = [e for group in block for e in group]
+            plan.append(len(entries))
+            srcs = [_source_of(e, sources, source) for e in entries]
+            owned = shard is None or shard.owns(index)
+            pending.append((index, block, entries))
+            yield (srcs, [e.hypothesis for e in entries]) if owned else None
+
+    pool = None
     try:
+        if workers > 1:
+            if scorer is not None:
+                scorer.warm_up()  # compiled here once: the forked workers inherit the kernels
+            pool = ChunkPool(score, workers)
+        done = pool.imap(blocks()) if pool is not None else ((b, score(b)) for b in blocks())
         with AtomicOutput(
             output, before_rename=write_part_manifest if shard is not None else None
         ) as out:
-            groups = iter_nbest_groups(read_nbest(nbest))
-            for index, block in enumerate(_blocks(groups, options.block_hypotheses)):
-                entries = [e for group in block for e in group]
-                plan.append(len(entries))
-                srcs = [_source_of(e, sources, source) for e in entries]
-                if shard is not None and not shard.owns(index):
+            for _, scored in done:
+                index, block, entries = pending.popleft()
+                if scored is None:
                     writer.skip(block)
                     continue
-                hyps = [e.hypothesis for e in entries]
-                for name, score in features:
+                values, block_clamped = scored
+                clamped += block_clamped
+                for (name, _), column in zip(features, values, strict=True):
                     entries = [
                         with_feature(e, name, float(v))
-                        for e, v in zip(entries, score(srcs, hyps), strict=True)
+                        for e, v in zip(entries, column, strict=True)
                     ]
                 writer.write_block(_regroup(entries, block), out)
                 if shard is not None:
                     records.append(chunk_record(index, [str(e.id) for e in entries]))
                 bar.update(len(entries))
+            if pool is not None:
+                pool.close()
             writer.finish(out, nbest)
     finally:
         bar.close()
+        if pool is not None:
+            pool.terminate()  # stopped already after the last block; at once after an error
     seconds = time.monotonic() - started
     result = NBestResult(
         "<stdout>" if output == "-" else output,
@@ -265,7 +306,7 @@ def rescore_nbest(
         writer.hypotheses,
         seconds,
         writer.changed if weights else None,
-        scorer.clamped if scorer is not None else 0,
+        clamped,
     )
     log.info(
         "%d hypotheses of %d sentences scored in %.1f s (%.0f hypotheses/s)%s",
@@ -289,6 +330,7 @@ def run_nbest(
     device: str = "cpu",
     progress: bool = True,
     shard: Shard | None = None,
+    workers: int = 1,
 ) -> NBestResult:
     """``phrasescore nbest``: :func:`rescore_nbest`, or under torchrun (``WORLD_SIZE`` > 1)
     one shard per rank into a hidden part beside the output, merged by rank 0
@@ -296,10 +338,22 @@ def run_nbest(
     launch = distributed.from_env()
     if launch is None:
         return rescore_nbest(
-            nbest, source, model_path, output, options, device, progress, shard=shard
+            nbest,
+            source,
+            model_path,
+            output,
+            options,
+            device,
+            progress,
+            shard=shard,
+            workers=workers,
         )
     if shard is not None:
         raise InputError("--shard and torchrun exclude each other (torchrun gives each rank one)")
+    if workers > 1:
+        raise InputError(
+            "--workers and torchrun exclude each other (torchrun starts the processes)"
+        )
     if source == "-":
         raise InputError("under torchrun give --source as a file (every rank reads it)")
     _check_shard(nbest, output, options)
@@ -427,6 +481,18 @@ def _features(options: NBestOptions, device, model: TrainedModel | None, model_p
 
         features.append((options.name, model_values))
     return features, signatures, scorer
+
+
+def score_block(features, scorer: PairScorer | None, pairs) -> tuple[list, int] | None:
+    """Each feature's values for one block's ``(sources, hypotheses)`` (None: another shard's
+    block), and the model scores it clamped; the same function runs in this process and in
+    ``--workers`` processes."""
+    if pairs is None:
+        return None
+    srcs, hyps = pairs
+    before = scorer.clamped if scorer is not None else 0
+    values = [np.asarray(score(srcs, hyps), dtype=np.float64) for _, score in features]
+    return values, (scorer.clamped - before if scorer is not None else 0)
 
 
 def _regroup(entries: list[NBestEntry], block: list[list[NBestEntry]]) -> list[list[NBestEntry]]:

@@ -151,3 +151,39 @@ def test_pool_passes_an_input_error_on_with_its_place():
 def test_pool_notices_a_killed_worker():
     with pytest.raises(WorkerError, match="killed by signal 9"), ChunkPool(_die_at, 2) as pool:
         list(pool.imap(range(30)))
+
+
+# ---------------------------------------------------------------------------- nbest --workers
+NBEST_LIST = DATA / "nbest" / "multi30k.test2016.ids0-4.100best.nbest.gz"
+NBEST_SOURCE = DATA / "nbest" / "multi30k.test2016.head5.tok.lc.en"
+
+
+def test_nbest_workers_write_the_bytes_of_one_process(tiny_model_path, tmp_path):
+    ini = (DATA / "moses" / "multi30k.moses.ini").read_text(encoding="utf-8")
+    weights = tmp_path / "w.ini"
+    weights.write_text(ini + "RNNEncDec0= 0.5\n", encoding="utf-8")
+    flags = ["--source", NBEST_SOURCE, "-m", tiny_model_path, "--chunk-lines", "30"]
+    flags += ["--normalize", "--weights", weights, "--no-progress"]
+    runs = {}
+    for name, extra in {
+        "one": ["--threads", "1"],
+        "many": ["--workers", "3"],
+        "part": ["--workers", "2", "--shard", "2/3"],
+        "part1": ["--threads", "1", "--shard", "2/3"],
+    }.items():
+        out = tmp_path / f"{name}.gz"
+        proc = run_cli("nbest", NBEST_LIST, "-o", out, *flags, *extra)
+        assert proc.returncode == 0, proc.stderr
+        runs[name] = out.read_bytes()
+    assert runs["many"] == runs["one"]
+    assert runs["part"] == runs["part1"]
+    text = gzip.decompress(runs["one"]).decode()
+    assert text.count("\n") == 324 and text.count("RNNEncDec0=") == 324
+    # a list whose ids the source does not have: one error line, no output, workers stopped
+    short = tmp_path / "short.en"
+    short.write_text("".join(NBEST_SOURCE.read_text().splitlines(True)[:2]), encoding="utf-8")
+    out = tmp_path / "bad.gz"
+    args = [*flags[2:], "--source", short, "--workers", "2"]
+    proc = run_cli("nbest", NBEST_LIST, "-o", out, *args)
+    assert proc.returncode == 1 and "out of range" in proc.stderr
+    assert "Traceback" not in proc.stderr and not out.exists()
