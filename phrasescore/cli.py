@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import signal
 import sys
 
 import click
@@ -250,8 +251,32 @@ def _echo_trained(result) -> None:
     )
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, taken as Ctrl-C by the training commands (:func:`_sigterm_interrupts`)."""
+
+
+def _sigterm_interrupts(func):
+    """SIGTERM raises :class:`Terminated` (a KeyboardInterrupt) while ``func`` runs: Slurm and
+    other batch systems send SIGTERM before they kill a job at its time limit, and training
+    saves its checkpoint on an interrupt, so ``--resume`` goes on from there."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        def interrupt(signum, frame):
+            raise Terminated
+
+        previous = signal.signal(signal.SIGTERM, interrupt)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    return wrapper
+
+
 def _fail_cleanly(func):
-    """Turn InputError (and Ctrl-C) into a one-line message and a non-zero exit code."""
+    """Turn InputError (and Ctrl-C, SIGTERM in training) into a one-line message and a
+    non-zero exit code (130 for Ctrl-C, 143 for SIGTERM, as a shell reports a signal)."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
@@ -260,6 +285,9 @@ def _fail_cleanly(func):
         except InputError as exc:
             click.echo(f"phrasescore: error: {exc}", err=True)
             sys.exit(EXIT_INPUT_ERROR)
+        except Terminated:
+            click.echo("phrasescore: terminated (SIGTERM)", err=True)
+            sys.exit(143)
         except KeyboardInterrupt:
             click.echo("phrasescore: interrupted", err=True)
             sys.exit(130)
@@ -364,6 +392,7 @@ def _no_progress_monitor_thread() -> None:
     "Maximum epochs (may be fractional, e.g. 7.5).",
 )
 @_fail_cleanly
+@_sigterm_interrupts
 def train(
     source,
     target,
@@ -434,6 +463,7 @@ def train(
 @click.option("--lr", type=POSITIVE_FLOAT, help="Learning rate (Adam).")
 @training_options("LM", "Tokens per batch.", POSITIVE, "Maximum epochs.")
 @_fail_cleanly
+@_sigterm_interrupts
 def train_lm(
     corpus,
     model_path,

@@ -166,7 +166,11 @@ def test_parallel_files_of_different_lengths_are_an_error(tmp_path):
     assert not (tmp_path / "m.st").exists()
 
 
-def test_ctrl_c_saves_a_checkpoint_that_resume_continues(tmp_path, corpus_files):
+@pytest.mark.parametrize(
+    "sig, code", [("SIGINT", 130), ("SIGTERM", 143)], ids=["ctrl-c", "sigterm"]
+)
+def test_ctrl_c_saves_a_checkpoint_that_resume_continues(tmp_path, corpus_files, sig, code):
+    """Ctrl-C, and SIGTERM (what Slurm sends before a job's time limit), save a checkpoint."""
     import signal
 
     model = tmp_path / "m.safetensors"
@@ -208,10 +212,10 @@ def test_ctrl_c_saves_a_checkpoint_that_resume_continues(tmp_path, corpus_files)
         if ", validation perplexity" in line:
             break
     assert ", validation perplexity" in "".join(seen), "".join(seen)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(getattr(signal, sig))
     _, err = proc.communicate(timeout=120)
     err = "".join(seen) + err
-    assert proc.returncode == 130, err
+    assert proc.returncode == code, err
     assert "continue with --resume" in err and "Traceback" not in err
     step = Trainer.read_checkpoint(str(model) + ".checkpoint")["meta"]["position"]["step"]
     assert step > 0
