@@ -620,13 +620,13 @@ class RawTable:
         data = b"".join(self._read(count))
         return parse_raw(self.name, first, data, self.num_scores)
 
-    def chunk(self, index: int, count: int, first: bool) -> RawChunk | None:
-        """The next ``count`` lines as one chunk; None at the end of the table."""
+    def chunk(self, index: int, count: int) -> RawChunk | None:
+        """The next ``count`` lines as chunk ``index``; None at the end of the table."""
         first_lineno = self.lineno + 1
         lines = self._read(count)
         if not lines:
             return None
-        return RawChunk(index, first_lineno, b"".join(lines), self.num_scores, first)
+        return RawChunk(index, first_lineno, b"".join(lines), self.num_scores, False)
 
 
 def parse_raw(name: str, first_lineno: int, data: bytes, num_scores: int) -> list:
@@ -651,10 +651,11 @@ def _write_chunks(
     scores clamped)."""
 
     def own_chunks():
-        index = chunk_index
-        while chunk := reader.chunk(index, chunk_lines, first=index == chunk_index):
+        index, first = chunk_index, True
+        while chunk := reader.chunk(index, chunk_lines):
             if shard is None or shard.owns(index):
-                yield chunk
+                yield chunk._replace(first=first)  # the table's direction is checked on it
+                first = False
             index += 1
 
     done = ((c, score(c)) for c in own_chunks()) if pool is None else pool.imap(own_chunks())

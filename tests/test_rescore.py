@@ -422,6 +422,12 @@ def test_a_lone_model_of_the_other_direction_is_warned_about(
     assert proc.returncode == 0, proc.stderr
     assert f"{fr_en} (fr->en) looks trained in the other direction" in proc.stderr
     assert "give it as --inverse-model" in proc.stderr
+    # a shard checks its own first chunk (here the table's second), in a worker too
+    part = tmp_path / "part.gz"
+    proc = run_cli("rescore", TABLES[0], "-m", fr_en, "-o", part, *flags, "--shard", "2/2",
+                   "--workers", "2")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("looks trained in the other direction") == 1
     for args in (["-m", tiny_model_path], ["--inverse-model", fr_en]):
         proc = run_cli("rescore", TABLES[0], *args, "-o", tmp_path / "b.gz", *flags)
         assert proc.returncode == 0, proc.stderr
