@@ -10,10 +10,11 @@ How (:class:`ChunkPool`):
 
 - The workers are *forked* after the models are loaded: they share the parent's weights, its
   imported PyTorch and its compiled kernels copy-on-write instead of loading their own.
-- The parent runs PyTorch with one thread from before the models are loaded until the fork
-  (:func:`single_threaded_parent`): an OpenMP thread pool does not survive ``fork`` (the
-  child's first parallel region would wait for threads that do not exist), and a pool is only
-  created by a parallel region of more than one thread. Each worker then sets its own threads.
+- The parent runs PyTorch with one thread while it loads the models and while it warms the
+  kernels up and forks (:func:`single_threaded_parent`; nothing in between runs PyTorch): an
+  OpenMP thread pool does not survive ``fork`` (the child's first parallel region would wait
+  for threads that do not exist), and a pool is only created by a parallel region of more than
+  one thread. Each worker then sets its own threads.
   TorchInductor's compile thread pool does not survive it either: parent and workers compile
   in their own thread (:func:`compile_in_process`), and the parent warms the kernels up before
   the fork so that the workers seldom compile at all. (A library caller that has run PyTorch
@@ -24,8 +25,9 @@ How (:class:`ChunkPool`):
 - The same chunk gives the same result in whichever worker scores it (same code, same weights,
   same thread count), so the output bytes do not depend on the scheduling.
 - Failures: an :class:`~phrasescore.errors.InputError` in a worker is raised again in the parent
-  (same message, path and line); any other exception becomes :class:`WorkerError` with the
-  worker's traceback; a worker that dies (killed, out of memory) is noticed within
+  (same message, path and line) when that chunk's turn comes, so the first bad chunk in input
+  order is the one reported, as in one process; any other exception becomes
+  :class:`WorkerError` with the worker's traceback; a worker that dies (killed, out of memory) is noticed within
   ``POLL_SECONDS`` and raises :class:`WorkerError` instead of waiting for ever. Workers ignore
   SIGINT: Ctrl-C interrupts the parent, which stops them.
 """
@@ -61,8 +63,8 @@ class WorkerError(RuntimeError):
 
 @contextlib.contextmanager
 def single_threaded_parent(active: bool):
-    """PyTorch at one thread in this process while the block runs (models are loaded and
-    warmed up before the fork: see the module docstring), the thread count restored after."""
+    """PyTorch at one thread in this process while the block runs (loading the models, and
+    warming up and forking: see the module docstring), the thread count restored after."""
     if not active:
         yield
         return
@@ -139,7 +141,7 @@ class ChunkPool:
         """``(item, work(item))`` for each item, in input order."""
         limit = IN_FLIGHT_PER_WORKER * len(self.processes)
         waiting: dict[int, Any] = {}  # items sent, by index
-        done: dict[int, Any] = {}  # results that arrived before their turn
+        done: dict[int, tuple[bool, Any]] = {}  # results that arrived before their turn
         source = iter(items)
         sent = next_out = 0
         exhausted = False
@@ -155,24 +157,23 @@ class ChunkPool:
             if next_out == sent:
                 return
             while next_out not in done:
-                index, value = self._next_result()
-                done[index] = value
-            yield waiting.pop(next_out), done.pop(next_out)
+                index, ok, value = self._next_result()
+                done[index] = ok, value
+            ok, value = done.pop(next_out)
+            if not ok:
+                kind, message, path, line = value
+                if kind == "input":
+                    raise InputError(message, path, line)
+                raise WorkerError(f"a worker process failed:\n{message}")
+            yield waiting.pop(next_out), value
             next_out += 1
 
-    def _next_result(self) -> tuple[int, Any]:
+    def _next_result(self) -> tuple[int, bool, Any]:
         while True:
             try:
-                index, ok, value = self.results.get(timeout=POLL_SECONDS)
+                return self.results.get(timeout=POLL_SECONDS)
             except queue.Empty:
                 self._check_alive()
-                continue
-            if ok:
-                return index, value
-            kind, message, path, line = value
-            if kind == "input":
-                raise InputError(message, path, line)
-            raise WorkerError(f"a worker process failed:\n{message}")
 
     def _check_alive(self) -> None:
         for process in self.processes:

@@ -317,6 +317,8 @@ class _PartialOutput:
 
 
 class _StdoutOutput:
+    compress = False  # standard output is written as it is, never gzip
+
     def __init__(self):
         import sys
 
@@ -326,8 +328,6 @@ class _StdoutOutput:
         if resume:
             raise InputError("--resume needs an output file, not standard output")
         return 0
-
-    compress = False
 
     def append_chunk(self, data: bytes, n_lines: int) -> None:
         self.stream.write(data)
@@ -411,113 +411,112 @@ def rescore_table(
     PyTorch thread each (:mod:`phrasescore.chunk_pool`); the output bytes are those of one
     process with one thread.
     """
-    with single_threaded_parent(workers > 1):  # see phrasescore.chunk_pool
-        options = options or RescoreOptions()
-        output = output or default_output_path(table)
-        _check_request(table, output, options, resume, shard)
-        # Load everything before writing anything: a bad model leaves no output behind.
-        dev = resolve_device(device)
-        if workers > 1 and dev.type != "cpu":
-            raise InputError(f"--workers is for scoring on the CPU; on {dev.type} use one process")
-        options.dtype = resolve_dtype(
-            options.dtype, dev
-        )  # 'auto' fixed here: part of the resume key
+    options = options or RescoreOptions()
+    output = output or default_output_path(table)
+    _check_request(table, output, options, resume, shard)
+    # Load everything before writing anything: a bad model leaves no output behind.
+    dev = resolve_device(device)
+    if workers > 1 and dev.type != "cpu":
+        raise InputError(f"--workers is for scoring on the CPU; on {dev.type} use one process")
+    options.dtype = resolve_dtype(options.dtype, dev)  # 'auto' fixed here: part of the resume key
+    with single_threaded_parent(workers > 1):  # loaded at one thread, to fork from: chunk_pool
         columns = NewColumns.load(
             model_paths, models, inverse_model_paths or [], lm_paths or [], options, dev
         )
-        log.info("device %s, dtype %s, scoring %s", dev, options.dtype, options.scoring)
-        identity = columns.identity(table)
-        if shard is not None:
-            identity["shard"] = [shard.index, shard.count]
-            log.info(
-                "shard %s: chunks i of %d lines with i %% %d == %d",
-                shard,
-                options.chunk_lines,
-                shard.count,
-                shard.index - 1,
-            )
-        sink = _StdoutOutput() if output == "-" else _PartialOutput(output, identity)
-        start_line = sink.open(resume)
-        position = ReadPosition()
-        reader = RawTable(table, position)
-        started = time.monotonic()
-        counter = _Progress(progress, position, start_line, started, options.max_phrase_length)
-        records: list[dict] = []  # a shard's chunk records (shards.chunk_record), for its manifest
-        chunk_index = _skip_done_lines(reader, counter, start_line, shard, options, table, records)
-        pool = None
-        try:
-            score = functools.partial(score_chunk, columns, sink.compress, reader.name)
-            if workers > 1:
+    log.info("device %s, dtype %s, scoring %s", dev, options.dtype, options.scoring)
+    identity = columns.identity(table)
+    if shard is not None:
+        identity["shard"] = [shard.index, shard.count]
+        log.info(
+            "shard %s: chunks i of %d lines with i %% %d == %d",
+            shard,
+            options.chunk_lines,
+            shard.count,
+            shard.index - 1,
+        )
+    sink = _StdoutOutput() if output == "-" else _PartialOutput(output, identity)
+    start_line = sink.open(resume)
+    position = ReadPosition()
+    reader = RawTable(table, position)
+    started = time.monotonic()
+    counter = _Progress(progress, position, start_line, started, options.max_phrase_length)
+    records: list[dict] = []  # a shard's chunk records (shards.chunk_record), for its manifest
+    chunk_index = _skip_done_lines(reader, counter, start_line, shard, options, table, records)
+    pool = None
+    try:
+        score = functools.partial(score_chunk, columns, sink.compress, reader.name)
+        if workers > 1:
+            with single_threaded_parent(True):
                 columns.warm_up()  # compiled here once: the forked workers inherit the kernels
                 pool = ChunkPool(score, workers)
-            input_lines, clamped = _write_chunks(
-                reader,
-                score,
-                sink,
-                counter,
+        input_lines, clamped = _write_chunks(
+            reader,
+            score,
+            sink,
+            counter,
+            shard,
+            options.chunk_lines,
+            chunk_index,
+            records,
+            pool,
+        )
+        sink.complete()
+        counter.close()
+        if shard is not None:
+            write_manifest(
+                output,
+                sink.path,
                 shard,
+                table,
+                input_lines,
                 options.chunk_lines,
-                chunk_index,
-                records,
-                pool,
+                counter.lines,
+                columns.job(),
+                device=dev.type,
+                chunks=records,
             )
-            sink.complete()
-            counter.close()
-            if shard is not None:
-                write_manifest(
-                    output,
-                    sink.path,
-                    shard,
-                    table,
-                    input_lines,
-                    options.chunk_lines,
-                    counter.lines,
-                    columns.job(),
-                    device=dev.type,
-                    chunks=records,
-                )
-            result = RescoreResult(
-                output=output,
-                lines=counter.lines,
-                distinct_sources=counter.distinct_sources,
-                seconds=time.monotonic() - started,
-                new_columns=len(columns.names),
-                column_names=columns.names,
-                signatures=columns.signatures,
-                resumed_from_line=start_line,
-                too_long=counter.too_long,
-                scoring=options.scoring,
-                clamped=clamped,
-            )
-            if before_publish is not None:
-                before_publish(result)
-            sink.publish()
-        except InputError:
-            # a bad input line: resuming cannot help, so leave nothing behind
-            sink.discard()
-            raise
-        except BaseException:
-            sink.close_incomplete()
-            raise
-        finally:
-            counter.close()
-            if pool is not None:
-                pool.terminate()  # stopped already after the last chunk; at once after an error
-        if result.too_long:
-            log.warning(
-                "%d pairs have a phrase of more than %d tokens (--max-phrase-length): given the "
-                "floor value exp(-100) without scoring",
-                result.too_long,
-                options.max_phrase_length,
-            )
-        if result.clamped:
-            log.info(
-                "self-normalized scoring: %d model score(s) had log p > 0 (sum of target logits), "
-                "clamped to p = 1",
-                result.clamped,
-            )
-        _log_result(result)
-        return result
+        result = RescoreResult(
+            output=output,
+            lines=counter.lines,
+            distinct_sources=counter.distinct_sources,
+            seconds=time.monotonic() - started,
+            new_columns=len(columns.names),
+            column_names=columns.names,
+            signatures=columns.signatures,
+            resumed_from_line=start_line,
+            too_long=counter.too_long,
+            scoring=options.scoring,
+            clamped=clamped,
+        )
+        if before_publish is not None:
+            before_publish(result)
+        sink.publish()
+    except InputError:
+        # a bad input line: resuming cannot help, so leave nothing behind
+        sink.discard()
+        raise
+    except BaseException:
+        sink.close_incomplete()
+        raise
+    finally:
+        counter.close()
+        if pool is not None:
+            pool.terminate()  # stopped already after the last chunk; at once after an error
+    if result.too_long:
+        log.warning(
+            "%d pairs have a phrase of more than %d tokens (--max-phrase-length): given the "
+            "floor value exp(-100) without scoring",
+            result.too_long,
+            options.max_phrase_length,
+        )
+    if result.clamped:
+        log.info(
+            "self-normalized scoring: %d model score(s) had log p > 0 (sum of target logits), "
+            "clamped to p = 1",
+            result.clamped,
+        )
+    _log_result(result)
+    return result
 
 
 def _check_request(

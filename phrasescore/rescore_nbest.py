@@ -184,15 +184,6 @@ def rescore_nbest(
     ``shard``, only that shard's blocks, and a manifest beside ``output``. ``workers`` > 1
     (CPU): the blocks are scored in that many forked single-threaded processes
     (:mod:`phrasescore.chunk_pool`), with the bytes of one process."""
-    with single_threaded_parent(workers > 1):  # see phrasescore.chunk_pool
-        return _rescore_nbest(
-            nbest, source, model_path, output, options, device, progress, model, shard, workers
-        )
-
-
-def _rescore_nbest(
-    nbest, source, model_path, output, options, device, progress, model, shard, workers
-) -> NBestResult:
     options = options or NBestOptions()
     with_model = model is not None or model_path is not None or not options.lm
     names = _check_options(nbest, source, options, with_model)
@@ -204,9 +195,10 @@ def _rescore_nbest(
     dev = resolve_device(device)
     if workers > 1 and dev.type != "cpu":
         raise InputError(f"--workers is for scoring on the CPU; on {dev.type} use one process")
-    features, signatures, scorer = _features(
-        options, dev, model_for(model, model_path, dev) if with_model else None, model_path
-    )
+    with single_threaded_parent(workers > 1):  # loaded at one thread, to fork from: chunk_pool
+        features, signatures, scorer = _features(
+            options, dev, model_for(model, model_path, dev) if with_model else None, model_path
+        )
     writer = _Writer(options, weights, len(sources))
     plan: list[int] = []  # the lines of every block of the list (a shard's manifest)
     records: list[dict] = []  # the shard's own blocks (shards.chunk_record)
@@ -269,9 +261,10 @@ def _rescore_nbest(
     pool = None
     try:
         if workers > 1:
-            if scorer is not None:
-                scorer.warm_up()  # compiled here once: the forked workers inherit the kernels
-            pool = ChunkPool(score, workers)
+            with single_threaded_parent(True):
+                if scorer is not None:
+                    scorer.warm_up()  # compiled here once: the forked workers inherit the kernels
+                pool = ChunkPool(score, workers)
         done = pool.imap(blocks()) if pool is not None else ((b, score(b)) for b in blocks())
         with AtomicOutput(
             output, before_rename=write_part_manifest if shard is not None else None
