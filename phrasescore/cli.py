@@ -1154,9 +1154,30 @@ def copy_table(table, output):
     "--candidate",
     "candidates",
     multiple=True,
-    required=True,
     metavar="[NAME=]INI",
     help="A candidate system's moses.ini (e.g. what rescore --moses-ini wrote); repeatable.",
+)
+@click.option(
+    "--rerank",
+    multiple=True,
+    metavar="[NAME=]MODEL",
+    help="Also re-rank every tuned run's n-best lists with this sentence model's log p "
+    "(feature NAME, default RNNEncDec0, 1, ...), weights tuned on the dev lists with Moses' "
+    "extractor and mert: one more system per system, SYSTEM+rerank; repeatable.",
+)
+@click.option(
+    "--nbest-size",
+    type=click.IntRange(min=1),
+    default=100,
+    show_default=True,
+    help="--rerank: distinct hypotheses per sentence.",
+)
+@click.option(
+    "--rerank-restarts",
+    type=click.IntRange(min=1),
+    default=20,
+    show_default=True,
+    help="--rerank: mert's random restarts (mert-moses.pl's default).",
 )
 @click.option(
     "--dev", nargs=2, required=True, metavar="SRC REF", help="Tuning set (tokenised as the system)."
@@ -1207,7 +1228,7 @@ def copy_table(table, output):
     help="Paired bootstrap resamples.",
 )
 @_fail_cleanly
-def ab(baseline, candidates, dev, tests, workdir, moses_home, seeds, **settings):
+def ab(baseline, candidates, rerank, dev, tests, workdir, moses_home, seeds, **settings):
     """Does a new phrase-table column move BLEU? MERT A/B of a baseline against candidates.
 
     Tunes every system --runs times with mert-moses.pl (different seeds, tables filtered once per
@@ -1229,6 +1250,7 @@ def ab(baseline, candidates, dev, tests, workdir, moses_home, seeds, **settings)
         workdir,
         moses_home=moses_home,
         options=ComparisonOptions(seeds=seed_list, **settings),
+        rerank=list(rerank),
     )
     for line in format_report(results, [t[0] for t in tests]):
         click.echo(line)

@@ -8,7 +8,12 @@ wrote), this job
 2. tunes every system K times with ``mert-moses.pl`` (seed ``--mertmertargs "--rseed S"``;
    each run reuses the system's filtered model), at most ``jobs`` runs at a time;
 3. decodes every test set with every tuned configuration (``moses -weight-overwrite``);
-4. reports BLEU per system and test set as mean and standard deviation over the K runs, the
+4. with ``rerank`` models (Sutskever et al. 2014, §3.6), decodes the dev and test n-best lists
+   of every tuned run, adds each model's log p(hypothesis | source) (``phrasescore nbest``),
+   tunes the weights on the fixed dev lists with Moses' extractor and mert
+   (:mod:`phrasescore.nbest_tuning`) and re-ranks the test lists: one more system per system,
+   ``NAME+rerank``;
+5. reports BLEU per system and test set as mean and standard deviation over the K runs, the
    tuned weight of each feature the candidate adds, and the paired bootstrap p-value of each
    candidate against the baseline on the run closest to each system's mean (MultEval's advice:
    Clark et al. 2011, "Better hypothesis testing for statistical machine translation").
@@ -19,6 +24,8 @@ is interrupted resumes where it stopped (MERT itself with ``mert-moses.pl --cont
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import logging
 import os
 import re
@@ -26,6 +33,7 @@ import shlex
 import shutil
 import statistics
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +41,14 @@ from pathlib import Path
 from phrasescore.errors import InputError
 from phrasescore.files import AtomicOutput, iter_lines
 from phrasescore.moses.ini import read_weights
+from phrasescore.moses.nbest import check_feature_name
+from phrasescore.nbest_tuning import (
+    dense_feature_names,
+    read_tuned_weights,
+    weight_vector,
+    write_start_point,
+    write_weights_file,
+)
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +126,10 @@ class ComparisonOptions:
     mert_flags: str = ""
     bleu_tokenize: str = "none"
     bootstrap_samples: int = 1000
+    rerank: tuple[tuple[str, str], ...] = ()
+    """(feature name, model file) of each n-best re-ranking model; empty: no re-ranking."""
+    nbest_size: int = 100
+    rerank_restarts: int = 20
 
 
 @dataclass
@@ -137,6 +157,15 @@ def _check_input(path: Path, what: str) -> Path:
     if path.is_dir():
         raise InputError(f"{what}: is a directory", path=str(path))
     return path.resolve()
+
+
+def _file_digest(path: str) -> str:
+    """The first 10 hex digits of a file's SHA-256 (names the work of one model file)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:10]
 
 
 def _line_count(path: Path) -> int:
@@ -259,19 +288,12 @@ class Comparison:
         return tuned
 
     # -- step 3: decode the test sets ------------------------------------------------------------
-    def decode(
-        self, system: System, run_dir: Path, weights: dict[str, list[float]], test: TestSet
-    ) -> Path:
-        """Translate ``test`` with the filtered model and the tuned ``weights`` of one run."""
-        output = run_dir / f"{test.name}.out"
-        if output.exists():
-            return output
+    def _decoder_command(self, system: System, weights: dict[str, list[float]]) -> list[str]:
         overwrite = " ".join(
             f"{name}= " + " ".join(repr(value) for value in values)
             for name, values in weights.items()
         )
-        partial = output.with_name(output.name + ".partial")
-        command = [
+        return [
             self.moses.program("decoder"),
             "-f",
             str(self.filtered_ini(system)),
@@ -280,6 +302,16 @@ class Comparison:
             "-weight-overwrite",
             overwrite,
         ]
+
+    def decode(
+        self, system: System, run_dir: Path, weights: dict[str, list[float]], test: TestSet
+    ) -> Path:
+        """Translate ``test`` with the filtered model and the tuned ``weights`` of one run."""
+        output = run_dir / f"{test.name}.out"
+        if output.exists():
+            return output
+        partial = output.with_name(output.name + ".partial")
+        command = self._decoder_command(system, weights)
         _run(command, run_dir, f"{test.name}.decode.log", stdin=test.source, stdout=partial)
         written = _line_count(partial)
         if written != _line_count(test.source):
@@ -294,9 +326,91 @@ class Comparison:
             result.outputs[test.name] = self.decode(system, tuned.parent, result.weights, test)
         return result
 
+    # -- step 4 (with rerank models): tuned n-best re-ranking ------------------------------------
+    def decode_nbest(
+        self, system: System, run_dir: Path, weights: dict[str, list[float]], test: TestSet
+    ) -> Path:
+        """The distinct ``nbest_size``-best list of ``test`` under one run's tuned weights."""
+        output = run_dir / f"{test.name}.{self.options.nbest_size}best.nbest"
+        if output.exists():
+            return output
+        partial = output.with_name(output.name + ".partial")
+        command = self._decoder_command(system, weights) + [
+            "-n-best-list",
+            str(partial),
+            str(self.options.nbest_size),
+            "distinct",
+        ]
+        _run(command, run_dir, f"{test.name}.nbest.log", stdin=test.source, stdout=Path(os.devnull))
+        partial.rename(output)
+        return output
+
+    def score_nbest(
+        self, nbest: Path, test: TestSet, work: Path, weights_file: Path | None = None
+    ) -> Path:
+        """``nbest`` with every re-ranking model's feature added (``phrasescore nbest``, one
+        model after the other); with ``weights_file``, the re-ranked 1-best texts instead."""
+        current = nbest
+        for index, (name, model) in enumerate(self.options.rerank):
+            rerank = weights_file is not None and index == len(self.options.rerank) - 1
+            if rerank:
+                target = work / f"{test.name}.rerank.out"
+            else:
+                target = work / f"{test.name}.scored.{index}.nbest"
+            if not target.exists():
+                command = [sys.executable, "-m", "phrasescore", "nbest", str(current)]
+                command += ["--source", str(test.source), "-m", model, "--name", name]
+                command += ["-o", str(target), "--no-progress"]
+                command += ["--threads", str(self.options.decoder_threads)]
+                if rerank:
+                    command += ["--weights", str(weights_file), "--one-best"]
+                _run(command, work, f"{target.name}.log")
+            current = target
+        return current
+
+    def tune_rerank(self, system: System, run: RunResult, run_dir: Path) -> Path:
+        """``Name= w`` lines: the run's features and the models' tuned on the fixed dev n-best
+        lists with Moses' extractor and mert (seeded like the run)."""
+        work = run_dir / self.rerank_label
+        tuned = work / "weights.txt.ini"
+        if tuned.exists():
+            return tuned
+        work.mkdir(parents=True, exist_ok=True)
+        dev_nbest = self.decode_nbest(system, run_dir, run.weights, self.dev)
+        scored = self.score_nbest(dev_nbest, self.dev, work)
+        bleu = ["--sctype", "BLEU", "--scconfig", "case:true"]
+        extract = [self.moses.program("extractor"), *bleu, "-r", str(self.dev.reference)]
+        extract += ["-n", str(scored), "--scfile", "scores.dat", "--ffile", "features.dat"]
+        _run(extract, work, "extract.log")
+        names = dense_feature_names(work / "features.dat")
+        write_start_point(work / "init.opt", weight_vector(names, run.weights, 0.0))
+        mert = [self.moses.program("mert"), "-d", str(len(names)), *bleu]
+        mert += ["-n", str(self.options.rerank_restarts), "-r", str(run.seed)]
+        mert += ["--scfile", "scores.dat", "--ffile", "features.dat", "--ifile", "init.opt"]
+        _run(mert, work, "mert.log")
+        write_weights_file(tuned, read_tuned_weights(work / "weights.txt", names))
+        return tuned
+
+    @functools.cached_property
+    def rerank_label(self) -> str:
+        """The folder of one set of re-ranking models: their names and file digests."""
+        parts = [f"{name}-{_file_digest(model)}" for name, model in self.options.rerank]
+        return "rerank-" + "+".join(parts)
+
+    def rerank_one(self, system: System, run: RunResult) -> RunResult:
+        """One tuned run's test sets, re-ranked with the models' features."""
+        run_dir = self.workdir / system.name / f"mert-{run.seed}"
+        weights_file = self.tune_rerank(system, run, run_dir)
+        result = RunResult(seed=run.seed, weights=read_weights(weights_file.read_text("utf-8")))
+        work = run_dir / self.rerank_label
+        for test in self.tests:
+            nbest = self.decode_nbest(system, run_dir, run.weights, test)
+            result.outputs[test.name] = self.score_nbest(nbest, test, work, weights_file)
+        return result
+
     # -- the whole comparison --------------------------------------------------------------------
     def run(self) -> list[SystemResult]:
-        """Filter, tune, decode and score every system; the baseline comes first."""
+        """Filter, tune, decode (re-rank) and score every system; the baseline comes first."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.filter_input()
         seeds = self.options.seeds[: self.options.runs]
@@ -308,15 +422,29 @@ class Comparison:
                 for seed in seeds
             }
             runs = {key: future.result() for key, future in futures.items()}
-        results = []
-        for system in self.systems:
-            system_runs = [runs[(system.name, seed)] for seed in seeds]
-            for run in system_runs:
+            results = [
+                SystemResult(system, [runs[(system.name, seed)] for seed in seeds], {})
+                for system in self.systems
+            ]
+            if self.options.rerank:
+                reranked = [
+                    (
+                        result.system,
+                        [pool.submit(self.rerank_one, result.system, run) for run in result.runs],
+                    )
+                    for result in results
+                ]
+                for system, run_futures in reranked:
+                    runs_here = [future.result() for future in run_futures]
+                    results.append(
+                        SystemResult(System(f"{system.name}+rerank", system.ini), runs_here, {})
+                    )
+        for result in results:
+            for run in result.runs:
                 for test in self.tests:
                     run.bleu[test.name] = corpus_bleu(
                         run.outputs[test.name], test.reference, self.options.bleu_tokenize
                     )
-            results.append(SystemResult(system, system_runs, {}))
         self._add_new_weights(results)
         self._add_p_values(results)
         return results
@@ -395,12 +523,20 @@ def compare_systems(
     workdir: str,
     moses_home: str | None = None,
     options: ComparisonOptions | None = None,
+    rerank: list[str] | None = None,
 ) -> list[SystemResult]:
     """The ``ab`` job: tune, decode and compare ``candidates`` against ``baseline``.
 
     ``candidates`` are ``NAME=INI`` or plain paths (named after the file), ``tests`` are
-    ``(name, source, reference)``. Returns one :class:`SystemResult` per system, baseline first.
+    ``(name, source, reference)``, ``rerank`` are ``NAME=MODEL`` or plain model paths (feature
+    ``RNNEncDec0``, ``RNNEncDec1``, ...). Returns one :class:`SystemResult` per system, baseline
+    first, then with ``rerank`` each system's re-ranked runs (``NAME+rerank``).
     """
+    options = options or ComparisonOptions()
+    if rerank:
+        options.rerank = rerank_models(rerank)
+    if not candidates and not options.rerank:
+        raise InputError("nothing to compare: give --candidate INI or --rerank MODEL")
     moses = MosesInstall.find(moses_home)
     systems = [System("baseline", _check_input(Path(baseline), "baseline moses.ini"))]
     for spec in candidates:
@@ -426,10 +562,22 @@ def compare_systems(
             raise InputError(
                 f"{test.name}: source and reference differ in line count", path=str(test.reference)
             )
-    comparison = Comparison(
-        moses, Path(workdir), systems, dev_set, test_sets, options or ComparisonOptions()
-    )
+    comparison = Comparison(moses, Path(workdir), systems, dev_set, test_sets, options)
     return comparison.run()
+
+
+def rerank_models(specs: list[str]) -> tuple[tuple[str, str], ...]:
+    """``[NAME=]MODEL`` specs as (feature name, model path); unnamed ones ``RNNEncDec<i>``."""
+    models = []
+    for index, spec in enumerate(specs):
+        name, sep, path = spec.partition("=")
+        if not sep:
+            name, path = f"RNNEncDec{index}", spec
+        check_feature_name(name)
+        if name in {known for known, _ in models}:
+            raise InputError(f"--rerank {spec}: feature name {name} given twice")
+        models.append((name, str(_check_input(Path(path), f"--rerank {name} model"))))
+    return tuple(models)
 
 
 def format_report(results: list[SystemResult], tests: list[str]) -> list[str]:

@@ -23,6 +23,7 @@ from phrasescore.mert_ab import (
     format_report,
     new_feature_weights,
     paired_bootstrap_p,
+    rerank_models,
 )
 from phrasescore.moses.ini import read_weights
 
@@ -108,7 +109,22 @@ def test_without_moses_one_line_says_what_is_missing(monkeypatch, tmp_path):
     with pytest.raises(InputError, match=r"lacks bin/moses, bin/mert"):
         MosesInstall.find(str(tmp_path))
     with pytest.raises(InputError, match="Moses not found"):
+        compare_systems("base.ini", ["c.ini"], ("d.en", "d.fr"), [], str(tmp_path / "w"))
+    with pytest.raises(InputError, match="nothing to compare: give --candidate INI or --rerank"):
         compare_systems("base.ini", [], ("d.en", "d.fr"), [], str(tmp_path / "w"))
+
+
+def test_rerank_models_are_named_checked_and_distinct(tmp_path, tiny_model_path):
+    assert rerank_models([tiny_model_path, f"Att={tiny_model_path}"]) == (
+        ("RNNEncDec0", tiny_model_path),
+        ("Att", tiny_model_path),
+    )
+    with pytest.raises(InputError, match="contains '_'"):
+        rerank_models([f"Sent_0={tiny_model_path}"])
+    with pytest.raises(InputError, match="feature name Att given twice"):
+        rerank_models([f"Att={tiny_model_path}", f"Att={tiny_model_path}"])
+    with pytest.raises(InputError, match="--rerank X model: no such file"):
+        rerank_models([f"X={tmp_path / 'none.safetensors'}"])
 
 
 def test_cli_without_moses_is_one_line_exit_1(tmp_path):

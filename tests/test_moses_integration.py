@@ -165,3 +165,41 @@ def test_ab_runs_a_short_mert_per_system_and_resumes(moses_system, tmp_path):
     again = compare_systems(**args)
     assert format_report(again, ["test20"]) == report
     assert (tmp_path / "ab" / "rnn" / "mert-1234" / "test20.out").stat().st_mtime_ns == stamp
+
+
+def test_ab_rerank_tunes_the_nbest_feature_on_dev_and_reranks_the_tests(
+    moses_system, tiny_model_path, tmp_path
+):
+    from phrasescore.mert_ab import ComparisonOptions, compare_systems, format_report
+    from phrasescore.moses.nbest import read_nbest
+
+    options = ComparisonOptions(runs=1, jobs=1, max_iterations=1, nbest_size=10)
+    options.bootstrap_samples = 100
+    results = compare_systems(
+        baseline=str(moses_system["baseline"]),
+        candidates=[],
+        dev=(str(SYSTEM / "dev50.en"), str(SYSTEM / "dev50.fr")),
+        tests=[("test20", str(SYSTEM / "test20.en"), str(SYSTEM / "test20.fr"))],
+        workdir=str(tmp_path / "ab"),
+        moses_home=MOSES_HOME,
+        options=options,
+        rerank=[f"Sent0={tiny_model_path}"],
+    )
+    assert [r.system.name for r in results] == ["baseline", "baseline+rerank"]
+    reranked = results[1]
+    (run,) = reranked.runs
+    # the re-ranking weights cover the decoder's features and the new one, tuned by mert
+    assert list(reranked.new_weights) == ["Sent0[0]"]
+    assert set(results[0].runs[0].weights) < set(run.weights)
+    assert abs(sum(abs(w) for ws in run.weights.values() for w in ws) - 1.0) < 1e-4  # L1, mert
+    # every re-ranked test line is one of that sentence's dev-tuned n-best hypotheses
+    run_dir = tmp_path / "ab" / "baseline" / "mert-1234"
+    groups: dict[int, set[str]] = {}
+    for entry in read_nbest(str(run_dir / "test20.10best.nbest")):
+        groups.setdefault(entry.id, set()).add(entry.hypothesis)
+    output = run.outputs["test20"].read_text(encoding="utf-8").splitlines()
+    assert len(output) == 20
+    for index, line in enumerate(output):
+        assert line in groups[index]
+    assert 0.0 <= reranked.p_values["test20"] <= 1.0
+    assert format_report(results, ["test20"])[2].startswith("baseline+rerank")

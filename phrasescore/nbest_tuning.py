@@ -1,0 +1,107 @@
+"""Tuned n-best re-ranking (Sutskever et al. 2014, §3.6; SPEC §3.6): the weight of a feature
+that a model adds to Moses n-best lists, tuned on the fixed dev lists with Moses' own tools.
+
+One tuning is three steps in one working directory:
+
+1. ``extractor`` turns the scored dev n-best list into ``features.dat`` (one row of dense
+   feature values per hypothesis) and ``scores.dat`` (BLEU sufficient statistics);
+2. ``mert`` (Och's line search with random restarts, seeded) finds the weights that maximise
+   dev BLEU over those fixed lists, starting from the decoder's tuned weights with the new
+   features at 0; it prints ``Best point: w1 ... wn => BLEU`` and writes ``weights.txt``;
+3. :func:`read_tuned_weights` maps the weight vector back to feature names (the extractor's
+   header names each dense value ``Name_i``) and writes them as ``Name= w ...`` lines, the
+   file ``phrasescore nbest --weights`` reads to re-rank the test lists.
+
+The Moses facts used: the extractor's feature header is ``FEATURES_TXT_BEGIN_0 ID N DIM
+NAME_0 NAME_1 ...`` (``mert/FeatureArray.cpp``); mert's starting point file ``init.opt`` holds
+three lines, the start, the minima and the maxima of the random restarts (as
+``mert-moses.pl`` writes it); ``weights.txt`` is the L1-normalised best point, space-separated.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+from phrasescore.errors import InputError
+from phrasescore.files import AtomicOutput
+
+log = logging.getLogger(__name__)
+
+FEATURES_HEADER = "FEATURES_TXT_BEGIN_0"
+_VALUE_NAME = re.compile(r"(.+)_(\d+)\Z")
+
+
+def dense_feature_names(features_dat: Path) -> list[str]:
+    """The dense value names (``LM0_0``, ``TranslationModel0_3``) of an extractor's features.dat."""
+    with open(features_dat, encoding="utf-8") as handle:
+        for line in handle:
+            if line.startswith(FEATURES_HEADER):
+                fields = line.split()
+                dimension = int(fields[3])
+                names = fields[4:]
+                if len(names) != dimension:
+                    raise InputError(
+                        f"feature header names {len(names)} values, expected {dimension}",
+                        path=str(features_dat),
+                    )
+                return names
+    raise InputError("no feature header: not an extractor features file", path=str(features_dat))
+
+
+def weight_vector(names: list[str], weights: dict[str, list[float]], default: float) -> list[float]:
+    """``weights`` (by feature name) in the order of ``names``; ``default`` where none is given."""
+    vector = []
+    for name in names:
+        feature, index = _split_value_name(name)
+        values = weights.get(feature, [])
+        vector.append(values[index] if index < len(values) else default)
+    return vector
+
+
+def weights_by_feature(names: list[str], vector: list[float]) -> dict[str, list[float]]:
+    """The inverse of :func:`weight_vector`: ``Name -> [w_0, w_1, ...]``."""
+    grouped: dict[str, list[float]] = {}
+    for name, value in zip(names, vector, strict=True):
+        feature, index = _split_value_name(name)
+        values = grouped.setdefault(feature, [])
+        if index != len(values):
+            raise InputError(f"feature values out of order at {name!r}")
+        values.append(value)
+    return grouped
+
+
+def _split_value_name(name: str) -> tuple[str, int]:
+    match = _VALUE_NAME.match(name)
+    if not match:
+        raise InputError(f"dense feature value name {name!r} is not NAME_INDEX")
+    return match.group(1), int(match.group(2))
+
+
+def write_start_point(path: Path, start: list[float], spread: float = 1.0) -> None:
+    """mert's ``init.opt``: the start, then the range [-spread, spread] of random restarts."""
+    lines = [start, [-spread] * len(start), [spread] * len(start)]
+    with AtomicOutput(str(path)) as out:
+        for values in lines:
+            out.write(" ".join(repr(float(v)) for v in values) + "\n")
+
+
+def read_tuned_weights(weights_txt: Path, names: list[str]) -> dict[str, list[float]]:
+    """mert's ``weights.txt`` (one line, one weight per dense value) by feature name."""
+    text = weights_txt.read_text(encoding="utf-8").split()
+    try:
+        vector = [float(value) for value in text]
+    except ValueError:
+        raise InputError("not a mert weights file", path=str(weights_txt)) from None
+    if len(vector) != len(names):
+        raise InputError(f"{len(vector)} weights for {len(names)} features", path=str(weights_txt))
+    return weights_by_feature(names, vector)
+
+
+def write_weights_file(path: Path, weights: dict[str, list[float]]) -> None:
+    """``Name= w1 w2`` lines: what ``phrasescore nbest --weights`` and ``moses
+    -weight-overwrite`` read."""
+    with AtomicOutput(str(path)) as out:
+        for name, values in weights.items():
+            out.write(f"{name}= " + " ".join(repr(v) for v in values) + "\n")
