@@ -1,0 +1,85 @@
+"""phrasescore.nbest_tuning against files Moses' own extractor and mert wrote (tests/data/nbest)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sacrebleu.metrics import BLEU
+
+from phrasescore.errors import InputError
+from phrasescore.moses.ini import read_weights
+from phrasescore.moses.nbest import iter_nbest_groups, read_nbest, total_score
+from phrasescore.nbest_tuning import (
+    dense_feature_names,
+    read_tuned_weights,
+    weight_vector,
+    weights_by_feature,
+    write_start_point,
+    write_weights_file,
+)
+
+DATA = Path(__file__).parent / "data"
+NBEST = DATA / "nbest" / "multi30k.test2016.ids0-4.100best.nbest.gz"
+REFERENCE = DATA / "nbest" / "multi30k.test2016.head5.tok.lc.fr"
+MERT = DATA / "nbest" / "mert"
+
+
+def test_dense_names_are_the_lists_features_in_order():
+    names = dense_feature_names(MERT / "features.dat")
+    first = next(read_nbest(str(NBEST)))
+    expected = [
+        f"{name}_{i}" for name, values in first.parsed_features() for i in range(len(values))
+    ]
+    assert names == expected and len(names) == 14
+
+
+def test_start_point_is_the_ini_weights_in_extractor_order(tmp_path):
+    names = dense_feature_names(MERT / "features.dat")
+    ini = read_weights((DATA / "moses" / "multi30k.moses.ini").read_text(encoding="utf-8"))
+    start = weight_vector(names, ini, 0.0)
+    assert start[names.index("LM0_0")] == 0.5 and start[names.index("WordPenalty0_0")] == -1.0
+    write_start_point(tmp_path / "init.opt", start)
+    assert (tmp_path / "init.opt").read_bytes() == (MERT / "init.opt").read_bytes()
+    # a feature the ini lacks (a new n-best feature) starts at the default
+    assert weight_vector(["RNNEncDec0_0", "LM0_0"], ini, 0.0) == [0.0, 0.5]
+
+
+def test_mert_weights_rerank_the_list_to_merts_own_bleu(tmp_path):
+    names = dense_feature_names(MERT / "features.dat")
+    weights = read_tuned_weights(MERT / "weights.txt", names)
+    assert list(weights) == [
+        "LexicalReordering0",
+        "Distortion0",
+        "LM0",
+        "WordPenalty0",
+        "PhrasePenalty0",
+        "TranslationModel0",
+    ]
+    assert len(weights["TranslationModel0"]) == 4
+    best = []
+    for group in iter_nbest_groups(read_nbest(str(NBEST))):
+        totals = [total_score(entry.parsed_features(), weights) for entry in group]
+        best.append(group[max(range(len(group)), key=lambda i: (totals[i], -i))].hypothesis)
+    references = REFERENCE.read_text(encoding="utf-8").splitlines()
+    bleu = BLEU(tokenize="none").corpus_score(best, [references]).score
+    merts = float((MERT / "mert.best-point.txt").read_text().split("=>")[1])
+    assert bleu == pytest.approx(100 * merts, abs=1e-4)  # 76.8998
+    # the weights file phrasescore writes reads back as the same weights
+    write_weights_file(tmp_path / "w.ini", weights)
+    assert read_weights((tmp_path / "w.ini").read_text(encoding="utf-8")) == weights
+
+
+def test_malformed_files_are_one_line_errors(tmp_path):
+    bad = tmp_path / "features.dat"
+    bad.write_text("1 2 3\n")
+    with pytest.raises(InputError, match="no feature header"):
+        dense_feature_names(bad)
+    bad.write_text("FEATURES_TXT_BEGIN_0 0 1 3 LM0_0 WordPenalty0_0\n")
+    with pytest.raises(InputError, match="names 2 values, expected 3"):
+        dense_feature_names(bad)
+    with pytest.raises(InputError, match="2 weights for 1 features"):
+        (tmp_path / "w.txt").write_text("0.5 0.5 \n")
+        read_tuned_weights(tmp_path / "w.txt", ["LM0_0"])
+    with pytest.raises(InputError, match="out of order"):
+        weights_by_feature(["LM0_1", "LM0_0"], [1.0, 2.0])
