@@ -337,6 +337,12 @@ def _no_progress_monitor_thread() -> None:
 )
 @click.option("--phrase-table", help="Train on the distinct phrase pairs of a Moses table instead.")
 @click.option(
+    "--inverse",
+    is_flag=True,
+    help="With --phrase-table: train p(source phrase | target phrase) on the pairs reversed, "
+    "for rescore --inverse-model (give --src-lang/--tgt-lang of that direction).",
+)
+@click.option(
     "--valid", nargs=2, metavar="SRC TGT", help="Validation files (else a held-out slice)."
 )
 @click.option(
@@ -398,6 +404,7 @@ def train(
     target,
     model_path,
     phrase_table,
+    inverse,
     valid,
     preset,
     arch,
@@ -421,6 +428,7 @@ def train(
         source=source,
         target=target,
         phrase_table=phrase_table,
+        inverse=inverse,
         valid=valid,
         preset=preset,
         src_lang=src_lang,

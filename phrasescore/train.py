@@ -77,6 +77,8 @@ class TrainingData:
     src_path: str | None = None
     tgt_path: str | None = None
     phrase_table: str | None = None
+    inverse: bool = False
+    """With ``phrase_table``: each pair reversed, (target phrase, source phrase)."""
     valid_src: str | None = None
     valid_tgt: str | None = None
     src_lang: str = "en"
@@ -102,7 +104,9 @@ class TrainResult:
 
 def _pairs(data: TrainingData, src_text, tgt_text, max_length):
     if data.phrase_table:
-        return read_phrase_pairs(data.phrase_table, src_text, tgt_text, max_length)
+        return read_phrase_pairs(
+            data.phrase_table, src_text, tgt_text, max_length, inverse=data.inverse
+        )
     return read_parallel(data.src_path, data.tgt_path, src_text, tgt_text, max_length)
 
 
@@ -757,6 +761,7 @@ def run_training(
     overrides: dict,
     arch: str = "cho",
     model_overrides: dict | None = None,
+    inverse: bool = False,
 ) -> TrainResult:
     """``phrasescore train``: check the arguments, configure, run :class:`Trainer`.
 
@@ -770,6 +775,11 @@ def run_training(
         raise InputError("give either SOURCE TARGET or --phrase-table, not both")
     if not phrase_table and not (source and target):
         raise InputError("give SOURCE TARGET files, or --phrase-table TABLE")
+    if inverse and not phrase_table:
+        raise InputError(
+            "--inverse reverses the pairs of --phrase-table; for parallel files give them in "
+            "the other order (TARGET SOURCE)"
+        )
     if arch not in ARCHITECTURES:
         raise InputError(f"unknown architecture {arch!r} (one of {', '.join(ARCHITECTURES)})")
     if preset not in ARCH_PRESETS[arch]:
@@ -819,6 +829,7 @@ def run_training(
         src_path=source,
         tgt_path=target,
         phrase_table=phrase_table,
+        inverse=inverse,
         valid_src=valid[0] if valid else None,
         valid_tgt=valid[1] if valid else None,
         src_lang=src_lang,

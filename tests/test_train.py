@@ -16,7 +16,7 @@ from phrasescore.model.config import TrainConfig
 from phrasescore.scoring import PairScorer
 from phrasescore.train import Trainer, TrainingData, prepare_data
 
-from .conftest import TEXT, sample_pairs, train_tiny, write_lines
+from .conftest import TEXT, run_cli, sample_pairs, train_tiny, write_lines
 
 
 def _train(tmp_path, src, tgt, resume=False, **overrides):
@@ -241,3 +241,36 @@ def test_no_daemon_thread_is_left_to_race_interpreter_shutdown(tmp_path, corpus_
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1] == "[]", proc.stdout
+
+
+def test_inverse_phrase_table_training_reads_each_pair_reversed(tmp_path):
+    """``train --phrase-table T --inverse``: the pairs of p(source phrase | target phrase)."""
+    from phrasescore.text.corpus import read_phrase_pairs
+    from phrasescore.text.tokenize import TextNormalizer
+
+    table = str(TEXT / "multi30k-phrase-table-sample.gz")
+    en, fr = TextNormalizer("en"), TextNormalizer("fr")
+    direct = list(read_phrase_pairs(table, en, fr, 50))
+    inverse = list(read_phrase_pairs(table, fr, en, 50, inverse=True))
+    assert len(direct) > 100
+    assert inverse == [(tgt, src) for src, tgt in direct]
+    assert sum(src != tgt for src, tgt in direct) > 100
+    # end to end: the inverse model's source vocabulary is the table's French side
+    path = tmp_path / "fr-en.safetensors"
+    proc = run_cli(
+        *("train", "--phrase-table", table, "--inverse", "--src-lang", "fr", "--tgt-lang", "en"),
+        *("--preset", "tiny", "--max-steps", "2", "--threads", "1", "-o", path),
+    )
+    assert proc.returncode == 0, proc.stderr
+    model = load_model(str(path))
+    assert model.src_vocab.count_unknown([word for _, tgt in direct for word in tgt]) == 0
+    assert model.tgt_vocab.count_unknown([word for src, _ in direct for word in src]) == 0
+    assert "avec" in model.src_vocab.words and "avec" not in model.tgt_vocab.words
+    assert "the" in model.tgt_vocab.words and "the" not in model.src_vocab.words
+    # --inverse needs a table: for parallel files the order of the files says the direction
+    src, tgt = sample_pairs(5)
+    s, t = write_lines(tmp_path / "a.en", src), write_lines(tmp_path / "a.fr", tgt)
+    proc = run_cli("train", s, t, "--inverse", "-o", tmp_path / "x.safetensors")
+    assert proc.returncode == 1
+    assert proc.stderr.strip().endswith("in the other order (TARGET SOURCE)")
+    assert "Traceback" not in proc.stderr

@@ -162,8 +162,11 @@ def read_phrase_pairs(
     src_normalizer: TextNormalizer,
     tgt_normalizer: TextNormalizer,
     max_length: int | None,
+    inverse: bool = False,
 ) -> PairReader:
-    """Stream each distinct (source, target) phrase pair of a Moses phrase table once.
+    """Stream each distinct (source, target) phrase pair of a Moses phrase table once; with
+    ``inverse``, each as (target, source): the pairs of a model of p(source | target), the
+    neural counterpart of the table's inverse phi(f|e) (``rescore --inverse-model``).
 
     Lines are split by :func:`phrasescore.moses.phrase_table.read_phrase_table` (the one
     phrase-table parser; structure checked, scores not parsed): a line with fewer than 3 fields,
@@ -179,8 +182,11 @@ def read_phrase_pairs(
         seen: set[int] = set()
         for entry in read_phrase_table(table_path, validate=False):
             stats.lines += 1
-            src_tokens = src_normalizer.normalize_tokenized(entry.source)
-            tgt_tokens = tgt_normalizer.normalize_tokenized(entry.target)
+            source, target = (
+                (entry.target, entry.source) if inverse else (entry.source, entry.target)
+            )
+            src_tokens = src_normalizer.normalize_tokenized(source)
+            tgt_tokens = tgt_normalizer.normalize_tokenized(target)
             if not src_tokens or not tgt_tokens:
                 stats.skipped_empty += 1
                 continue
