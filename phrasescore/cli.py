@@ -643,6 +643,14 @@ def rescore(
     result = job.rescore
     if _not_rank_0():
         return
+    if result.complete_already:
+        click.echo(
+            f"phrasescore: {result.output} is complete already ({result.lines} lines, "
+            f"{result.distinct_sources} distinct sources, +{result.new_columns} column(s)): "
+            "nothing to do",
+            err=True,
+        )
+        return
     resumed = (
         f" (resumed after line {result.resumed_from_line})" if result.resumed_from_line else ""
     )

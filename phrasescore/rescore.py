@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import islice
@@ -79,8 +80,13 @@ from phrasescore.shards import (
     Shard,
     check_parts,
     chunk_record,
+    file_sha256,
+    input_identity,
+    joined_runs,
+    manifest_path,
     merge_shards,
     run_on_ranks,
+    shard_part_path,
     write_manifest,
 )
 
@@ -118,6 +124,8 @@ class RescoreResult:
     column_names: list[str] = field(default_factory=list)
     signatures: list[str] = field(default_factory=list)
     resumed_from_line: int = 0
+    complete_already: bool = False
+    """``--resume`` found the output complete (a part and its manifest): nothing was done."""
     too_long: int = 0
     """Pairs with a phrase over ``max_phrase_length`` tokens, given the floor value unscored."""
     scoring: str = "exact"
@@ -130,13 +138,15 @@ class RescoreResult:
         return (self.lines - self.resumed_from_line) / max(self.seconds, 1e-9)
 
 
-def default_output_path(table: str) -> str:
-    """``phrase-table.gz`` -> ``phrase-table.rescored.gz``; ``pt`` -> ``pt.rescored``."""
+def default_output_path(table: str, shard: Shard | None = None) -> str:
+    """``phrase-table.gz`` -> ``phrase-table.rescored.gz``; ``pt`` -> ``pt.rescored``; with
+    ``--shard 2/3`` -> ``phrase-table.rescored.part-2-of-3.gz`` (each shard its own part)."""
     if table == "-":
         return "-"
+    part = f".part-{shard.index}-of-{shard.count}" if shard is not None else ""
     if table.endswith(".gz"):
-        return table[: -len(".gz")] + ".rescored.gz"
-    return table + ".rescored"
+        return table[: -len(".gz")] + f".rescored{part}.gz"
+    return table + f".rescored{part}"
 
 
 def is_too_long(source: str, target: str, limit: int) -> bool:
@@ -238,45 +248,113 @@ class ChunkOutput:
     """Pairs with a phrase over ``max_phrase_length`` tokens (given the floor value)."""
 
 
+def partial_paths(output: str) -> tuple[str, str]:
+    """The hidden partial file beside ``output`` and its JSON state (``--resume``)."""
+    directory, name = os.path.split(os.path.abspath(output))
+    partial = os.path.join(directory, f".{name}.partial")
+    return partial, partial + ".json"
+
+
+def check_work_paths(output: str, shard: Shard | None = None) -> None:
+    """Refuse, before any work, a directory where the run will write a file of its own beside
+    ``output``: the partial file, its state, a shard's manifest."""
+    if output == "-":
+        return
+    partial, state = partial_paths(output)
+    paths = {partial: "partial output", state: "partial output's state"}
+    if shard is not None:
+        paths[manifest_path(output)] = "part's manifest"
+    for path, what in paths.items():
+        if os.path.isdir(path):
+            raise InputError(f"is a directory where the {what} goes: remove it", path)
+
+
 class _PartialOutput:
     """The partial output file and its JSON state (see the module docstring)."""
 
     def __init__(self, output: str, identity: dict):
-        directory, name = os.path.split(os.path.abspath(output))
         self.output = output
-        self.path = os.path.join(directory, f".{name}.partial")
-        self.state_path = self.path + ".json"
+        self.path, self.state_path = partial_paths(output)
         self.identity = identity
         self.compress = output.endswith(".gz")
         self.lines_done = 0
         self.bytes_done = 0
+        self.last_chunk: list[int] | None = None
+        """[size, CRC-32] of the last chunk written: checked against the file on resume."""
         self.handle = None
 
     def open(self, resume: bool) -> int:
         if resume:
-            if not os.path.exists(self.state_path) or not os.path.exists(self.path):
-                raise InputError(
-                    "nothing to resume: no partial output of an earlier run", self.output
-                )
-            with open(self.state_path) as fh:
-                state = json.load(fh)
-            if state.get("identity") != self.identity:
-                raise InputError(
-                    "cannot resume: the partial output was made from another input, model or "
-                    "flags (run without --resume to start again)",
-                    self.output,
-                )
-            self.lines_done = int(state["lines"])
-            self.bytes_done = int(state["bytes"])
-            self.handle = open(self.path, "r+b")
-            self.handle.truncate(self.bytes_done)
-            self.handle.seek(self.bytes_done)
-        else:
-            if os.path.exists(self.state_path):
-                log.info("starting again: %s held an earlier partial run", self.path)
+            here = [os.path.exists(p) for p in (self.path, self.state_path)]
+            if all(here):
+                self._resume()
+                return self.lines_done
+            log.info(
+                "nothing to resume for %s (%s): starting from the beginning",
+                self.output,
+                "no partial output of an earlier run"
+                if not any(here)
+                else f"{os.path.basename(self.state_path if here[0] else self.path)} is missing",
+            )
+        if os.path.exists(self.state_path):
+            log.info("starting again: %s held an earlier partial run", self.path)
+        try:
             self.handle = open(self.path, "wb")
-            self._write_state()
-        return self.lines_done
+        except OSError as exc:
+            raise InputError(
+                f"cannot write the partial output ({exc.strerror})", self.path
+            ) from None
+        self._write_state()
+        return 0
+
+    def _resume(self) -> None:
+        """Go on with the partial file after checking it against its state."""
+        again = "; run without --resume to start again"
+        try:
+            with open(self.state_path, encoding="utf-8") as fh:
+                state = json.load(fh)
+        except (OSError, ValueError) as exc:
+            reason = getattr(exc, "strerror", None) or exc
+            raise InputError(
+                f"unreadable resume state ({reason}){again}", self.state_path
+            ) from None
+        if not isinstance(state, dict) or not _valid_state(state):
+            raise InputError(
+                f"invalid resume state (lines, bytes or last chunk missing or out of range){again}",
+                self.state_path,
+            )
+        if state.get("identity") != self.identity:
+            raise InputError(
+                "cannot resume: the partial output was made from another input, model or "
+                "flags (run without --resume to start again)",
+                self.output,
+            )
+        lines, size, last = state["lines"], state["bytes"], state["last_chunk"]
+        actual = os.path.getsize(self.path)
+        if actual < size:
+            raise InputError(
+                f"partial output has {actual} bytes, its state {os.path.basename(self.state_path)}"
+                f" records {size}: truncated or changed since{again}",
+                self.path,
+            )
+        try:
+            self.handle = open(self.path, "r+b")
+        except OSError as exc:
+            raise InputError(
+                f"cannot resume the partial output ({exc.strerror})", self.path
+            ) from None
+        if last is not None:
+            self.handle.seek(size - last[0])
+            if zlib.crc32(self.handle.read(last[0])) != last[1]:
+                self.handle.close()
+                raise InputError(
+                    "partial output does not match its state (the CRC-32 of its last chunk "
+                    f"differs): changed since it was written{again}",
+                    self.path,
+                )
+        self.lines_done, self.bytes_done, self.last_chunk = lines, size, last
+        self.handle.truncate(size)
+        self.handle.seek(size)
 
     def append_chunk(self, data: bytes, n_lines: int) -> None:
         """Append a chunk's bytes (:func:`chunk_bytes`: one gzip member for a ``.gz`` output)."""
@@ -285,12 +363,19 @@ class _PartialOutput:
         os.fsync(self.handle.fileno())
         self.lines_done += n_lines
         self.bytes_done += len(data)
+        self.last_chunk = [len(data), zlib.crc32(data)] if data else self.last_chunk
         self._write_state()
 
     def _write_state(self) -> None:
         with AtomicOutput(self.state_path, compress=False) as fh:
             json.dump(
-                {"identity": self.identity, "lines": self.lines_done, "bytes": self.bytes_done}, fh
+                {
+                    "identity": self.identity,
+                    "lines": self.lines_done,
+                    "bytes": self.bytes_done,
+                    "last_chunk": self.last_chunk,
+                },
+                fh,
             )
 
     def complete(self) -> None:
@@ -314,6 +399,26 @@ class _PartialOutput:
         for path in (self.path, self.state_path):
             if os.path.exists(path):
                 os.unlink(path)
+
+
+def _valid_state(state: dict) -> bool:
+    """Whether a resume state's numbers are whole and consistent: lines and bytes >= 0, none
+    of either without the other, and the last chunk's [size, CRC-32] within the bytes."""
+    lines, size, last = state.get("lines"), state.get("bytes"), state.get("last_chunk", False)
+
+    def count(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    if not (count(lines) and count(size)) or (lines == 0) != (size == 0):
+        return False
+    if last is None:
+        return size == 0
+    return (
+        isinstance(last, list)
+        and len(last) == 2
+        and all(count(v) for v in last)
+        and 0 < last[0] <= size
+    )
 
 
 class _StdoutOutput:
@@ -412,7 +517,7 @@ def rescore_table(
     process with one thread.
     """
     options = options or RescoreOptions()
-    output = output or default_output_path(table)
+    output = output or default_output_path(table, shard)
     _check_request(table, output, options, resume, shard)
     # Load everything before writing anything: a bad model leaves no output behind.
     dev = resolve_device(device)
@@ -434,6 +539,10 @@ def rescore_table(
             shard.count,
             shard.index - 1,
         )
+    if resume and shard is not None:
+        done = _complete_part(table, output, shard, options, columns)
+        if done is not None:
+            return done
     sink = _StdoutOutput() if output == "-" else _PartialOutput(output, identity)
     start_line = sink.open(resume)
     position = ReadPosition()
@@ -519,6 +628,62 @@ def rescore_table(
     return result
 
 
+def _complete_part(
+    table: str, output: str, shard: Shard, options: RescoreOptions, columns: NewColumns
+) -> RescoreResult | None:
+    """``--resume --shard``: the result of a part finished by an earlier run (the part and its
+    manifest, which matches this job, are complete), or None when there is work to do. A part
+    of another input, model or flags is refused; one that does not match its own manifest
+    (changed since, or a run stopped between the two) is scored again."""
+    path = manifest_path(output)
+    if not (os.path.isfile(output) and os.path.isfile(path)):
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            manifest = json.load(fh)
+        part = manifest["part"]
+        same = (
+            manifest.get("kind") == PHRASE_TABLE
+            and [manifest.get("shard"), manifest.get("of")] == [shard.index, shard.count]
+            and manifest["plan"]["chunk_lines"] == options.chunk_lines
+            and manifest["job"] == columns.job()
+            and manifest["input"] == input_identity(table, manifest["input"]["lines"])
+        )
+        records = list(part["chunks"])
+        lines = int(part["lines"])
+        size, digest = int(part["size"]), str(part["sha256"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InputError(
+            f"unreadable manifest ({type(exc).__name__}: {exc}); run without --resume to score "
+            "the part again",
+            path,
+        ) from None
+    if not same:
+        raise InputError(
+            "cannot resume: a finished part of another input, shard, model or flags is here "
+            "(run without --resume to replace it)",
+            output,
+        )
+    if os.path.getsize(output) != size or file_sha256(output) != digest:
+        log.warning("%s does not match its manifest: scoring the part again", output)
+        return None
+    log.info(
+        "shard %s: %s is complete already (its manifest matches): nothing to do", shard, output
+    )
+    return RescoreResult(
+        output=output,
+        lines=lines,
+        distinct_sources=joined_runs(records),
+        seconds=0.0,
+        new_columns=len(columns.names),
+        column_names=columns.names,
+        signatures=columns.signatures,
+        resumed_from_line=lines,
+        complete_already=True,
+        scoring=options.scoring,
+    )
+
+
 def _check_request(
     table: str, output: str, options: RescoreOptions, resume: bool, shard: Shard | None
 ) -> None:
@@ -535,6 +700,7 @@ def _check_request(
     if shard is not None and is_pipe(table):
         raise InputError("--shard reads the table again for its manifest: give the file", table)
     check_output_path(output, "output table")
+    check_work_paths(output, shard)
     if options.chunk_lines < 1 or options.batch_tokens < 1:
         raise InputError("chunk_lines and batch_tokens must be at least 1")
     if options.logprob:
@@ -560,6 +726,7 @@ def _skip_done_lines(
             input_lines += len(chunk)
             if chunk and shard.owns(i):
                 records.append(chunk_record(i, [e.source for e in chunk]))
+                counter.count(chunk)  # the summary counts the whole part, as one run does
         if input_lines < chunk_index * options.chunk_lines and not start_line % options.chunk_lines:
             counter.close()
             raise InputError("cannot resume: the input is shorter than the partial output", table)
@@ -577,6 +744,15 @@ def _skip_done_lines(
             counter.close()
             raise InputError(
                 f"cannot resume: the input has only {skipped} lines, the partial output {start_line}",
+                table,
+            )
+        if start_line % options.chunk_lines and reader.entries(1):
+            # only the table's last chunk is short: a partial output that ends with a short
+            # chunk before the end of the input is not one this run wrote
+            counter.close()
+            raise InputError(
+                f"cannot resume: the partial output ends after line {start_line}, within a "
+                f"chunk of {options.chunk_lines} lines (run without --resume to start again)",
                 table,
             )
     return 0
@@ -979,7 +1155,7 @@ def run_rescore(
     Under torchrun (``WORLD_SIZE`` > 1) each rank scores one shard into a hidden part beside
     the output and rank 0 merges the parts after a barrier (:func:`_run_torchrun`).
     """
-    output = output or default_output_path(table)
+    output = output or default_output_path(table, shard)
     n_new = len(model_paths) + len(inverse_model_paths or []) + len(lm_paths or [])
     n_new += 1 if options.unk_column else 0
     launch = distributed.from_env()
@@ -1059,6 +1235,11 @@ def _run_torchrun(launch, score, table, output, device, progress) -> RescoreResu
     check_files_exist([table])
     if output == "-" or is_pipe(table):  # every rank reads the table: not a pipe or stdin
         raise InputError("under torchrun give an input file and an output file")
+    for k in range(1, launch.world_size + 1):  # every rank refuses what is in any rank's way
+        shard = Shard(k, launch.world_size)
+        part = shard_part_path(output, shard)
+        check_output_path(part, "part")
+        check_work_paths(part, shard)
     started = time.monotonic()
 
     def score_part(part: str, dev: str, shard: Shard) -> RescoreResult:
