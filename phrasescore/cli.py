@@ -15,7 +15,7 @@ import sys
 import click
 
 from phrasescore import __version__
-from phrasescore.errors import InputError
+from phrasescore.errors import InputError, RunStopped
 
 EXIT_INPUT_ERROR = 1
 
@@ -252,13 +252,15 @@ def _echo_trained(result) -> None:
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, taken as Ctrl-C by the training commands (:func:`_sigterm_interrupts`)."""
+    """SIGTERM, taken as Ctrl-C by every command (:func:`_sigterm_interrupts`)."""
 
 
 def _sigterm_interrupts(func):
     """SIGTERM raises :class:`Terminated` (a KeyboardInterrupt) while ``func`` runs: Slurm and
-    other batch systems send SIGTERM before they kill a job at its time limit, and training
-    saves its checkpoint on an interrupt, so ``--resume`` goes on from there."""
+    other batch systems send SIGTERM before they kill a job at its time limit (and ``kill``
+    sends it), and every command cleans up on an interrupt as on Ctrl-C: training saves its
+    checkpoint, rescore keeps its partial output for ``--resume`` and stops its workers,
+    temporary files are removed."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
@@ -275,14 +277,15 @@ def _sigterm_interrupts(func):
 
 
 def _fail_cleanly(func):
-    """Turn InputError (and Ctrl-C, SIGTERM in training) into a one-line message and a
-    non-zero exit code (130 for Ctrl-C, 143 for SIGTERM, as a shell reports a signal)."""
+    """Turn InputError, RunStopped, Ctrl-C and SIGTERM into a one-line message and a non-zero
+    exit code (130 for Ctrl-C, 143 for SIGTERM, as a shell reports a signal)."""
+    func = _sigterm_interrupts(func)
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         try:
             return func(*args, **kwargs)
-        except InputError as exc:
+        except (InputError, RunStopped) as exc:
             click.echo(f"phrasescore: error: {exc}", err=True)
             sys.exit(EXIT_INPUT_ERROR)
         except Terminated:
@@ -392,7 +395,6 @@ def _no_progress_monitor_thread() -> None:
     "Maximum epochs (may be fractional, e.g. 7.5).",
 )
 @_fail_cleanly
-@_sigterm_interrupts
 def train(
     source,
     target,
@@ -463,7 +465,6 @@ def train(
 @click.option("--lr", type=POSITIVE_FLOAT, help="Learning rate (Adam).")
 @training_options("LM", "Tokens per batch.", POSITIVE, "Maximum epochs.")
 @_fail_cleanly
-@_sigterm_interrupts
 def train_lm(
     corpus,
     model_path,

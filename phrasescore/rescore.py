@@ -42,8 +42,8 @@ from tqdm import tqdm
 
 from phrasescore import __version__, distributed
 from phrasescore.bundle import TrainedModel, load_lm, load_model
-from phrasescore.chunk_pool import ChunkPool, single_threaded_parent
-from phrasescore.errors import InputError
+from phrasescore.chunk_pool import ChunkPool, WorkerDied, single_threaded_parent
+from phrasescore.errors import InputError, RunStopped
 from phrasescore.files import (
     AtomicOutput,
     ReadPosition,
@@ -557,18 +557,22 @@ def rescore_table(
         if workers > 1:
             with single_threaded_parent(True):
                 columns.warm_up()  # compiled here once: the forked workers inherit the kernels
-                pool = ChunkPool(score, workers)
-        input_lines, clamped = _write_chunks(
-            reader,
-            score,
-            sink,
-            counter,
-            shard,
-            options.chunk_lines,
-            chunk_index,
-            records,
-            pool,
-        )
+                pool = ChunkPool(score, workers, label=_chunk_label)
+        try:
+            input_lines, clamped = _write_chunks(
+                reader,
+                score,
+                sink,
+                counter,
+                shard,
+                options.chunk_lines,
+                chunk_index,
+                records,
+                pool,
+            )
+        except WorkerDied as exc:
+            again = "rerun with --resume" if output != "-" else "run again"
+            raise RunStopped(f"{exc}; {again}") from None
         sink.complete()
         counter.close()
         if shard is not None:
@@ -682,6 +686,12 @@ def _complete_part(
         complete_already=True,
         scoring=options.scoring,
     )
+
+
+def _chunk_label(index: int, raw: RawChunk) -> str:
+    """A chunk as :class:`~phrasescore.chunk_pool.WorkerDied` names it."""
+    last = raw.first_lineno + raw.data.count(b"\n") - (raw.data.endswith(b"\n"))
+    return f"chunk {raw.index} (lines {raw.first_lineno}-{last})"
 
 
 def _check_request(

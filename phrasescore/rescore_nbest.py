@@ -58,8 +58,8 @@ from tqdm import tqdm
 
 from phrasescore import distributed
 from phrasescore.bundle import TrainedModel, load_lm
-from phrasescore.chunk_pool import ChunkPool, single_threaded_parent
-from phrasescore.errors import InputError
+from phrasescore.chunk_pool import ChunkPool, WorkerDied, single_threaded_parent
+from phrasescore.errors import InputError, RunStopped
 from phrasescore.files import (
     AtomicOutput,
     check_files_exist,
@@ -288,6 +288,8 @@ def rescore_nbest(
             if pool is not None:
                 pool.close()
             writer.finish(out, nbest)
+    except WorkerDied as exc:
+        raise RunStopped(f"{exc}; run again") from None
     finally:
         bar.close()
         if pool is not None:
