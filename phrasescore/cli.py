@@ -287,6 +287,7 @@ def _fail_cleanly(func):
             return func(*args, **kwargs)
         except (InputError, RunStopped) as exc:
             click.echo(f"phrasescore: error: {exc}", err=True)
+            _drop_unwritten_stdout()
             sys.exit(EXIT_INPUT_ERROR)
         except Terminated:
             click.echo("phrasescore: terminated (SIGTERM)", err=True)
@@ -299,6 +300,17 @@ def _fail_cleanly(func):
             sys.exit(141)
 
     return wrapper
+
+
+def _drop_unwritten_stdout() -> None:
+    """After a failed write to standard output (a full disk), point it at /dev/null, so that
+    the interpreter's flush at exit does not fail again with a traceback-like message."""
+    try:
+        sys.stdout.flush()
+    except OSError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

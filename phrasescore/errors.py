@@ -42,6 +42,8 @@ class RunStopped(Exception):
         super().__init__(message)
         self.message = message
         self.path = path
+        self.reason: str | None = None
+        """The system's words for a write error (``No space left on device``), if that is it."""
 
     def __str__(self) -> str:
         return f"{_where(self.path, None)}{self.message}"

@@ -25,6 +25,7 @@ an uninterrupted run with the same flags.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import json
@@ -45,6 +46,7 @@ from phrasescore.bundle import TrainedModel, load_lm, load_model
 from phrasescore.chunk_pool import ChunkPool, WorkerDied, single_threaded_parent
 from phrasescore.errors import InputError, RunStopped
 from phrasescore.files import (
+    DISK_ERRORS,
     AtomicOutput,
     ReadPosition,
     StagedFile,
@@ -52,6 +54,7 @@ from phrasescore.files import (
     check_output_path,
     check_output_paths,
     decode_lines,
+    disk_errors,
     display_name,
     gzip_writer,
     is_pipe,
@@ -283,6 +286,24 @@ class _PartialOutput:
         """[size, CRC-32] of the last chunk written: checked against the file on resume."""
         self.handle = None
 
+    @contextlib.contextmanager
+    def _writing(self):
+        """A disk's write error (full, quota, I/O) in the block, writing the partial file or
+        its state: one line naming the output, the partial output kept for ``--resume``."""
+        try:
+            yield
+        except (OSError, RunStopped) as exc:
+            if isinstance(exc, OSError) and exc.errno not in DISK_ERRORS:
+                raise
+            reason = exc.strerror if isinstance(exc, OSError) else exc.reason
+            if reason is None:
+                raise
+            raise RunStopped(
+                f"cannot write the partial output {os.path.basename(self.path)}: {reason}; it "
+                "is kept: free space, then rerun with --resume",
+                self.output,
+            ) from None
+
     def open(self, resume: bool) -> int:
         if resume:
             here = [os.path.exists(p) for p in (self.path, self.state_path)]
@@ -358,13 +379,15 @@ class _PartialOutput:
 
     def append_chunk(self, data: bytes, n_lines: int) -> None:
         """Append a chunk's bytes (:func:`chunk_bytes`: one gzip member for a ``.gz`` output)."""
-        self.handle.write(data)
-        self.handle.flush()
-        os.fsync(self.handle.fileno())
+        with self._writing():
+            self.handle.write(data)
+            self.handle.flush()
+            os.fsync(self.handle.fileno())
         self.lines_done += n_lines
         self.bytes_done += len(data)
         self.last_chunk = [len(data), zlib.crc32(data)] if data else self.last_chunk
-        self._write_state()
+        with self._writing():
+            self._write_state()
 
     def _write_state(self) -> None:
         with AtomicOutput(self.state_path, compress=False) as fh:
@@ -380,10 +403,11 @@ class _PartialOutput:
 
     def complete(self) -> None:
         """Close the partial file, complete (still under its partial name, resumable)."""
-        if self.compress and self.bytes_done == 0:
-            with gzip_writer(self.handle):
-                pass
-        self.handle.close()
+        with self._writing():
+            if self.compress and self.bytes_done == 0:
+                with gzip_writer(self.handle):
+                    pass
+            self.handle.close()
 
     def publish(self) -> None:
         os.replace(self.path, self.output)
@@ -392,7 +416,9 @@ class _PartialOutput:
     def close_incomplete(self) -> None:
         """Leave the partial file and state for ``--resume`` (never under the final name)."""
         if self.handle is not None and not self.handle.closed:
-            self.handle.close()
+            # bytes a full disk refused are past the state's count: --resume cuts them off
+            with contextlib.suppress(OSError):
+                self.handle.close()
 
     def discard(self) -> None:
         self.close_incomplete()
@@ -435,11 +461,13 @@ class _StdoutOutput:
         return 0
 
     def append_chunk(self, data: bytes, n_lines: int) -> None:
-        self.stream.write(data)
-        self.stream.flush()
+        with disk_errors("-"):
+            self.stream.write(data)
+            self.stream.flush()
 
     def complete(self) -> None:
-        self.stream.flush()
+        with disk_errors("-"):
+            self.stream.flush()
 
     def publish(self) -> None:
         pass
