@@ -28,6 +28,13 @@ class InputError(Exception):
     def __str__(self) -> str:
         return f"{_where(self.path, self.line)}{self.message}"
 
+    def located(self, path: str) -> InputError:
+        """This error, naming ``path`` when it names no file yet (a parser of text that does
+        not know which file the text came from gives the line alone)."""
+        if self.path is not None:
+            return self
+        return type(self)(self.message, path, self.line)
+
 
 class ModelFileError(InputError):
     """A model file that is not a phrasescore model, or does not fit the request."""

@@ -1373,15 +1373,18 @@ class _IniUpdate:
         self._update()
 
     def _update(self, comment: str | None = None):
-        return update_moses_ini_text(
-            self.text,
-            self.table,
-            self.new_table,
-            n_new=self.n_new,
-            weights=self.weights,
-            comment=comment,
-            ini_path=self.ini_path,
-        )
+        try:
+            return update_moses_ini_text(
+                self.text,
+                self.table,
+                self.new_table,
+                n_new=self.n_new,
+                weights=self.weights,
+                comment=comment,
+                ini_path=self.ini_path,
+            )
+        except InputError as exc:
+            raise exc.located(display_name(self.ini_path)) from None
 
     def stage(self, ini_out: str, result: RescoreResult):
         """(the new ini written complete under a temporary name beside ``ini_out``, the update);
