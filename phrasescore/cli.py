@@ -215,7 +215,12 @@ def training_options(file: str, batch_help: str, epochs_type, epochs_help: str):
         device_option,
         click.option("--amp/--no-amp", default=None, help="bf16 autocast (default: on for CUDA)."),
         threads_option,
-        click.option("--resume", is_flag=True, help=f"Continue from {file}.checkpoint exactly."),
+        click.option(
+            "--resume",
+            is_flag=True,
+            help=f"Continue from {file}.checkpoint exactly (none yet: start from the beginning).",
+        ),
+        no_progress_option,
     )
 
 
@@ -425,6 +430,7 @@ def train(
     device,
     amp,
     resume,
+    no_progress,
     **settings,
 ):
     """Train an encoder-decoder (--arch) on SOURCE TARGET (parallel files, plain or gzip)."""
@@ -447,6 +453,7 @@ def train(
         resume=resume,
         overrides=_train_overrides(settings),
         arch=arch,
+        progress=not no_progress,
         model_overrides=dict(
             layers=layers,
             reverse_source=False if no_reverse else None,
@@ -489,6 +496,7 @@ def train_lm(
     device,
     amp,
     resume,
+    no_progress,
     **settings,
 ):
     """Train the CSLM target language model (SPEC §3.6) on CORPUS (target-language text)."""
@@ -507,6 +515,7 @@ def train_lm(
         amp=amp,
         resume=resume,
         overrides=_train_overrides(settings),
+        progress=not no_progress,
     )
     _echo_trained(result)
 

@@ -39,7 +39,6 @@ from itertools import islice
 from typing import NamedTuple
 
 import numpy as np
-from tqdm import tqdm
 
 from phrasescore import __version__, distributed
 from phrasescore.bundle import TrainedModel, load_lm, load_model
@@ -71,6 +70,7 @@ from phrasescore.moses.phrase_table import (
     parse_phrase_table_lines,
     probability_from_logprob,
 )
+from phrasescore.progress import progress_bar
 from phrasescore.scoring import (
     SELF_NORMALIZED,
     PairScorer,
@@ -1094,13 +1094,8 @@ class _Progress:
         self.distinct_sources = 0
         self.too_long = 0
         self.last_source = None  # SHA-256 of the last source counted (a chunk record's "last")
-        self.bar = tqdm(
-            disable=not enabled,
-            total=position.size,
-            unit="B",
-            unit_scale=True,
-            dynamic_ncols=True,
-            desc="rescore",
+        self.bar = progress_bar(
+            enabled, total=position.size, unit="B", unit_scale=True, desc="rescore"
         )
 
     def _add(self, record: dict, too_long: int) -> None:

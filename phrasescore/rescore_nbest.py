@@ -54,7 +54,6 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
-from tqdm import tqdm
 
 from phrasescore import distributed
 from phrasescore.bundle import TrainedModel, load_lm
@@ -82,6 +81,7 @@ from phrasescore.moses.nbest import (
     total_score,
     with_feature,
 )
+from phrasescore.progress import progress_bar
 from phrasescore.scoring import PairScorer
 from phrasescore.shards import NBEST, Shard, chunk_record, run_on_ranks, write_manifest
 
@@ -242,7 +242,7 @@ def rescore_nbest(
             shard.index - 1,
         )
     started = time.monotonic()
-    bar = tqdm(disable=not progress, unit=" hyps", unit_scale=True, dynamic_ncols=True)
+    bar = progress_bar(progress, unit=" hyps", unit_scale=True)
     score = functools.partial(score_block, features, scorer)
     pending: collections.deque = collections.deque()  # blocks read, in order, until written
     clamped = 0

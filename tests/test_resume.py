@@ -225,3 +225,20 @@ def test_shards_without_output_get_one_file_each(tiny_model_path, tmp_path):
     merged = run_cli("merge-shards", *parts, "-o", tmp_path / "pt.rescored.gz")
     assert merged.returncode == 0, merged.stderr
     assert gzip.decompress((tmp_path / "pt.rescored.gz").read_bytes()).count(b"\n") == 300
+
+
+def test_torchrun_refuses_a_directory_at_a_ranks_partial_path_before_any_work(
+    tiny_model_path, tmp_path
+):
+    from .test_distributed import torchrun
+
+    blocker = tmp_path / "..out.gz.shard-2-of-2.gz.partial"  # rank 1's partial part
+    blocker.mkdir()
+    flags = ["-m", tiny_model_path, "--no-progress", "--threads", "1"]
+    result = torchrun("-m", "phrasescore", "rescore", TABLE, *flags, "-o", tmp_path / "out.gz")
+    assert result.returncode != 0
+    errors = {line for line in result.stderr.splitlines() if line.startswith("phrasescore: error")}
+    assert errors == {
+        f"phrasescore: error: {blocker}: is a directory where the partial output goes: remove it"
+    }, result.stderr
+    assert os.listdir(tmp_path) == [blocker.name]  # rank 0 wrote nothing either
