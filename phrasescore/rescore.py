@@ -17,10 +17,12 @@ encoded once, targets batched by length: ``phrasescore.scoring``), formatted and
 partial file next to the output (``.NAME.partial``; for a ``.gz`` output every chunk is one
 complete gzip member, and a file of several members is a valid gzip file that zlib, Moses and
 ``zcat`` read as one stream). After each chunk the partial file is synced and a small JSON state
-file (``.NAME.partial.json``) records the lines and bytes done. Only when the whole table was
-written is the partial file renamed to the output name. ``resume`` truncates the partial file to
-the last recorded chunk and goes on from the next input line, so the result is byte-identical to
-an uninterrupted run with the same flags.
+file (``.NAME.partial.json``) records the lines and bytes done and the size and CRC-32 of the last
+chunk. Only when the whole table was written is the partial file renamed to the output name.
+``resume`` checks the partial file against its state (at least as many bytes, the last chunk's
+CRC-32), truncates it to the last recorded chunk and goes on from the next input line, so the
+result is byte-identical to an uninterrupted run with the same flags. With nothing to resume it
+starts from the beginning; a ``--shard`` part that is complete with its manifest is left as it is.
 """
 
 from __future__ import annotations
