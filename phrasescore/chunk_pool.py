@@ -27,19 +27,27 @@ How (:class:`ChunkPool`):
 - Failures: an :class:`~phrasescore.errors.InputError` in a worker is raised again in the parent
   (same message, path and line) when that chunk's turn comes, so the first bad chunk in input
   order is the one reported, as in one process; any other exception becomes
-  :class:`WorkerError` with the worker's traceback; a worker that dies (killed, out of memory) is noticed within
-  ``POLL_SECONDS`` and raises :class:`WorkerError` instead of waiting for ever. Workers ignore
-  SIGINT: Ctrl-C interrupts the parent, which stops them.
+  :class:`WorkerError` with the worker's traceback; a worker that dies (killed, out of memory)
+  is noticed within ``POLL_SECONDS`` and raises :class:`WorkerDied` (which worker, how, at which
+  chunk) instead of waiting for ever. Workers ignore SIGINT and take SIGTERM's default: Ctrl-C
+  (or SIGTERM, which the command takes as Ctrl-C) interrupts the parent, which stops them.
+- Workers die with the parent, however it ends (SIGKILL included): on Linux the kernel sends
+  them SIGKILL when it exits (``prctl(PR_SET_PDEATHSIG)``), and everywhere each worker watches
+  a pipe whose only writer is the parent: end of file means the parent is gone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import logging
 import multiprocessing
+import os
 import queue
 import signal
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -58,7 +66,47 @@ POLL_SECONDS = 1.0
 
 
 class WorkerError(RuntimeError):
-    """A worker process failed for a reason other than the input (a bug, or it was killed)."""
+    """A worker process failed for a reason other than the input (a bug in the work)."""
+
+
+class WorkerDied(RuntimeError):
+    """A worker process ended before its work was done (killed, out of memory)."""
+
+    def __init__(self, worker: int, exitcode: int, chunk: str | None):
+        self.worker = worker
+        self.exitcode = exitcode
+        self.chunk = chunk
+        if exitcode < 0:
+            how = f"signal {-exitcode}" + (
+                "; out of memory?" if -exitcode == signal.SIGKILL else ""
+            )
+        else:
+            how = f"exit code {exitcode}"
+        at = f" at {chunk}" if chunk is not None else ""
+        super().__init__(f"worker {worker} died ({how}){at}")
+
+
+PR_SET_PDEATHSIG = 1
+IDLE = -1
+"""A worker's entry in the pool's table of current tasks while it has none."""
+
+
+def _die_with_parent(parent: int, parent_alive) -> None:
+    """Make this worker end when the parent process does (see the module docstring)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError, TypeError):
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent was gone before prctl took effect
+        os._exit(1)
+
+    def watch() -> None:
+        with contextlib.suppress(OSError):
+            while os.read(parent_alive, 1):
+                pass
+        os._exit(1)  # end of file: the parent, the pipe's only writer, is gone
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 @contextlib.contextmanager
@@ -86,19 +134,34 @@ def compile_in_process() -> None:
         inductor_config.compile_threads = 1
 
 
-def _worker_main(work: Callable[[Any], Any], threads: int, tasks, results) -> None:
-    """A worker: take (index, item) from ``tasks`` until None, put (index, ok, value)."""
+def _worker_main(
+    work: Callable[[Any], Any],
+    threads: int,
+    tasks,
+    results,
+    slot: int,
+    current,
+    parent: int,
+    pipe: tuple[int, int],
+) -> None:
+    """A worker: take (index, item) from ``tasks`` until None, put (index, ok, value); while
+    it works on a task, ``current[slot]`` holds the task's index."""
+    os.close(pipe[1])  # the parent alone holds the write end: EOF when it is gone
+    _die_with_parent(parent, pipe[0])
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's handler is not for a worker
     torch.set_num_threads(threads)
     compile_in_process()
     while (task := tasks.get()) is not None:
         index, item = task
+        current[slot] = index
         try:
             results.put((index, True, work(item)))
         except InputError as exc:
             results.put((index, False, ("input", exc.message, exc.path, exc.line)))
         except BaseException:  # noqa: BLE001 - reported to the parent, which raises it
             results.put((index, False, ("crash", traceback.format_exc(), None, None)))
+        current[slot] = IDLE
 
 
 class ChunkPool:
@@ -109,23 +172,47 @@ class ChunkPool:
     pickled; only the items and the results travel, through pipes.
     """
 
-    def __init__(self, work: Callable[[Any], Any], workers: int, threads: int = 1):
+    def __init__(
+        self,
+        work: Callable[[Any], Any],
+        workers: int,
+        threads: int = 1,
+        label: Callable[[int, Any], str] | None = None,
+    ):
+        """``label(index, item)`` names an item in :class:`WorkerDied` (default: ``chunk
+        INDEX``, 0-based in input order)."""
         if workers < 2:
             raise ValueError("a ChunkPool needs at least 2 workers")
         context = multiprocessing.get_context("fork")
+        self.label = label or (lambda index, item: f"chunk {index}")
         self.tasks = context.Queue()
         self.results = context.Queue()
+        self.current = context.RawArray("q", [IDLE] * workers)
+        self._pipe = os.pipe()  # workers read; EOF when this process is gone
+        self._waiting: dict[int, Any] = {}
         self.processes = [
             context.Process(
                 target=_worker_main,
-                args=(work, threads, self.tasks, self.results),
+                args=(
+                    work,
+                    threads,
+                    self.tasks,
+                    self.results,
+                    i,
+                    self.current,
+                    os.getpid(),
+                    self._pipe,
+                ),
                 name=f"phrasescore-worker-{i + 1}",
                 daemon=True,
             )
             for i in range(workers)
         ]
-        for process in self.processes:
-            process.start()
+        try:
+            for process in self.processes:
+                process.start()
+        finally:
+            os.close(self._pipe[0])  # the workers have their copies
         log.info("%d worker processes, %d thread(s) each", workers, threads)
 
     def __enter__(self) -> ChunkPool:
@@ -140,7 +227,7 @@ class ChunkPool:
     def imap(self, items: Iterable[Any]) -> Iterator[tuple[Any, Any]]:
         """``(item, work(item))`` for each item, in input order."""
         limit = IN_FLIGHT_PER_WORKER * len(self.processes)
-        waiting: dict[int, Any] = {}  # items sent, by index
+        waiting = self._waiting  # items sent, by index
         done: dict[int, tuple[bool, Any]] = {}  # results that arrived before their turn
         source = iter(items)
         sent = next_out = 0
@@ -176,14 +263,12 @@ class ChunkPool:
                 self._check_alive()
 
     def _check_alive(self) -> None:
-        for process in self.processes:
+        for slot, process in enumerate(self.processes):
             if process.exitcode is not None:
-                code = process.exitcode
-                how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-                raise WorkerError(
-                    f"worker process {process.name} ended ({how}) before its chunk was done"
-                    + (" (out of memory?)" if code == -signal.SIGKILL else "")
-                )
+                index = self.current[slot]
+                item = self._waiting.get(index, _END) if index != IDLE else _END
+                chunk = None if item is _END else self.label(index, item)
+                raise WorkerDied(slot + 1, process.exitcode, chunk)
 
     def close(self) -> None:
         """Let the workers finish and exit."""
@@ -203,6 +288,9 @@ class ChunkPool:
         for q in (self.tasks, self.results):
             q.cancel_join_thread()
             q.close()
+        if self._pipe[1] >= 0:
+            os.close(self._pipe[1])
+            self._pipe = (-1, -1)
 
 
 _END = object()

@@ -15,7 +15,7 @@ import sys
 import click
 
 from phrasescore import __version__
-from phrasescore.errors import InputError
+from phrasescore.errors import InputError, RunStopped
 
 EXIT_INPUT_ERROR = 1
 
@@ -215,7 +215,12 @@ def training_options(file: str, batch_help: str, epochs_type, epochs_help: str):
         device_option,
         click.option("--amp/--no-amp", default=None, help="bf16 autocast (default: on for CUDA)."),
         threads_option,
-        click.option("--resume", is_flag=True, help=f"Continue from {file}.checkpoint exactly."),
+        click.option(
+            "--resume",
+            is_flag=True,
+            help=f"Continue from {file}.checkpoint exactly (none yet: start from the beginning).",
+        ),
+        no_progress_option,
     )
 
 
@@ -252,13 +257,15 @@ def _echo_trained(result) -> None:
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, taken as Ctrl-C by the training commands (:func:`_sigterm_interrupts`)."""
+    """SIGTERM, taken as Ctrl-C by every command (:func:`_sigterm_interrupts`)."""
 
 
 def _sigterm_interrupts(func):
     """SIGTERM raises :class:`Terminated` (a KeyboardInterrupt) while ``func`` runs: Slurm and
-    other batch systems send SIGTERM before they kill a job at its time limit, and training
-    saves its checkpoint on an interrupt, so ``--resume`` goes on from there."""
+    other batch systems send SIGTERM before they kill a job at its time limit (and ``kill``
+    sends it), and every command cleans up on an interrupt as on Ctrl-C: training saves its
+    checkpoint, rescore keeps its partial output for ``--resume`` and stops its workers,
+    temporary files are removed."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
@@ -275,15 +282,17 @@ def _sigterm_interrupts(func):
 
 
 def _fail_cleanly(func):
-    """Turn InputError (and Ctrl-C, SIGTERM in training) into a one-line message and a
-    non-zero exit code (130 for Ctrl-C, 143 for SIGTERM, as a shell reports a signal)."""
+    """Turn InputError, RunStopped, Ctrl-C and SIGTERM into a one-line message and a non-zero
+    exit code (130 for Ctrl-C, 143 for SIGTERM, as a shell reports a signal)."""
+    func = _sigterm_interrupts(func)
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         try:
             return func(*args, **kwargs)
-        except InputError as exc:
+        except (InputError, RunStopped) as exc:
             click.echo(f"phrasescore: error: {exc}", err=True)
+            _drop_unwritten_stdout()
             sys.exit(EXIT_INPUT_ERROR)
         except Terminated:
             click.echo("phrasescore: terminated (SIGTERM)", err=True)
@@ -296,6 +305,17 @@ def _fail_cleanly(func):
             sys.exit(141)
 
     return wrapper
+
+
+def _drop_unwritten_stdout() -> None:
+    """After a failed write to standard output (a full disk), point it at /dev/null, so that
+    the interpreter's flush at exit does not fail again with a traceback-like message."""
+    try:
+        sys.stdout.flush()
+    except OSError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -398,7 +418,6 @@ def _no_progress_monitor_thread() -> None:
     "Maximum epochs (may be fractional, e.g. 7.5).",
 )
 @_fail_cleanly
-@_sigterm_interrupts
 def train(
     source,
     target,
@@ -418,6 +437,7 @@ def train(
     device,
     amp,
     resume,
+    no_progress,
     **settings,
 ):
     """Train an encoder-decoder (--arch) on SOURCE TARGET (parallel files, plain or gzip)."""
@@ -441,6 +461,7 @@ def train(
         resume=resume,
         overrides=_train_overrides(settings),
         arch=arch,
+        progress=not no_progress,
         model_overrides=dict(
             layers=layers,
             reverse_source=False if no_reverse else None,
@@ -471,7 +492,6 @@ def train(
 @click.option("--lr", type=POSITIVE_FLOAT, help="Learning rate (Adam).")
 @training_options("LM", "Tokens per batch.", POSITIVE, "Maximum epochs.")
 @_fail_cleanly
-@_sigterm_interrupts
 def train_lm(
     corpus,
     model_path,
@@ -484,6 +504,7 @@ def train_lm(
     device,
     amp,
     resume,
+    no_progress,
     **settings,
 ):
     """Train the CSLM target language model (SPEC §3.6) on CORPUS (target-language text)."""
@@ -502,6 +523,7 @@ def train_lm(
         amp=amp,
         resume=resume,
         overrides=_train_overrides(settings),
+        progress=not no_progress,
     )
     _echo_trained(result)
 
@@ -650,6 +672,14 @@ def rescore(
     )
     result = job.rescore
     if _not_rank_0():
+        return
+    if result.complete_already:
+        click.echo(
+            f"phrasescore: {result.output} is complete already ({result.lines} lines, "
+            f"{result.distinct_sources} distinct sources, +{result.new_columns} column(s)): "
+            "nothing to do",
+            err=True,
+        )
         return
     resumed = (
         f" (resumed after line {result.resumed_from_line})" if result.resumed_from_line else ""

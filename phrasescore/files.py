@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import errno
 import gzip
 import io
 import os
@@ -19,10 +20,10 @@ import sys
 import tempfile
 import zlib
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import BinaryIO
 
-from phrasescore.errors import InputError
+from phrasescore.errors import InputError, RunStopped
 
 GZIP_MAGIC = b"\x1f\x8b"
 GZIP_LEVEL = 6
@@ -32,6 +33,34 @@ _READ_BUFFER = 1 << 20
 def display_name(path: str) -> str:
     """The name used in messages: ``<stdin>``/``<stdout>`` for ``-``."""
     return "<stdin>" if path == "-" else path
+
+
+DISK_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS})
+"""Write errors that are the machine's, not a bug: a full disk or quota, a file too large, an
+I/O error, a file system remounted read-only."""
+
+
+def write_error(exc: BaseException, path: str) -> RunStopped | None:
+    """The one-line :class:`RunStopped` for a disk's write error (:data:`DISK_ERRORS`) while
+    writing ``path`` (``-``: standard output); None for any other exception."""
+    if not (isinstance(exc, OSError) and exc.errno in DISK_ERRORS):
+        return None
+    reason = exc.strerror or os.strerror(exc.errno)
+    stopped = RunStopped(f"cannot write: {reason}", "<stdout>" if path == "-" else path)
+    stopped.reason = reason
+    return stopped
+
+
+@contextmanager
+def disk_errors(path: str) -> Iterator[None]:
+    """Turn a disk's write error in the block into :func:`write_error`'s one line."""
+    try:
+        yield
+    except OSError as exc:
+        stopped = write_error(exc, path)
+        if stopped is None:
+            raise
+        raise stopped from None
 
 
 def check_files_exist(paths: Iterable[str | None]) -> None:
@@ -281,7 +310,8 @@ class AtomicOutput:
     ``with AtomicOutput(path) as out: out.write(...)`` writes text (or bytes with
     ``binary=True``) to a hidden temporary file in the target's directory; on success the file is
     flushed, synced and renamed to ``path``; on any exception the temporary file is removed and an
-    existing ``path`` is left untouched. ``-`` writes to standard output (no atomicity possible).
+    existing ``path`` is left untouched; a disk's write error (full, quota, I/O) becomes
+    :func:`write_error`'s one line. ``-`` writes to standard output (no atomicity possible).
     A ``.gz`` name is written gzip-compressed. ``before_rename(tmp)``, if given, runs once the
     complete file ``tmp`` is synced, before it takes its name (what it raises discards it).
     """
@@ -331,11 +361,17 @@ class AtomicOutput:
                     if exc_type is None:
                         os.fsync(self._raw.fileno())
                     self._raw.close()
-        except BaseException:
+        except BaseException as error:
             self._discard()
+            stopped = write_error(error, self.path)
+            if stopped is not None:
+                raise stopped from None
             raise
         if exc_type is not None:
             self._discard()
+            stopped = write_error(exc, self.path)
+            if stopped is not None:
+                raise stopped from None
             return False
         if self._tmp is not None:
             if self.before_rename is not None:
@@ -352,7 +388,8 @@ class AtomicOutput:
         if self._tmp is not None:
             try:
                 if self._raw is not None and not self._raw.closed:
-                    self._raw.close()
+                    with suppress(OSError):  # the buffered rest cannot be written (disk full)
+                        self._raw.close()
             finally:
                 if os.path.exists(self._tmp):
                     os.unlink(self._tmp)
@@ -368,7 +405,7 @@ class StagedFile:
         self.path = path
         fd, self._tmp = _temporary_beside(path)
         try:
-            with os.fdopen(fd, "wb") as out:
+            with disk_errors(path), os.fdopen(fd, "wb") as out:
                 out.write(text.encode("utf-8"))
                 out.flush()
                 os.fsync(out.fileno())

@@ -17,33 +17,37 @@ encoded once, targets batched by length: ``phrasescore.scoring``), formatted and
 partial file next to the output (``.NAME.partial``; for a ``.gz`` output every chunk is one
 complete gzip member, and a file of several members is a valid gzip file that zlib, Moses and
 ``zcat`` read as one stream). After each chunk the partial file is synced and a small JSON state
-file (``.NAME.partial.json``) records the lines and bytes done. Only when the whole table was
-written is the partial file renamed to the output name. ``resume`` truncates the partial file to
-the last recorded chunk and goes on from the next input line, so the result is byte-identical to
-an uninterrupted run with the same flags.
+file (``.NAME.partial.json``) records the lines and bytes done and the size and CRC-32 of the last
+chunk. Only when the whole table was written is the partial file renamed to the output name.
+``resume`` checks the partial file against its state (at least as many bytes, the last chunk's
+CRC-32), truncates it to the last recorded chunk and goes on from the next input line, so the
+result is byte-identical to an uninterrupted run with the same flags. With nothing to resume it
+starts from the beginning; a ``--shard`` part that is complete with its manifest is left as it is.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import json
 import logging
 import os
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import NamedTuple
 
 import numpy as np
-from tqdm import tqdm
 
 from phrasescore import __version__, distributed
 from phrasescore.bundle import TrainedModel, load_lm, load_model
-from phrasescore.chunk_pool import ChunkPool, single_threaded_parent
-from phrasescore.errors import InputError
+from phrasescore.chunk_pool import ChunkPool, WorkerDied, single_threaded_parent
+from phrasescore.errors import InputError, RunStopped
 from phrasescore.files import (
+    DISK_ERRORS,
     AtomicOutput,
     ReadPosition,
     StagedFile,
@@ -51,6 +55,7 @@ from phrasescore.files import (
     check_output_path,
     check_output_paths,
     decode_lines,
+    disk_errors,
     display_name,
     gzip_writer,
     is_pipe,
@@ -67,6 +72,7 @@ from phrasescore.moses.phrase_table import (
     parse_phrase_table_lines,
     probability_from_logprob,
 )
+from phrasescore.progress import progress_bar
 from phrasescore.scoring import (
     SELF_NORMALIZED,
     PairScorer,
@@ -79,8 +85,13 @@ from phrasescore.shards import (
     Shard,
     check_parts,
     chunk_record,
+    file_sha256,
+    input_identity,
+    joined_runs,
+    manifest_path,
     merge_shards,
     run_on_ranks,
+    shard_part_path,
     write_manifest,
 )
 
@@ -118,6 +129,8 @@ class RescoreResult:
     column_names: list[str] = field(default_factory=list)
     signatures: list[str] = field(default_factory=list)
     resumed_from_line: int = 0
+    complete_already: bool = False
+    """``--resume`` found the output complete (a part and its manifest): nothing was done."""
     too_long: int = 0
     """Pairs with a phrase over ``max_phrase_length`` tokens, given the floor value unscored."""
     scoring: str = "exact"
@@ -130,13 +143,15 @@ class RescoreResult:
         return (self.lines - self.resumed_from_line) / max(self.seconds, 1e-9)
 
 
-def default_output_path(table: str) -> str:
-    """``phrase-table.gz`` -> ``phrase-table.rescored.gz``; ``pt`` -> ``pt.rescored``."""
+def default_output_path(table: str, shard: Shard | None = None) -> str:
+    """``phrase-table.gz`` -> ``phrase-table.rescored.gz``; ``pt`` -> ``pt.rescored``; with
+    ``--shard 2/3`` -> ``phrase-table.rescored.part-2-of-3.gz`` (each shard its own part)."""
     if table == "-":
         return "-"
+    part = f".part-{shard.index}-of-{shard.count}" if shard is not None else ""
     if table.endswith(".gz"):
-        return table[: -len(".gz")] + ".rescored.gz"
-    return table + ".rescored"
+        return table[: -len(".gz")] + f".rescored{part}.gz"
+    return table + f".rescored{part}"
 
 
 def is_too_long(source: str, target: str, limit: int) -> bool:
@@ -238,67 +253,163 @@ class ChunkOutput:
     """Pairs with a phrase over ``max_phrase_length`` tokens (given the floor value)."""
 
 
+def partial_paths(output: str) -> tuple[str, str]:
+    """The hidden partial file beside ``output`` and its JSON state (``--resume``)."""
+    directory, name = os.path.split(os.path.abspath(output))
+    partial = os.path.join(directory, f".{name}.partial")
+    return partial, partial + ".json"
+
+
+def check_work_paths(output: str, shard: Shard | None = None) -> None:
+    """Refuse, before any work, a directory where the run will write a file of its own beside
+    ``output``: the partial file, its state, a shard's manifest."""
+    if output == "-":
+        return
+    partial, state = partial_paths(output)
+    paths = {partial: "partial output", state: "partial output's state"}
+    if shard is not None:
+        paths[manifest_path(output)] = "part's manifest"
+    for path, what in paths.items():
+        if os.path.isdir(path):
+            raise InputError(f"is a directory where the {what} goes: remove it", path)
+
+
 class _PartialOutput:
     """The partial output file and its JSON state (see the module docstring)."""
 
     def __init__(self, output: str, identity: dict):
-        directory, name = os.path.split(os.path.abspath(output))
         self.output = output
-        self.path = os.path.join(directory, f".{name}.partial")
-        self.state_path = self.path + ".json"
+        self.path, self.state_path = partial_paths(output)
         self.identity = identity
         self.compress = output.endswith(".gz")
         self.lines_done = 0
         self.bytes_done = 0
+        self.last_chunk: list[int] | None = None
+        """[size, CRC-32] of the last chunk written: checked against the file on resume."""
         self.handle = None
+
+    @contextlib.contextmanager
+    def _writing(self):
+        """A disk's write error (full, quota, I/O) in the block, writing the partial file or
+        its state: one line naming the output, the partial output kept for ``--resume``."""
+        try:
+            yield
+        except (OSError, RunStopped) as exc:
+            if isinstance(exc, OSError) and exc.errno not in DISK_ERRORS:
+                raise
+            reason = exc.strerror if isinstance(exc, OSError) else exc.reason
+            if reason is None:
+                raise
+            raise RunStopped(
+                f"cannot write the partial output {os.path.basename(self.path)}: {reason}; it "
+                "is kept: free space, then rerun with --resume",
+                self.output,
+            ) from None
 
     def open(self, resume: bool) -> int:
         if resume:
-            if not os.path.exists(self.state_path) or not os.path.exists(self.path):
-                raise InputError(
-                    "nothing to resume: no partial output of an earlier run", self.output
-                )
-            with open(self.state_path) as fh:
-                state = json.load(fh)
-            if state.get("identity") != self.identity:
-                raise InputError(
-                    "cannot resume: the partial output was made from another input, model or "
-                    "flags (run without --resume to start again)",
-                    self.output,
-                )
-            self.lines_done = int(state["lines"])
-            self.bytes_done = int(state["bytes"])
-            self.handle = open(self.path, "r+b")
-            self.handle.truncate(self.bytes_done)
-            self.handle.seek(self.bytes_done)
-        else:
-            if os.path.exists(self.state_path):
-                log.info("starting again: %s held an earlier partial run", self.path)
+            here = [os.path.exists(p) for p in (self.path, self.state_path)]
+            if all(here):
+                self._resume()
+                return self.lines_done
+            log.info(
+                "nothing to resume for %s (%s): starting from the beginning",
+                self.output,
+                "no partial output of an earlier run"
+                if not any(here)
+                else f"{os.path.basename(self.state_path if here[0] else self.path)} is missing",
+            )
+        if os.path.exists(self.state_path):
+            log.info("starting again: %s held an earlier partial run", self.path)
+        try:
             self.handle = open(self.path, "wb")
-            self._write_state()
-        return self.lines_done
+        except OSError as exc:
+            raise InputError(
+                f"cannot write the partial output ({exc.strerror})", self.path
+            ) from None
+        self._write_state()
+        return 0
+
+    def _resume(self) -> None:
+        """Go on with the partial file after checking it against its state."""
+        again = "; run without --resume to start again"
+        try:
+            with open(self.state_path, encoding="utf-8") as fh:
+                state = json.load(fh)
+        except (OSError, ValueError) as exc:
+            reason = getattr(exc, "strerror", None) or exc
+            raise InputError(
+                f"unreadable resume state ({reason}){again}", self.state_path
+            ) from None
+        if not isinstance(state, dict) or not _valid_state(state):
+            raise InputError(
+                f"invalid resume state (lines, bytes or last chunk missing or out of range){again}",
+                self.state_path,
+            )
+        if state.get("identity") != self.identity:
+            raise InputError(
+                "cannot resume: the partial output was made from another input, model or "
+                "flags (run without --resume to start again)",
+                self.output,
+            )
+        lines, size, last = state["lines"], state["bytes"], state["last_chunk"]
+        actual = os.path.getsize(self.path)
+        if actual < size:
+            raise InputError(
+                f"partial output has {actual} bytes, its state {os.path.basename(self.state_path)}"
+                f" records {size}: truncated or changed since{again}",
+                self.path,
+            )
+        try:
+            self.handle = open(self.path, "r+b")
+        except OSError as exc:
+            raise InputError(
+                f"cannot resume the partial output ({exc.strerror})", self.path
+            ) from None
+        if last is not None:
+            self.handle.seek(size - last[0])
+            if zlib.crc32(self.handle.read(last[0])) != last[1]:
+                self.handle.close()
+                raise InputError(
+                    "partial output does not match its state (the CRC-32 of its last chunk "
+                    f"differs): changed since it was written{again}",
+                    self.path,
+                )
+        self.lines_done, self.bytes_done, self.last_chunk = lines, size, last
+        self.handle.truncate(size)
+        self.handle.seek(size)
 
     def append_chunk(self, data: bytes, n_lines: int) -> None:
         """Append a chunk's bytes (:func:`chunk_bytes`: one gzip member for a ``.gz`` output)."""
-        self.handle.write(data)
-        self.handle.flush()
-        os.fsync(self.handle.fileno())
+        with self._writing():
+            self.handle.write(data)
+            self.handle.flush()
+            os.fsync(self.handle.fileno())
         self.lines_done += n_lines
         self.bytes_done += len(data)
-        self._write_state()
+        self.last_chunk = [len(data), zlib.crc32(data)] if data else self.last_chunk
+        with self._writing():
+            self._write_state()
 
     def _write_state(self) -> None:
         with AtomicOutput(self.state_path, compress=False) as fh:
             json.dump(
-                {"identity": self.identity, "lines": self.lines_done, "bytes": self.bytes_done}, fh
+                {
+                    "identity": self.identity,
+                    "lines": self.lines_done,
+                    "bytes": self.bytes_done,
+                    "last_chunk": self.last_chunk,
+                },
+                fh,
             )
 
     def complete(self) -> None:
         """Close the partial file, complete (still under its partial name, resumable)."""
-        if self.compress and self.bytes_done == 0:
-            with gzip_writer(self.handle):
-                pass
-        self.handle.close()
+        with self._writing():
+            if self.compress and self.bytes_done == 0:
+                with gzip_writer(self.handle):
+                    pass
+            self.handle.close()
 
     def publish(self) -> None:
         os.replace(self.path, self.output)
@@ -307,13 +418,35 @@ class _PartialOutput:
     def close_incomplete(self) -> None:
         """Leave the partial file and state for ``--resume`` (never under the final name)."""
         if self.handle is not None and not self.handle.closed:
-            self.handle.close()
+            # bytes a full disk refused are past the state's count: --resume cuts them off
+            with contextlib.suppress(OSError):
+                self.handle.close()
 
     def discard(self) -> None:
         self.close_incomplete()
         for path in (self.path, self.state_path):
             if os.path.exists(path):
                 os.unlink(path)
+
+
+def _valid_state(state: dict) -> bool:
+    """Whether a resume state's numbers are whole and consistent: lines and bytes >= 0, none
+    of either without the other, and the last chunk's [size, CRC-32] within the bytes."""
+    lines, size, last = state.get("lines"), state.get("bytes"), state.get("last_chunk", False)
+
+    def count(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    if not (count(lines) and count(size)) or (lines == 0) != (size == 0):
+        return False
+    if last is None:
+        return size == 0
+    return (
+        isinstance(last, list)
+        and len(last) == 2
+        and all(count(v) for v in last)
+        and 0 < last[0] <= size
+    )
 
 
 class _StdoutOutput:
@@ -330,11 +463,13 @@ class _StdoutOutput:
         return 0
 
     def append_chunk(self, data: bytes, n_lines: int) -> None:
-        self.stream.write(data)
-        self.stream.flush()
+        with disk_errors("-"):
+            self.stream.write(data)
+            self.stream.flush()
 
     def complete(self) -> None:
-        self.stream.flush()
+        with disk_errors("-"):
+            self.stream.flush()
 
     def publish(self) -> None:
         pass
@@ -412,7 +547,7 @@ def rescore_table(
     process with one thread.
     """
     options = options or RescoreOptions()
-    output = output or default_output_path(table)
+    output = output or default_output_path(table, shard)
     _check_request(table, output, options, resume, shard)
     # Load everything before writing anything: a bad model leaves no output behind.
     dev = resolve_device(device)
@@ -434,6 +569,10 @@ def rescore_table(
             shard.count,
             shard.index - 1,
         )
+    if resume and shard is not None:
+        done = _complete_part(table, output, shard, options, columns)
+        if done is not None:
+            return done
     sink = _StdoutOutput() if output == "-" else _PartialOutput(output, identity)
     start_line = sink.open(resume)
     position = ReadPosition()
@@ -448,18 +587,22 @@ def rescore_table(
         if workers > 1:
             with single_threaded_parent(True):
                 columns.warm_up()  # compiled here once: the forked workers inherit the kernels
-                pool = ChunkPool(score, workers)
-        input_lines, clamped = _write_chunks(
-            reader,
-            score,
-            sink,
-            counter,
-            shard,
-            options.chunk_lines,
-            chunk_index,
-            records,
-            pool,
-        )
+                pool = ChunkPool(score, workers, label=_chunk_label)
+        try:
+            input_lines, clamped = _write_chunks(
+                reader,
+                score,
+                sink,
+                counter,
+                shard,
+                options.chunk_lines,
+                chunk_index,
+                records,
+                pool,
+            )
+        except WorkerDied as exc:
+            again = "rerun with --resume" if output != "-" else "run again"
+            raise RunStopped(f"{exc}; {again}") from None
         sink.complete()
         counter.close()
         if shard is not None:
@@ -519,6 +662,68 @@ def rescore_table(
     return result
 
 
+def _complete_part(
+    table: str, output: str, shard: Shard, options: RescoreOptions, columns: NewColumns
+) -> RescoreResult | None:
+    """``--resume --shard``: the result of a part finished by an earlier run (the part and its
+    manifest, which matches this job, are complete), or None when there is work to do. A part
+    of another input, model or flags is refused; one that does not match its own manifest
+    (changed since, or a run stopped between the two) is scored again."""
+    path = manifest_path(output)
+    if not (os.path.isfile(output) and os.path.isfile(path)):
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            manifest = json.load(fh)
+        part = manifest["part"]
+        same = (
+            manifest.get("kind") == PHRASE_TABLE
+            and [manifest.get("shard"), manifest.get("of")] == [shard.index, shard.count]
+            and manifest["plan"]["chunk_lines"] == options.chunk_lines
+            and manifest["job"] == columns.job()
+            and manifest["input"] == input_identity(table, manifest["input"]["lines"])
+        )
+        records = list(part["chunks"])
+        lines = int(part["lines"])
+        size, digest = int(part["size"]), str(part["sha256"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InputError(
+            f"unreadable manifest ({type(exc).__name__}: {exc}); run without --resume to score "
+            "the part again",
+            path,
+        ) from None
+    if not same:
+        raise InputError(
+            "cannot resume: a finished part of another input, shard, model or flags is here "
+            "(run without --resume to replace it)",
+            output,
+        )
+    if os.path.getsize(output) != size or file_sha256(output) != digest:
+        log.warning("%s does not match its manifest: scoring the part again", output)
+        return None
+    log.info(
+        "shard %s: %s is complete already (its manifest matches): nothing to do", shard, output
+    )
+    return RescoreResult(
+        output=output,
+        lines=lines,
+        distinct_sources=joined_runs(records),
+        seconds=0.0,
+        new_columns=len(columns.names),
+        column_names=columns.names,
+        signatures=columns.signatures,
+        resumed_from_line=lines,
+        complete_already=True,
+        scoring=options.scoring,
+    )
+
+
+def _chunk_label(index: int, raw: RawChunk) -> str:
+    """A chunk as :class:`~phrasescore.chunk_pool.WorkerDied` names it."""
+    last = raw.first_lineno + raw.data.count(b"\n") - (raw.data.endswith(b"\n"))
+    return f"chunk {raw.index} (lines {raw.first_lineno}-{last})"
+
+
 def _check_request(
     table: str, output: str, options: RescoreOptions, resume: bool, shard: Shard | None
 ) -> None:
@@ -535,6 +740,7 @@ def _check_request(
     if shard is not None and is_pipe(table):
         raise InputError("--shard reads the table again for its manifest: give the file", table)
     check_output_path(output, "output table")
+    check_work_paths(output, shard)
     if options.chunk_lines < 1 or options.batch_tokens < 1:
         raise InputError("chunk_lines and batch_tokens must be at least 1")
     if options.logprob:
@@ -560,6 +766,7 @@ def _skip_done_lines(
             input_lines += len(chunk)
             if chunk and shard.owns(i):
                 records.append(chunk_record(i, [e.source for e in chunk]))
+                counter.count(chunk)  # the summary counts the whole part, as one run does
         if input_lines < chunk_index * options.chunk_lines and not start_line % options.chunk_lines:
             counter.close()
             raise InputError("cannot resume: the input is shorter than the partial output", table)
@@ -577,6 +784,15 @@ def _skip_done_lines(
             counter.close()
             raise InputError(
                 f"cannot resume: the input has only {skipped} lines, the partial output {start_line}",
+                table,
+            )
+        if start_line % options.chunk_lines and reader.entries(1):
+            # only the table's last chunk is short: a partial output that ends with a short
+            # chunk before the end of the input is not one this run wrote
+            counter.close()
+            raise InputError(
+                f"cannot resume: the partial output ends after line {start_line}, within a "
+                f"chunk of {options.chunk_lines} lines (run without --resume to start again)",
                 table,
             )
     return 0
@@ -880,13 +1096,8 @@ class _Progress:
         self.distinct_sources = 0
         self.too_long = 0
         self.last_source = None  # SHA-256 of the last source counted (a chunk record's "last")
-        self.bar = tqdm(
-            disable=not enabled,
-            total=position.size,
-            unit="B",
-            unit_scale=True,
-            dynamic_ncols=True,
-            desc="rescore",
+        self.bar = progress_bar(
+            enabled, total=position.size, unit="B", unit_scale=True, desc="rescore"
         )
 
     def _add(self, record: dict, too_long: int) -> None:
@@ -979,7 +1190,7 @@ def run_rescore(
     Under torchrun (``WORLD_SIZE`` > 1) each rank scores one shard into a hidden part beside
     the output and rank 0 merges the parts after a barrier (:func:`_run_torchrun`).
     """
-    output = output or default_output_path(table)
+    output = output or default_output_path(table, shard)
     n_new = len(model_paths) + len(inverse_model_paths or []) + len(lm_paths or [])
     n_new += 1 if options.unk_column else 0
     launch = distributed.from_env()
@@ -1059,6 +1270,11 @@ def _run_torchrun(launch, score, table, output, device, progress) -> RescoreResu
     check_files_exist([table])
     if output == "-" or is_pipe(table):  # every rank reads the table: not a pipe or stdin
         raise InputError("under torchrun give an input file and an output file")
+    for k in range(1, launch.world_size + 1):  # every rank refuses what is in any rank's way
+        shard = Shard(k, launch.world_size)
+        part = shard_part_path(output, shard)
+        check_output_path(part, "part")
+        check_work_paths(part, shard)
     started = time.monotonic()
 
     def score_part(part: str, dev: str, shard: Shard) -> RescoreResult:
@@ -1154,15 +1370,18 @@ class _IniUpdate:
         self._update()
 
     def _update(self, comment: str | None = None):
-        return update_moses_ini_text(
-            self.text,
-            self.table,
-            self.new_table,
-            n_new=self.n_new,
-            weights=self.weights,
-            comment=comment,
-            ini_path=self.ini_path,
-        )
+        try:
+            return update_moses_ini_text(
+                self.text,
+                self.table,
+                self.new_table,
+                n_new=self.n_new,
+                weights=self.weights,
+                comment=comment,
+                ini_path=self.ini_path,
+            )
+        except InputError as exc:
+            raise exc.located(display_name(self.ini_path)) from None
 
     def stage(self, ini_out: str, result: RescoreResult):
         """(the new ini written complete under a temporary name beside ``ini_out``, the update);

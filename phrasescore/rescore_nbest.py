@@ -54,12 +54,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
-from tqdm import tqdm
 
 from phrasescore import distributed
 from phrasescore.bundle import TrainedModel, load_lm
-from phrasescore.chunk_pool import ChunkPool, single_threaded_parent
-from phrasescore.errors import InputError
+from phrasescore.chunk_pool import ChunkPool, WorkerDied, single_threaded_parent
+from phrasescore.errors import InputError, RunStopped
 from phrasescore.files import (
     AtomicOutput,
     check_files_exist,
@@ -82,6 +81,7 @@ from phrasescore.moses.nbest import (
     total_score,
     with_feature,
 )
+from phrasescore.progress import progress_bar
 from phrasescore.scoring import PairScorer
 from phrasescore.shards import NBEST, Shard, chunk_record, run_on_ranks, write_manifest
 
@@ -242,7 +242,7 @@ def rescore_nbest(
             shard.index - 1,
         )
     started = time.monotonic()
-    bar = tqdm(disable=not progress, unit=" hyps", unit_scale=True, dynamic_ncols=True)
+    bar = progress_bar(progress, unit=" hyps", unit_scale=True)
     score = functools.partial(score_block, features, scorer)
     pending: collections.deque = collections.deque()  # blocks read, in order, until written
     clamped = 0
@@ -288,6 +288,8 @@ def rescore_nbest(
             if pool is not None:
                 pool.close()
             writer.finish(out, nbest)
+    except WorkerDied as exc:
+        raise RunStopped(f"{exc}; run again") from None
     finally:
         bar.close()
         if pool is not None:

@@ -236,7 +236,86 @@ def read_manifest(part: str) -> dict:
         raise InputError(f"unreadable manifest ({exc})", path) from None
     if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
         raise InputError("not a phrasescore shard manifest", path)
+    problem = _manifest_problem(manifest)
+    if problem:
+        raise InputError(f"invalid manifest: {problem}", path)
     return manifest
+
+
+_INT, _STR, _BOOL, _DICT, _LIST = "an integer", "a string", "true or false", "an object", "a list"
+_MANIFEST_FIELDS = {
+    "shard": _INT,
+    "of": _INT,
+    "input": _DICT,
+    "input.size": _INT,
+    "input.lines": _INT,
+    "plan": _DICT,
+    "plan.chunk_lines": _INT,
+    "plan.chunks": _INT,
+    "job": _DICT,
+    "part": _DICT,
+    "part.name": _STR,
+    "part.size": _INT,
+    "part.sha256": _STR,
+    "part.lines": _INT,
+    "part.gzip": _BOOL,
+}
+_OPTIONAL_FIELDS = {
+    "kind": _STR,
+    "input_path": _STR,
+    "plan.chunk_sizes": _LIST,
+    "part.chunks": _LIST,
+}
+_CHECKS = {
+    _INT: lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+    _STR: lambda v: isinstance(v, str),
+    _BOOL: lambda v: isinstance(v, bool),
+    _DICT: lambda v: isinstance(v, dict),
+    _LIST: lambda v: isinstance(v, list),
+}
+
+
+def _manifest_problem(manifest: dict) -> str | None:
+    """What makes a manifest unusable (a field missing or of the wrong type), or None."""
+
+    def get(key: str):
+        value = manifest
+        for name in key.split("."):
+            if not isinstance(value, dict) or name not in value:
+                return _MISSING
+            value = value[name]
+        return value
+
+    for fields, required in ((_MANIFEST_FIELDS, True), (_OPTIONAL_FIELDS, False)):
+        for key, kind in fields.items():
+            value = get(key)
+            if value is _MISSING:
+                if required:
+                    return f'"{key}" is missing'
+                continue
+            if not _CHECKS[kind](value):
+                return f'"{key}" is not {kind}{" >= 0" if kind == _INT else ""}'
+    if not 1 <= manifest["shard"] <= manifest["of"]:
+        return f'"shard" {manifest["shard"]} is not between 1 and "of" {manifest["of"]}'
+    sizes = get("plan.chunk_sizes")
+    if sizes is not _MISSING and not all(_CHECKS[_INT](n) for n in sizes):
+        return '"plan.chunk_sizes" holds something other than integers >= 0'
+    records = get("part.chunks")
+    if records is not _MISSING:
+        for record in records:
+            if not (
+                isinstance(record, dict)
+                and all(_CHECKS[_INT](record.get(k)) for k in ("chunk", "lines", "runs"))
+                and (
+                    not record["lines"]
+                    or all(_CHECKS[_STR](record.get(k)) for k in ("first", "last"))
+                )
+            ):
+                return f'"part.chunks" holds an invalid chunk record {record!r}'[:200]
+    return None
+
+
+_MISSING = object()
 
 
 def part_kind(manifest: dict) -> str:

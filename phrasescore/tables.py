@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from phrasescore.errors import InputError
 from phrasescore.files import check_output_path
 from phrasescore.moses.ini_tables import format_table_rows, read_ini_tables
 from phrasescore.moses.phrase_table import check_phrase_table, copy_phrase_table
@@ -41,4 +42,7 @@ def copy_table(table: str, output: str):
 def ini_table_rows(moses_ini: str, factors: bool = False) -> list[str]:
     """``NAME<TAB>CLASS<TAB>PATH<TAB>NUM_FEATURES`` (and the factors) of each phrase table of
     ``moses_ini``."""
-    return format_table_rows(read_ini_tables(moses_ini), factors=factors)
+    try:
+        return format_table_rows(read_ini_tables(moses_ini), factors=factors)
+    except InputError as exc:
+        raise exc.located(moses_ini) from None

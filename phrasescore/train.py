@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
 from phrasescore import __version__, distributed
 from phrasescore.bundle import TrainedModel, save_model
@@ -57,6 +56,7 @@ from phrasescore.model.config import (
     TrainConfig,
 )
 from phrasescore.model.config import preset as preset_configs
+from phrasescore.progress import progress_bar
 from phrasescore.text.corpus import (
     ParallelDataset,
     TokenBudgetBatcher,
@@ -392,6 +392,12 @@ class Trainer:
             file_log.close()
 
     def _run(self, resume: bool) -> TrainResult:
+        if resume and not os.path.exists(self.checkpoint_path):
+            log.info(
+                "nothing to resume: no checkpoint %s yet; training from the beginning",
+                self.checkpoint_path,
+            )
+            resume = False
         ckpt = self.read_checkpoint(self.checkpoint_path) if resume else None
         if ckpt is not None:
             saved_world = ckpt["meta"].get("world_size", 1)
@@ -404,12 +410,8 @@ class Trainer:
                 )
             self._restore_configs(ckpt["meta"])
         run = self._start(ckpt)
-        bar = tqdm(
-            total=self.tcfg.max_steps,
-            initial=run.position["step"],
-            disable=not self.progress,
-            unit="step",
-            dynamic_ncols=True,
+        bar = progress_bar(
+            self.progress, total=self.tcfg.max_steps, initial=run.position["step"], unit="step"
         )
         try:
             stopped = self._train(run, bar)
@@ -762,6 +764,7 @@ def run_training(
     arch: str = "cho",
     model_overrides: dict | None = None,
     inverse: bool = False,
+    progress: bool = True,
 ) -> TrainResult:
     """``phrasescore train``: check the arguments, configure, run :class:`Trainer`.
 
@@ -838,7 +841,17 @@ def run_training(
         lowercase=lowercase,
     )
     use_amp = dev.type == "cuda" if amp is None else amp
-    trainer = Trainer(model_path, data, mcfg, tcfg, dev, preset=preset, amp=use_amp, launch=launch)
+    trainer = Trainer(
+        model_path,
+        data,
+        mcfg,
+        tcfg,
+        dev,
+        preset=preset,
+        amp=use_amp,
+        progress=progress,
+        launch=launch,
+    )
     try:
         return trainer.run(resume=resume)
     finally:

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from itertools import islice
 
 import torch
-from tqdm import tqdm
 
 from phrasescore.bundle import TrainedModel
 from phrasescore.errors import InputError
@@ -34,6 +33,7 @@ from phrasescore.files import AtomicOutput, check_output_path, iter_lines
 from phrasescore.hardware import resolve_device
 from phrasescore.jobs import model_for
 from phrasescore.moses.nbest import check_feature_name, format_nbest_line
+from phrasescore.progress import progress_bar
 from phrasescore.search import (
     Hypothesis,
     SearchOptions,
@@ -189,7 +189,7 @@ def translate_file(
     firsts: list[str] = []
     sentences = empty = tokens = 0
     started = time.monotonic()
-    bar = tqdm(disable=not progress, unit=" sentences", dynamic_ncols=True)
+    bar = progress_bar(progress, unit=" sentences")
     try:
         with AtomicOutput(output) as out:
             for block in _blocks(iter_lines(input_path), options.block_lines):

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from phrasescore.chunk_pool import ChunkPool, WorkerError
+from phrasescore.chunk_pool import ChunkPool, WorkerDied
 from phrasescore.errors import InputError
 
 from .conftest import DATA, run_cli
@@ -149,7 +149,7 @@ def test_pool_passes_an_input_error_on_with_its_place():
 
 
 def test_pool_notices_a_killed_worker():
-    with pytest.raises(WorkerError, match="killed by signal 9"), ChunkPool(_die_at, 2) as pool:
+    with pytest.raises(WorkerDied, match="died \\(signal 9"), ChunkPool(_die_at, 2) as pool:
         list(pool.imap(range(30)))
 
 

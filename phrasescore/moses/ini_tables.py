@@ -46,7 +46,10 @@ def read_ini_tables(ini_path: str) -> list[ResolvedTable]:
     if not os.path.isfile(ini_path):
         raise InputError("no such moses.ini", ini_path)
     text = "".join(iter_lines(ini_path, keep_ends=True))
-    tables = list_phrase_tables(text)
+    try:
+        tables = list_phrase_tables(text)
+    except InputError as exc:
+        raise exc.located(ini_path) from None
     return [
         ResolvedTable(t, None if t.path is None else resolve_ini_path(t.path, ini_path))
         for t in tables

@@ -1,0 +1,150 @@
+"""A full disk (issue 23, item 3): one line naming the file, exit 1, nothing under the final
+name, and ``--resume`` once there is space again.
+
+Standard output redirected to /dev/full (every write fails with ENOSPC) runs everywhere; the
+file variants write to a real tmpfs of a few pages, which needs root (mount): they are skipped
+where it cannot be mounted.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import DATA, run_cli
+
+TABLE = DATA / "moses" / "multi30k.head300.phrase-table.gz"
+INI = DATA / "moses" / "multi30k.moses.ini"
+NBEST_LIST = DATA / "nbest" / "multi30k.test2016.ids0-4.100best.nbest.gz"
+NBEST_SOURCE = DATA / "nbest" / "multi30k.test2016.head5.tok.lc.en"
+FULL = "No space left on device"
+
+
+def _to_dev_full(*args) -> subprocess.CompletedProcess:
+    with open("/dev/full", "wb") as full:
+        return subprocess.run(
+            [sys.executable, "-m", "phrasescore", *map(str, args)],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+
+def _one_error_line(proc, expected: str) -> None:
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == f"phrasescore: error: {expected}"
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_standard_output_on_a_full_disk_is_one_line(tiny_model_path, workers):
+    flags = ["-m", tiny_model_path, "--chunk-lines", "40", "--no-progress", "--workers", workers]
+    _one_error_line(
+        _to_dev_full("rescore", TABLE, "-o", "-", *flags), f"<stdout>: cannot write: {FULL}"
+    )
+    nbest = ["--source", NBEST_SOURCE, "-m", tiny_model_path, "--no-progress", "--workers", workers]
+    _one_error_line(_to_dev_full("nbest", NBEST_LIST, *nbest), f"<stdout>: cannot write: {FULL}")
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+def test_merge_to_a_full_standard_output_is_one_line(tiny_model_path, tmp_path):
+    flags = ["-m", tiny_model_path, "--chunk-lines", "40", "--no-progress", "--threads", "1"]
+    parts = [tmp_path / f"part.{k}.gz" for k in (1, 2)]
+    for k, part in enumerate(parts, 1):
+        assert run_cli("rescore", TABLE, *flags, "--shard", f"{k}/2", "-o", part).returncode == 0
+    _one_error_line(
+        _to_dev_full("merge-shards", *parts, "-o", "-"), f"<stdout>: cannot write: {FULL}"
+    )
+
+
+# ---------------------------------------------------------------------------- a small tmpfs
+def _mount(folder, size: str, remount: bool = False) -> subprocess.CompletedProcess:
+    options = f"remount,size={size}" if remount else f"size={size}"
+    return subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True
+    )
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A tmpfs of 3 pages (12 KiB) at tmp_path/disk; skipped where it cannot be mounted."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("mounting a small tmpfs needs root")
+    mounted = _mount(disk, "12k")
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.decode().strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_full_disk_keeps_the_partial_and_resume_finishes(
+    tiny_model_path, tmp_path, small_disk, workers
+):
+    flags = ["-m", tiny_model_path, "--chunk-lines", "10", "--no-progress", "--workers", workers]
+    whole = tmp_path / "whole"
+    assert run_cli("rescore", TABLE, *flags, "-o", whole).returncode == 0
+    out = small_disk / "out"  # plain text: ~40 KB, more than the disk holds
+    proc = run_cli("rescore", TABLE, *flags, "-o", out)
+    _one_error_line(
+        proc,
+        f"{out}: cannot write the partial output .out.partial: {FULL}; it is kept: free "
+        "space, then rerun with --resume",
+    )
+    assert sorted(os.listdir(small_disk)) == [".out.partial", ".out.partial.json"]
+    assert _mount(small_disk, "1m", remount=True).returncode == 0
+    resumed = run_cli("rescore", TABLE, *flags, "-o", out, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming after line" in resumed.stderr
+    assert out.read_bytes() == whole.read_bytes()
+    assert sorted(os.listdir(small_disk)) == ["out"]
+
+
+def _fill(disk) -> None:
+    """Fill the disk up (the writes that follow fail with ENOSPC)."""
+    with open(disk / "filler", "wb", buffering=0) as fh, pytest.raises(OSError, match="No space"):
+        while True:
+            fh.write(b"\0" * 4096)
+
+
+def test_ini_out_on_a_full_disk_is_one_line_and_resume_finishes(
+    tiny_model_path, tmp_path, small_disk
+):
+    table = tmp_path / "phrase-table.gz"
+    shutil.copy(TABLE, table)
+    ini = tmp_path / "moses.ini"
+    shutil.copy(INI, ini)  # path=phrase-table.gz, beside the ini
+    _fill(small_disk)
+    new_ini = small_disk / "moses.rescored.ini"
+    out = tmp_path / "out.gz"
+    flags = ["-m", tiny_model_path, "--no-progress", "--threads", "1", "-o", out]
+    flags += ["--moses-ini", ini, "--ini-out", new_ini]
+    proc = run_cli("rescore", table, *flags)
+    _one_error_line(proc, f"{new_ini}: cannot write: {FULL}")
+    assert not out.exists() and sorted(os.listdir(small_disk)) == ["filler"]
+    os.unlink(small_disk / "filler")
+    resumed = run_cli("rescore", table, *flags, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert out.exists() and new_ini.exists()
+    assert gzip.decompress(out.read_bytes()).count(b"\n") == 300
+
+
+def test_merge_on_a_full_disk_is_one_line_and_leaves_nothing(tiny_model_path, tmp_path, small_disk):
+    flags = ["-m", tiny_model_path, "--chunk-lines", "40", "--no-progress", "--threads", "1"]
+    parts = [tmp_path / f"part.{k}" for k in (1, 2)]
+    for k, part in enumerate(parts, 1):
+        assert run_cli("rescore", TABLE, *flags, "--shard", f"{k}/2", "-o", part).returncode == 0
+    merged = small_disk / "merged"
+    proc = run_cli("merge-shards", *parts, "-o", merged)
+    _one_error_line(proc, f"{merged}: cannot write: {FULL}")
+    assert os.listdir(small_disk) == []

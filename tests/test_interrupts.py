@@ -1,0 +1,193 @@
+"""SIGTERM, SIGKILL and dead workers (issue 23, items 2, 4, 8): workers die with their parent,
+SIGTERM is Ctrl-C, a killed worker is one line, nothing is left behind but the partial output.
+
+Every run reads standard input from a pipe that the test keeps open, so it cannot finish before
+the test has done what it tests, however fast or loaded the machine is; the test waits for
+states by polling with generous deadlines, never by sleeping a fixed time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from phrasescore.chunk_pool import ChunkPool, WorkerDied
+
+from .conftest import DATA, run_cli
+
+TABLE_GZ = DATA / "moses" / "multi30k.head300.phrase-table.gz"
+NBEST_LIST = DATA / "nbest" / "multi30k.test2016.ids0-4.100best.nbest.gz"
+NBEST_SOURCE = DATA / "nbest" / "multi30k.test2016.head5.tok.lc.en"
+DEADLINE = 300
+
+
+def _lines_done(state) -> int:
+    try:
+        return json.loads(state.read_text())["lines"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
+def _wait_for(condition, what: str) -> None:
+    deadline = time.monotonic() + DEADLINE
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _group(pgid: int) -> list[int]:
+    """The processes of a process group (a killed parent's workers keep its group)."""
+    out = subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True).stdout
+    return [int(pid) for pid in out.split()]
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(child) for child in out.split()]
+
+
+@contextlib.contextmanager
+def _started(args: list, lines: list[str]):
+    """``phrasescore ARGS`` in a session of its own, given ``lines`` on a standard input that
+    stays open; on the way out whatever is left of the session is killed."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "phrasescore", *map(str, args)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        proc.stdin.write("".join(lines).encode("utf-8"))
+        proc.stdin.flush()
+        yield proc
+    finally:
+        for pid in _group(proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(BrokenPipeError):
+            proc.stdin.close()
+        proc.wait()
+
+
+def _table_lines() -> list[str]:
+    return gzip.open(TABLE_GZ, "rt", encoding="utf-8").read().splitlines(True)
+
+
+def _rescore_flags(model: str, workers: int) -> list:
+    flags = ["-m", model, "--chunk-lines", "10", "--no-progress"]
+    return flags + (["--workers", str(workers)] if workers > 1 else ["--threads", "1"])
+
+
+def _resume_gives_one_process_bytes(model, part, workers: int) -> None:
+    text = "".join(_table_lines())
+    flags = _rescore_flags(model, workers)
+    resumed = run_cli("rescore", "-", "-o", part, *flags, "--resume", input=text)
+    assert resumed.returncode == 0, resumed.stderr
+    alone = run_cli("rescore", "-", "-o", "-", *_rescore_flags(model, 1), input=text)
+    assert gzip.decompress(part.read_bytes()).decode() == alone.stdout
+
+
+# ---------------------------------------------------------------------------- item 2
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigterm_is_ctrl_c_partial_kept_exit_143(tiny_model_path, tmp_path, workers):
+    part = tmp_path / "part.gz"
+    args = ["rescore", "-", "-o", part, *_rescore_flags(tiny_model_path, workers)]
+    state = tmp_path / ".part.gz.partial.json"
+    with _started(args, _table_lines()[:100]) as proc:
+        _wait_for(lambda: _lines_done(state) >= 50, "50 lines written")
+        if workers > 1:
+            assert len(_children(proc.pid)) == workers
+        os.kill(proc.pid, signal.SIGTERM)  # the parent alone, as `kill PID`
+        _, err = proc.communicate(timeout=DEADLINE)
+        assert proc.returncode == 143
+        assert err.decode().strip().splitlines()[-1] == "phrasescore: terminated (SIGTERM)"
+        assert "Traceback" not in err.decode()
+        _wait_for(lambda: _group(proc.pid) == [], "the workers to end")
+    assert sorted(os.listdir(tmp_path)) == [".part.gz.partial", ".part.gz.partial.json"]
+    _resume_gives_one_process_bytes(tiny_model_path, part, workers)
+
+
+def test_workers_die_with_a_parent_killed_by_sigkill(tiny_model_path, tmp_path):
+    part = tmp_path / "part.gz"
+    args = ["rescore", "-", "-o", part, *_rescore_flags(tiny_model_path, 2)]
+    state = tmp_path / ".part.gz.partial.json"
+    with _started(args, _table_lines()[:100]) as proc:
+        _wait_for(lambda: _lines_done(state) >= 50, "50 lines written")
+        workers = _children(proc.pid)
+        assert len(workers) == 2
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        _wait_for(lambda: _group(proc.pid) == [], "the workers to die with their parent")
+    assert not part.exists() and state.exists()
+    _resume_gives_one_process_bytes(tiny_model_path, part, 2)
+
+
+# ---------------------------------------------------------------------------- item 4
+WORKER_DIED = re.compile(
+    r"phrasescore: error: worker [12] died \(signal 9; out of memory\?\)"
+    r"( at chunk \d+ \(lines \d+-\d+\))?; rerun with --resume"
+)
+
+
+def test_a_worker_killed_by_sigkill_is_one_line_and_the_partial_is_kept(tiny_model_path, tmp_path):
+    lines = _table_lines()
+    part = tmp_path / "part.gz"
+    args = ["rescore", "-", "-o", part, *_rescore_flags(tiny_model_path, 2)]
+    state = tmp_path / ".part.gz.partial.json"
+    with _started(args, lines[:100]) as proc:
+        _wait_for(lambda: _lines_done(state) >= 50, "50 lines written")
+        for worker in _children(proc.pid):  # as the OOM killer would
+            os.kill(worker, signal.SIGKILL)
+        rest = "".join(lines[100:]).encode("utf-8")  # work that no worker is left to take
+        _, err = proc.communicate(rest, timeout=DEADLINE)
+    assert proc.returncode == 1
+    last = err.decode().strip().splitlines()[-1]
+    assert WORKER_DIED.fullmatch(last), err.decode()
+    assert "Traceback" not in err.decode()
+    assert not part.exists() and _lines_done(state) >= 50
+    _resume_gives_one_process_bytes(tiny_model_path, part, 2)
+
+
+def _die_at(x: int) -> int:
+    if x == 5:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+
+def test_the_pool_names_the_dead_worker_and_its_chunk():
+    with pytest.raises(WorkerDied) as caught, ChunkPool(_die_at, 2) as pool:
+        list(pool.imap(range(30)))
+    assert re.fullmatch(
+        r"worker [12] died \(signal 9; out of memory\?\) at chunk 5", str(caught.value)
+    )
+
+
+# ---------------------------------------------------------------------------- item 8
+@pytest.mark.parametrize("workers", [1, 2])
+def test_nbest_stopped_by_sigterm_leaves_nothing_behind(tiny_model_path, tmp_path, workers):
+    listing = gzip.open(NBEST_LIST, "rt", encoding="utf-8").read().splitlines(True)
+    out = tmp_path / "out.gz"
+    flags = ["--source", NBEST_SOURCE, "-m", tiny_model_path, "--chunk-lines", "30"]
+    flags += ["--no-progress", "-o", out]
+    flags += ["--workers", str(workers)] if workers > 1 else ["--threads", "1"]
+    with _started(["nbest", "-", *flags], listing[:200]) as proc:
+        # the temporary output exists once the first block is written through it
+        _wait_for(
+            lambda: any(name.endswith(".tmp") for name in os.listdir(tmp_path)), "the temp file"
+        )
+        os.kill(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=DEADLINE)
+        assert proc.returncode == 143, err.decode()
+        assert err.decode().strip().splitlines()[-1] == "phrasescore: terminated (SIGTERM)"
+        _wait_for(lambda: _group(proc.pid) == [], "the workers to end")
+    assert os.listdir(tmp_path) == []

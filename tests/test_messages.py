@@ -1,0 +1,114 @@
+"""Errors that name their file (issue 23, items 6 and 9): a manifest without its fields, a
+moses.ini that cannot be read or lacks the table."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from .conftest import DATA, run_cli
+
+TABLE = DATA / "moses" / "multi30k.head300.phrase-table.gz"
+
+
+@pytest.fixture(scope="module")
+def parts(tiny_model_path, tmp_path_factory) -> list:
+    folder = tmp_path_factory.mktemp("parts")
+    flags = ["-m", tiny_model_path, "--chunk-lines", "40", "--no-progress", "--threads", "1"]
+    made = []
+    for k in (1, 2):
+        part = folder / f"part.{k}.gz"
+        proc = run_cli("rescore", TABLE, *flags, "--shard", f"{k}/2", "-o", part)
+        assert proc.returncode == 0, proc.stderr
+        made.append(part)
+    return made
+
+
+def _copy(parts, folder) -> list:
+    copies = []
+    for part in parts:
+        for path in (part, f"{part}.manifest.json"):
+            shutil.copy(path, folder)
+        copies.append(folder / os.path.basename(part))
+    return copies
+
+
+def _one_line(proc) -> str:
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+# ---------------------------------------------------------------------------- item 6
+@pytest.mark.parametrize(
+    "edit, problem",
+    [
+        (lambda m: m.pop("part"), '"part" is missing'),
+        (lambda m: m["part"].update(size="1234"), '"part.size" is not an integer >= 0'),
+        (lambda m: m.update(shard=None), '"shard" is not an integer >= 0'),
+        (lambda m: m["plan"].pop("chunk_lines"), '"plan.chunk_lines" is missing'),
+        (lambda m: m.update(shard=3), '"shard" 3 is not between 1 and "of" 2'),
+        (lambda m: m["part"]["chunks"].append({"chunk": 9}), '"part.chunks" holds an invalid'),
+    ],
+    ids=["no-part", "size-string", "shard-null", "no-chunk-lines", "shard-3-of-2", "bad-record"],
+)
+def test_merge_refuses_a_manifest_without_its_fields_in_one_line(parts, tmp_path, edit, problem):
+    copies = _copy(parts, tmp_path)
+    manifest_file = tmp_path / "part.2.gz.manifest.json"
+    manifest = json.loads(manifest_file.read_text())
+    edit(manifest)
+    manifest_file.write_text(json.dumps(manifest))
+    line = _one_line(run_cli("merge-shards", *copies, "-o", tmp_path / "all.gz"))
+    assert line.startswith(f"phrasescore: error: {manifest_file}: invalid manifest: {problem}")
+    assert not (tmp_path / "all.gz").exists()
+
+
+# ---------------------------------------------------------------------------- item 9
+MODERN = """[feature]
+UnknownWordPenalty
+PhraseDictionaryMemory name=TranslationModel0 num-features={n} path=phrase-table.gz input-factor=0 output-factor=0
+
+[weight]
+UnknownWordPenalty0= 1
+TranslationModel0= 0.2 0.2 0.2 0.2
+"""
+
+
+def test_ini_tables_names_the_ini_and_line_of_a_bad_num_features(tmp_path):
+    ini = tmp_path / "moses.ini"
+    ini.write_text(MODERN.format(n="abc"))
+    line = _one_line(run_cli("ini-tables", ini))
+    assert line == (
+        f"phrasescore: error: {ini}:3: num-features is not an integer in 'PhraseDictionaryMemory "
+        "name=TranslationModel0 num-features=abc path=phrase-table.gz input-factor=0 "
+        "output-factor=0'"
+    )
+
+
+def test_ini_tables_names_the_ini_and_line_of_a_malformed_ttable_file_line(tmp_path):
+    ini = tmp_path / "moses.ini"
+    ini.write_text("[ttable-file]\n0 0 5 phrase-table.gz\n0 0 0\n")
+    line = _one_line(run_cli("ini-tables", ini))
+    assert line == (
+        f"phrasescore: error: {ini}:3: [ttable-file] line '0 0 0' has 3 fields; expected "
+        "'implementation input-factors output-factors nscores path'"
+    )
+
+
+def test_merge_with_an_ini_that_lacks_the_table_names_the_ini(parts, tmp_path):
+    ini = tmp_path / "moses.ini"
+    ini.write_text(MODERN.format(n=4).replace("path=phrase-table.gz", "path=other-table.gz"))
+    proc = run_cli(
+        "merge-shards", *parts, "-o", tmp_path / "all.gz", "--moses-ini", ini
+    )  # the table the parts were made from is not in this ini
+    line = _one_line(proc)
+    assert line == (
+        f"phrasescore: error: {ini}: phrase table {str(TABLE)!r} is not in the ini; phrase "
+        "tables found: TranslationModel0 (path=other-table.gz)"
+    )
+    assert sorted(os.listdir(tmp_path)) == ["moses.ini"]

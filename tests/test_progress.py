@@ -1,0 +1,64 @@
+"""Progress on stderr (issue 23): one shared bar, a line every LOG_INTERVAL seconds when stderr
+is a log, not a terminal; ``train --no-progress``; ``train --resume`` with nothing to resume."""
+
+from __future__ import annotations
+
+import io
+
+from phrasescore import progress
+from phrasescore.progress import progress_bar
+
+from .conftest import DATA, run_cli
+
+TABLE = DATA / "moses" / "multi30k.head300.phrase-table.gz"
+
+
+def _bar_lines(stderr: str, marker: str) -> list[str]:
+    return [line for line in stderr.splitlines() if marker in line]
+
+
+def test_a_log_gets_lines_not_one_redraw_per_update(monkeypatch):
+    log = io.StringIO()  # not a terminal
+    monkeypatch.setattr(progress.sys, "stderr", log)
+    bar = progress_bar(True, total=1000, desc="work")
+    for _ in range(1000):
+        bar.update(1)
+    bar.close()
+    text = log.getvalue()
+    assert "\r" not in text
+    lines = text.splitlines()
+    # the first draw and the complete bar (1,000 updates within LOG_INTERVAL = 30 s)
+    assert len(lines) == 2 and lines[0].startswith("work:   0%") and "1000/1000" in lines[-1]
+    silent = io.StringIO()
+    monkeypatch.setattr(progress.sys, "stderr", silent)
+    quiet = progress_bar(False, total=10)
+    quiet.update(10)
+    quiet.close()
+    assert silent.getvalue() == ""
+
+
+def test_rescore_into_a_log_writes_two_bar_lines(tiny_model_path, tmp_path):
+    flags = ["-m", tiny_model_path, "--chunk-lines", "10", "--threads", "1"]
+    proc = run_cli("rescore", TABLE, *flags, "-o", tmp_path / "out.gz")
+    assert proc.returncode == 0, proc.stderr
+    assert "\r" not in proc.stderr
+    bars = _bar_lines(proc.stderr, "rescore:")
+    assert len(bars) == 2 and "100%" in bars[-1], proc.stderr
+
+
+def test_train_no_progress_and_resume_with_nothing_to_resume(corpus_files, tmp_path):
+    model = tmp_path / "m.safetensors"
+    args = ["train", *corpus_files, "-o", model, "--preset", "tiny", "--max-steps", "6"]
+    args += ["--valid-every", "3", "--threads", "1"]
+    proc = run_cli(*args, "--resume", "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    assert f"nothing to resume: no checkpoint {model}.checkpoint yet; training from the " in (
+        proc.stderr
+    )
+    assert "step/s" not in proc.stderr and "\r" not in proc.stderr
+    assert model.exists() and (tmp_path / "m.safetensors.checkpoint").exists()
+    # with a checkpoint, --resume goes on from it (here: the run is over at step 6)
+    again = run_cli(*args, "--resume")
+    assert again.returncode == 0, again.stderr
+    assert "resuming from" in again.stderr
+    assert len(_bar_lines(again.stderr, "step/s")) == 2 and "\r" not in again.stderr
