@@ -1204,6 +1204,14 @@ def copy_table(table, output):
     "extractor and mert: one more system per system, SYSTEM+rerank; repeatable.",
 )
 @click.option(
+    "--rerank-system",
+    "rerank_systems",
+    multiple=True,
+    metavar="NAME",
+    help="--rerank: re-rank only this system's runs (baseline or a candidate NAME); "
+    "repeatable; default: every system.",
+)
+@click.option(
     "--nbest-size",
     type=click.IntRange(min=1),
     default=100,
@@ -1266,7 +1274,9 @@ def copy_table(table, output):
     help="Paired bootstrap resamples.",
 )
 @_fail_cleanly
-def ab(baseline, candidates, rerank, dev, tests, workdir, moses_home, seeds, **settings):
+def ab(
+    baseline, candidates, rerank, rerank_systems, dev, tests, workdir, moses_home, seeds, **settings
+):
     """Does a new phrase-table column move BLEU? MERT A/B of a baseline against candidates.
 
     Tunes every system --runs times with mert-moses.pl (different seeds, tables filtered once per
@@ -1287,7 +1297,9 @@ def ab(baseline, candidates, rerank, dev, tests, workdir, moses_home, seeds, **s
         [tuple(t) for t in tests],
         workdir,
         moses_home=moses_home,
-        options=ComparisonOptions(seeds=seed_list, **settings),
+        options=ComparisonOptions(
+            seeds=seed_list, rerank_systems=tuple(rerank_systems) or None, **settings
+        ),
         rerank=list(rerank),
     )
     for line in format_report(results, [t[0] for t in tests]):

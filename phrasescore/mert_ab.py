@@ -130,6 +130,8 @@ class ComparisonOptions:
     """(feature name, model file) of each n-best re-ranking model; empty: no re-ranking."""
     nbest_size: int = 100
     rerank_restarts: int = 20
+    rerank_systems: tuple[str, ...] | None = None
+    """The systems whose runs are re-ranked (None: every system)."""
 
 
 @dataclass
@@ -433,6 +435,8 @@ class Comparison:
                         [pool.submit(self.rerank_one, result.system, run) for run in result.runs],
                     )
                     for result in results
+                    if self.options.rerank_systems is None
+                    or result.system.name in self.options.rerank_systems
                 ]
                 for system, run_futures in reranked:
                     runs_here = [future.result() for future in run_futures]
@@ -537,6 +541,8 @@ def compare_systems(
         options.rerank = rerank_models(rerank)
     if not candidates and not options.rerank:
         raise InputError("nothing to compare: give --candidate INI or --rerank MODEL")
+    if options.rerank_systems is not None and not options.rerank:
+        raise InputError("--rerank-system needs --rerank MODEL")
     moses = MosesInstall.find(moses_home)
     systems = [System("baseline", _check_input(Path(baseline), "baseline moses.ini"))]
     for spec in candidates:
@@ -562,6 +568,13 @@ def compare_systems(
             raise InputError(
                 f"{test.name}: source and reference differ in line count", path=str(test.reference)
             )
+    unknown = set(options.rerank_systems or ()) - {system.name for system in systems}
+    if unknown:
+        raise InputError(
+            f"--rerank-system {', '.join(sorted(unknown))}: no such system (systems: "
+            + ", ".join(system.name for system in systems)
+            + ")"
+        )
     comparison = Comparison(moses, Path(workdir), systems, dev_set, test_sets, options)
     return comparison.run()
 

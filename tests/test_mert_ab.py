@@ -14,6 +14,7 @@ import pytest
 
 from phrasescore.errors import InputError
 from phrasescore.mert_ab import (
+    ComparisonOptions,
     MosesInstall,
     RunResult,
     System,
@@ -112,6 +113,9 @@ def test_without_moses_one_line_says_what_is_missing(monkeypatch, tmp_path):
         compare_systems("base.ini", ["c.ini"], ("d.en", "d.fr"), [], str(tmp_path / "w"))
     with pytest.raises(InputError, match="nothing to compare: give --candidate INI or --rerank"):
         compare_systems("base.ini", [], ("d.en", "d.fr"), [], str(tmp_path / "w"))
+    with pytest.raises(InputError, match="--rerank-system needs --rerank MODEL"):
+        options = ComparisonOptions(rerank_systems=("rnn",))
+        compare_systems("b.ini", ["c.ini"], ("d.en", "d.fr"), [], str(tmp_path), options=options)
 
 
 def test_rerank_models_are_named_checked_and_distinct(tmp_path, tiny_model_path):
