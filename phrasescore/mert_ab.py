@@ -24,6 +24,7 @@ is interrupted resumes where it stopped (MERT itself with ``mert-moses.pl --cont
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
@@ -31,9 +32,11 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,31 +177,60 @@ def _line_count(path: Path) -> int:
     return sum(1 for _ in iter_lines(str(path)))
 
 
-def _run(
-    command: list[str],
-    cwd: Path,
-    log_name: str,
-    stdin: Path | None = None,
-    stdout: Path | None = None,
-) -> None:
-    """Run a Moses program, its stderr (and stdout unless redirected) in ``cwd/log_name``."""
-    log_path = cwd / log_name
-    log.debug("running in %s: %s", cwd, shlex.join(command))
-    with open(log_path, "wb") as log_file:
-        stdin_file = open(stdin, "rb") if stdin else subprocess.DEVNULL
-        stdout_file = open(stdout, "wb") if stdout else log_file
-        try:
-            result = subprocess.run(
-                command, cwd=cwd, stdin=stdin_file, stdout=stdout_file, stderr=log_file
+class Programs:
+    """Runs the Moses programs of an A/B, each in a process group of its own, its stderr (and
+    stdout unless redirected) in a log file; :meth:`stop` ends every group that runs (a
+    ``mert-moses.pl`` with the decoders it started), so that an interrupted ``ab`` (Ctrl-C,
+    SIGTERM) stops at once instead of finishing its queue of MERT runs."""
+
+    def __init__(self) -> None:
+        self._running: set[subprocess.Popen] = set()
+        self._lock = threading.Lock()
+        self._stopped = False
+
+    def run(
+        self,
+        command: list[str],
+        cwd: Path,
+        log_name: str,
+        stdin: Path | None = None,
+        stdout: Path | None = None,
+    ) -> None:
+        log_path = cwd / log_name
+        log.debug("running in %s: %s", cwd, shlex.join(command))
+        with contextlib.ExitStack() as files:
+            log_file = files.enter_context(open(log_path, "wb"))
+            stdin_file = files.enter_context(open(stdin, "rb")) if stdin else subprocess.DEVNULL
+            stdout_file = files.enter_context(open(stdout, "wb")) if stdout else log_file
+            with self._lock:
+                if self._stopped:
+                    raise InputError(f"stopped before {Path(command[0]).name}")
+                process = subprocess.Popen(
+                    command,
+                    cwd=cwd,
+                    stdin=stdin_file,
+                    stdout=stdout_file,
+                    stderr=log_file,
+                    start_new_session=True,
+                )
+                self._running.add(process)
+            try:
+                returncode = process.wait()
+            finally:
+                with self._lock:
+                    self._running.discard(process)
+        if returncode != 0:
+            raise InputError(
+                f"{Path(command[0]).name} failed with exit code {returncode}; see {log_path}"
             )
-        finally:
-            for handle in (stdin_file, stdout_file):
-                if handle not in (subprocess.DEVNULL, log_file):
-                    handle.close()
-    if result.returncode != 0:
-        raise InputError(
-            f"{Path(command[0]).name} failed with exit code {result.returncode}; see {log_path}"
-        )
+
+    def stop(self) -> None:
+        """SIGTERM to the process group of every program that runs; none starts after this."""
+        with self._lock:
+            self._stopped = True
+            for process in self._running:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGTERM)
 
 
 class Comparison:
@@ -221,6 +253,7 @@ class Comparison:
         self.dev = dev
         self.tests = tests
         self.options = options
+        self.programs = Programs()
 
     # -- step 1: one filtered model per system -------------------------------------------------
     def filter_input(self) -> Path:
@@ -251,7 +284,7 @@ class Comparison:
                 str(system.ini),
                 str(self.filter_input()),
             ]
-            _run(command, system_dir, "filter.log")
+            self.programs.run(command, system_dir, "filter.log")
             done.touch()
         return final / "moses.ini"
 
@@ -284,7 +317,7 @@ class Comparison:
             + (["--continue"] if resume else [])
         )
         log.info("%s: MERT run with seed %d%s", system.name, seed, " (resumed)" if resume else "")
-        _run(command, run_dir, "mert.log")
+        self.programs.run(command, run_dir, "mert.log")
         if not tuned.exists():
             raise InputError(f"mert-moses.pl wrote no {tuned}; see {run_dir / 'mert.log'}")
         return tuned
@@ -314,7 +347,9 @@ class Comparison:
             return output
         partial = output.with_name(output.name + ".partial")
         command = self._decoder_command(system, weights)
-        _run(command, run_dir, f"{test.name}.decode.log", stdin=test.source, stdout=partial)
+        self.programs.run(
+            command, run_dir, f"{test.name}.decode.log", stdin=test.source, stdout=partial
+        )
         written = _line_count(partial)
         if written != _line_count(test.source):
             raise InputError(f"moses wrote {written} lines for {test.source}", path=str(partial))
@@ -343,7 +378,9 @@ class Comparison:
             str(self.options.nbest_size),
             "distinct",
         ]
-        _run(command, run_dir, f"{test.name}.nbest.log", stdin=test.source, stdout=Path(os.devnull))
+        self.programs.run(
+            command, run_dir, f"{test.name}.nbest.log", stdin=test.source, stdout=Path(os.devnull)
+        )
         partial.rename(output)
         return output
 
@@ -366,7 +403,7 @@ class Comparison:
                 command += ["--threads", str(self.options.decoder_threads)]
                 if rerank:
                     command += ["--weights", str(weights_file), "--one-best"]
-                _run(command, work, f"{target.name}.log")
+                self.programs.run(command, work, f"{target.name}.log")
             current = target
         return current
 
@@ -383,13 +420,13 @@ class Comparison:
         bleu = ["--sctype", "BLEU", "--scconfig", "case:true"]
         extract = [self.moses.program("extractor"), *bleu, "-r", str(self.dev.reference)]
         extract += ["-n", str(scored), "--scfile", "scores.dat", "--ffile", "features.dat"]
-        _run(extract, work, "extract.log")
+        self.programs.run(extract, work, "extract.log")
         names = dense_feature_names(work / "features.dat")
         write_start_point(work / "init.opt", weight_vector(names, run.weights, 0.0))
         mert = [self.moses.program("mert"), "-d", str(len(names)), *bleu]
         mert += ["-n", str(self.options.rerank_restarts), "-r", str(run.seed)]
         mert += ["--scfile", "scores.dat", "--ffile", "features.dat", "--ifile", "init.opt"]
-        _run(mert, work, "mert.log")
+        self.programs.run(mert, work, "mert.log")
         write_weights_file(tuned, read_tuned_weights(work / "weights.txt", names))
         return tuned
 
@@ -416,33 +453,14 @@ class Comparison:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.filter_input()
         seeds = self.options.seeds[: self.options.runs]
-        with ThreadPoolExecutor(max_workers=self.options.jobs) as pool:
-            list(pool.map(self.filtered_ini, self.systems))
-            futures = {
-                (system.name, seed): pool.submit(self.run_one, system, seed)
-                for system in self.systems
-                for seed in seeds
-            }
-            runs = {key: future.result() for key, future in futures.items()}
-            results = [
-                SystemResult(system, [runs[(system.name, seed)] for seed in seeds], {})
-                for system in self.systems
-            ]
-            if self.options.rerank:
-                reranked = [
-                    (
-                        result.system,
-                        [pool.submit(self.rerank_one, result.system, run) for run in result.runs],
-                    )
-                    for result in results
-                    if self.options.rerank_systems is None
-                    or result.system.name in self.options.rerank_systems
-                ]
-                for system, run_futures in reranked:
-                    runs_here = [future.result() for future in run_futures]
-                    results.append(
-                        SystemResult(System(f"{system.name}+rerank", system.ini), runs_here, {})
-                    )
+        pool = ThreadPoolExecutor(max_workers=self.options.jobs)
+        try:
+            results = self._tune_and_rerank(pool, seeds)
+        except BaseException:  # Ctrl-C, SIGTERM or a failed run: stop the others now
+            self.programs.stop()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        pool.shutdown()
         for result in results:
             for run in result.runs:
                 for test in self.tests:
@@ -451,6 +469,36 @@ class Comparison:
                     )
         self._add_new_weights(results)
         self._add_p_values(results)
+        return results
+
+    def _tune_and_rerank(self, pool: ThreadPoolExecutor, seeds) -> list[SystemResult]:
+        """Every system's MERT runs, then the re-ranked runs of the systems chosen."""
+        list(pool.map(self.filtered_ini, self.systems))
+        futures = {
+            (system.name, seed): pool.submit(self.run_one, system, seed)
+            for system in self.systems
+            for seed in seeds
+        }
+        runs = {key: future.result() for key, future in futures.items()}
+        results = [
+            SystemResult(system, [runs[(system.name, seed)] for seed in seeds], {})
+            for system in self.systems
+        ]
+        if self.options.rerank:
+            reranked = [
+                (
+                    result.system,
+                    [pool.submit(self.rerank_one, result.system, run) for run in result.runs],
+                )
+                for result in results
+                if self.options.rerank_systems is None
+                or result.system.name in self.options.rerank_systems
+            ]
+            for system, run_futures in reranked:
+                runs_here = [future.result() for future in run_futures]
+                results.append(
+                    SystemResult(System(f"{system.name}+rerank", system.ini), runs_here, {})
+                )
         return results
 
     def _add_new_weights(self, results: list[SystemResult]) -> None:

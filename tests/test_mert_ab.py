@@ -16,6 +16,7 @@ from phrasescore.errors import InputError
 from phrasescore.mert_ab import (
     ComparisonOptions,
     MosesInstall,
+    Programs,
     RunResult,
     System,
     SystemResult,
@@ -156,3 +157,45 @@ def test_cli_without_moses_is_one_line_exit_1(tmp_path):
     assert proc.returncode == 1
     assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
     assert "Moses not found: set MOSES_HOME" in proc.stderr
+
+
+def test_programs_stop_ends_every_running_process_group_and_starts_no_more(tmp_path):
+    """An interrupted ab stops its mert-moses.pl and the decoders it started (one process
+    group each) instead of finishing its queue of MERT runs."""
+    import threading
+
+    programs = Programs()
+    errors = []
+    # a program with a child of its own, as mert-moses.pl starts moses: both must end
+    script = "sleep 600 & echo $! > child.pid; wait"
+
+    def run():
+        try:
+            programs.run(["sh", "-c", script], tmp_path, "prog.log")
+        except InputError as exc:
+            errors.append(str(exc))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    pid_file = tmp_path / "child.pid"
+    for _ in range(6000):  # wait (up to a minute) for the child to start
+        if pid_file.exists() and pid_file.read_text().strip():
+            break
+        threading.Event().wait(0.01)
+    child = int(pid_file.read_text())
+    programs.stop()
+    thread.join(timeout=120)
+    assert not thread.is_alive()
+    assert errors and "failed with exit code -15" in errors[0]
+    for _ in range(6000):  # the orphaned child is reaped by init soon after its SIGTERM
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        if Path(f"/proc/{child}/stat").read_text().split()[2] == "Z":
+            break
+        threading.Event().wait(0.01)
+    else:
+        raise AssertionError(f"child {child} still runs")
+    with pytest.raises(InputError, match="stopped before sh"):
+        programs.run(["sh", "-c", "true"], tmp_path, "late.log")
