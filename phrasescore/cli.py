@@ -87,13 +87,13 @@ class DeviceType(click.ParamType):
 
 
 class ShardType(click.ParamType):
-    """``K/N`` of ``--shard``: a :class:`~phrasescore.shards.Shard`; anything else (``0/3``,
+    """``K/N`` of ``--shard``: a :class:`~phrasescore.runners.shards.Shard`; anything else (``0/3``,
     ``4/3``, ``x``) is a usage error."""
 
     name = "K/N"
 
     def convert(self, value, param, ctx):
-        from phrasescore.shards import Shard
+        from phrasescore.runners.shards import Shard
 
         if isinstance(value, Shard):
             return value
@@ -707,7 +707,7 @@ def merge_shards(parts, output, moses_ini, ini_out, ini_table, weight):
     """Check the PARTS of `rescore --shard K/N` or `nbest --shard K/N` (complete, one job,
     every shard once) and join them into one file, byte-identical to an unsharded run."""
     from phrasescore.rescore import run_merge
-    from phrasescore.shards import NBEST
+    from phrasescore.runners.shards import NBEST
 
     job = run_merge(list(parts), output, moses_ini, ini_out, ini_table, weight)
     merged = job.merge

@@ -9,7 +9,7 @@ Three analyses of the paper, for any model and table:
   (``sources_path``) or sampled from the table: ``sample`` sources with at least ``min_targets``
   targets and ``min_words`` words, drawn uniformly (reservoir sampling, seeded).
 * **Proposals** (Table 3): ``proposals`` ancestral samples of the model for each chosen source
-  (:func:`phrasescore.search.sample`), the ``top`` best distinct non-empty ones by log p, each
+  (:func:`phrasescore.engine.search.sample`), the ``top`` best distinct non-empty ones by log p, each
   marked as in the table or not.
 * **Scatter and correlations** (Fig. 3): model log p against the table's log φ for the pairs
   of the table, or a uniform sample of ``max_pairs`` lines (reservoir sampling; default
@@ -31,12 +31,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from phrasescore.bundle import TrainedModel
+from phrasescore.engine.scoring import PairScorer
 from phrasescore.errors import InputError
 from phrasescore.files import check_output_path, display_name
 from phrasescore.hardware import resolve_device
 from phrasescore.jobs import model_for
 from phrasescore.moses.phrase_table import iter_source_groups, read_phrase_table
-from phrasescore.scoring import PairScorer
 
 log = logging.getLogger(__name__)
 
@@ -308,7 +308,7 @@ def propose(
     model: TrainedModel, source: str, known: set[str], options: CompareOptions, device
 ) -> list[Proposal]:
     """The model's best distinct samples for ``source`` (Cho et al. Table 3), marked in-table."""
-    from phrasescore.search import sample
+    from phrasescore.engine.search import sample
 
     ids = model.src_vocab.encode(model.src_text.normalize_tokenized(source))
     hyps = sample(

@@ -13,7 +13,7 @@ exp(-(unknown source words + unknown target words)), the unknown-word feature of
 Chunks and resume
 -----------------
 The table is read in chunks of ``chunk_lines`` lines. Each chunk is scored (distinct sources
-encoded once, targets batched by length: ``phrasescore.scoring``), formatted and appended to a
+encoded once, targets batched by length: ``phrasescore.engine.scoring``), formatted and appended to a
 partial file next to the output (``.NAME.partial``; for a ``.gz`` output every chunk is one
 complete gzip member, and a file of several members is a valid gzip file that zlib, Moses and
 ``zcat`` read as one stream). After each chunk the partial file is synced and a small JSON state
@@ -35,16 +35,23 @@ import logging
 import os
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import NamedTuple
 
 import numpy as np
 
-from phrasescore import __version__, distributed
-from phrasescore.bundle import TrainedModel, load_lm, load_model
-from phrasescore.chunk_pool import ChunkPool, WorkerDied, single_threaded_parent
+from phrasescore import __version__
+from phrasescore.bundle import TrainedLM, TrainedModel, load_lm, load_model
+from phrasescore.engine.lm_scoring import LMScorer
+from phrasescore.engine.scoring import (
+    SELF_NORMALIZED,
+    PairScorer,
+    ScoredPairs,
+    check_scoring,
+    phrase_tokens,
+)
 from phrasescore.errors import InputError, RunStopped
 from phrasescore.files import (
     DISK_ERRORS,
@@ -63,7 +70,6 @@ from phrasescore.files import (
     iter_raw_lines,
 )
 from phrasescore.hardware import resolve_device, resolve_dtype
-from phrasescore.lm_scoring import LMPhraseColumn
 from phrasescore.moses.ini import update_moses_ini_text
 from phrasescore.moses.phrase_table import (
     PhraseTableEntry,
@@ -73,14 +79,9 @@ from phrasescore.moses.phrase_table import (
     probability_from_logprob,
 )
 from phrasescore.progress import progress_bar
-from phrasescore.scoring import (
-    SELF_NORMALIZED,
-    PairScorer,
-    ScoredPairs,
-    check_scoring,
-    phrase_tokens,
-)
-from phrasescore.shards import (
+from phrasescore.runners import distributed
+from phrasescore.runners.chunk_pool import ChunkPool, WorkerDied, single_threaded_parent
+from phrasescore.runners.shards import (
     PHRASE_TABLE,
     Shard,
     check_parts,
@@ -113,7 +114,7 @@ class RescoreOptions:
     chunk_lines: int = 10000
     max_phrase_length: int = 100
     scoring: str = "exact"
-    """``exact`` or ``self-normalized`` (:mod:`phrasescore.scoring`): the model columns only."""
+    """``exact`` or ``self-normalized`` (:mod:`phrasescore.engine.scoring`): the model columns only."""
 
     def key(self) -> dict:
         return dict(self.__dict__)
@@ -248,7 +249,7 @@ class ChunkOutput:
     data: bytes
     clamped: int
     record: dict
-    """:func:`~phrasescore.shards.chunk_record`: lines, runs of one source, first/last source."""
+    """:func:`~phrasescore.runners.shards.chunk_record`: lines, runs of one source, first/last source."""
     too_long: int
     """Pairs with a phrase over ``max_phrase_length`` tokens (given the floor value)."""
 
@@ -533,17 +534,17 @@ def rescore_table(
     trained in the other direction (target language -> source language) and give
     p(source | target), the neural counterpart of the table's inverse φ(f|e); their columns
     follow the direct ones. Each CSLM of ``lm_paths`` adds p(target phrase) after those
-    (:class:`phrasescore.lm_scoring.LMPhraseColumn`: the phrase scored with sentence-boundary
+    (:class:`phrasescore.engine.lm_scoring.LMPhraseColumn`: the phrase scored with sentence-boundary
     context off), then comes the unknown-word column.
 
     ``before_publish`` runs once the whole table is written but before it is renamed to
     ``output``: what it raises leaves the output unpublished (and resumable).
 
     With ``shard`` only that shard's chunks are scored, and a manifest is written beside the
-    output (:mod:`phrasescore.shards`); ``merge-shards`` puts the parts together.
+    output (:mod:`phrasescore.runners.shards`); ``merge-shards`` puts the parts together.
 
     ``workers`` > 1 (CPU only): the chunks are scored in that many forked processes of one
-    PyTorch thread each (:mod:`phrasescore.chunk_pool`); the output bytes are those of one
+    PyTorch thread each (:mod:`phrasescore.runners.chunk_pool`); the output bytes are those of one
     process with one thread.
     """
     options = options or RescoreOptions()
@@ -719,7 +720,7 @@ def _complete_part(
 
 
 def _chunk_label(index: int, raw: RawChunk) -> str:
-    """A chunk as :class:`~phrasescore.chunk_pool.WorkerDied` names it."""
+    """A chunk as :class:`~phrasescore.runners.chunk_pool.WorkerDied` names it."""
     last = raw.first_lineno + raw.data.count(b"\n") - (raw.data.endswith(b"\n"))
     return f"chunk {raw.index} (lines {raw.first_lineno}-{last})"
 
@@ -888,7 +889,7 @@ def _write_chunks(
 
 def score_chunk(columns: NewColumns, compress: bool, name: str, raw: RawChunk) -> ChunkOutput:
     """Parse, score and format one chunk: its bytes as written, its record
-    (:func:`~phrasescore.shards.chunk_record`), its pairs over the length limit and the scores
+    (:func:`~phrasescore.runners.shards.chunk_record`), its pairs over the length limit and the scores
     it clamped. The same function runs in this process and in ``--workers`` processes."""
     chunk = parse_raw(name, raw.first_lineno, raw.data, raw.num_scores)
     if raw.first:
@@ -897,6 +898,29 @@ def score_chunk(columns: NewColumns, compress: bool, name: str, raw: RawChunk) -
     text, too_long = columns.format_chunk(chunk)
     record = chunk_record(raw.index, [e.source for e in chunk])
     return ChunkOutput(chunk_bytes(text, compress), columns.clamped() - before, record, too_long)
+
+
+# ---------------------------------------------------------------------------- CSLM column
+class LMPhraseColumn:
+    """A phrase-table column: p(target phrase) under a CSLM, phrase mode (:mod:`phrasescore.engine.lm_scoring`).
+
+    ``LMPhraseColumn(lm).values(sources, targets)`` gives the formatted column values for a
+    block of table lines; ``name`` identifies the column (``cslm:<signature>``) in logs and in
+    the moses.ini comment.
+    """
+
+    def __init__(self, lm: TrainedLM, device="cpu"):
+        self.lm = lm
+        self.scorer = LMScorer(lm, device)
+        self.name = f"cslm:{lm.signature}"
+
+    def logprobs(self, targets: Sequence[str]) -> np.ndarray:
+        return self.scorer.score_phrases(targets).logprob
+
+    def values(self, sources: Sequence[str], targets: Sequence[str]) -> list[str]:
+        return [
+            format_probability(probability_from_logprob(float(v))) for v in self.logprobs(targets)
+        ]
 
 
 DIRECTION_MARGIN = 0.2
@@ -1101,7 +1125,7 @@ class _Progress:
         )
 
     def _add(self, record: dict, too_long: int) -> None:
-        """Count a chunk by its :func:`~phrasescore.shards.chunk_record`: a source whose lines
+        """Count a chunk by its :func:`~phrasescore.runners.shards.chunk_record`: a source whose lines
         began in the chunk before counts once."""
         if record["lines"]:
             self.distinct_sources += record["runs"] - (record["first"] == self.last_source)
@@ -1262,7 +1286,7 @@ def run_rescore(
 
 def _run_torchrun(launch, score, table, output, device, progress) -> RescoreResult:
     """One shard per rank, a barrier, then rank 0 merges and removes the parts
-    (:func:`phrasescore.shards.run_on_ranks`).
+    (:func:`phrasescore.runners.shards.run_on_ranks`).
 
     ``--resume`` goes on with each rank's partial part; a part that was finished (a run stopped
     during the merge) is kept as it is.

@@ -14,7 +14,7 @@ tokenised (:meth:`TextNormalizer.normalize_tokenized`: split on spaces, lowercas
 lowercases; never tokenised again).
 
 Streaming: the list is read once, the hypotheses of consecutive ids are gathered into blocks of
-about ``block_hypotheses`` lines and scored with :class:`~phrasescore.scoring.PairScorer`, which
+about ``block_hypotheses`` lines and scored with :class:`~phrasescore.engine.scoring.PairScorer`, which
 encodes each distinct source once per block, so the hypotheses of one id share one encoder pass.
 The source file is read into memory first (one line per sentence, 100x smaller than the list).
 
@@ -24,11 +24,11 @@ a list whose last id is not the last source line (the list and the source do not
 source lines that were decoded); the malformed lines :func:`read_nbest` refuses.
 
 CSLM: with ``lm`` (``--lm``), the feature ``CSLM0= log p(hypothesis </s> | <s>)`` of a target
-language model (:mod:`phrasescore.lm_scoring`, SPEC §3.6) is added too, before the model's
+language model (:mod:`phrasescore.engine.lm_scoring`, SPEC §3.6) is added too, before the model's
 feature; re-ranking then needs a weight for it as well.
 
 Shards: with ``shard`` (``--shard K/N``) only the chunks of shard K are scored and written, and a
-manifest goes beside the output (:mod:`phrasescore.shards`). The chunks are the blocks above: the
+manifest goes beside the output (:mod:`phrasescore.runners.shards`). The chunks are the blocks above: the
 list is cut after the sentence-id group that brings a block to ``block_hypotheses`` lines
 (``--chunk-lines``), so a sentence's hypotheses are never split, and block ``i`` belongs to shard
 ``i % N + 1``. Every shard reads the whole list (and checks every id against the source); the
@@ -55,9 +55,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from phrasescore import distributed
 from phrasescore.bundle import TrainedModel, load_lm
-from phrasescore.chunk_pool import ChunkPool, WorkerDied, single_threaded_parent
+from phrasescore.engine.lm_scoring import LMScorer
+from phrasescore.engine.scoring import PairScorer
 from phrasescore.errors import InputError, RunStopped
 from phrasescore.files import (
     AtomicOutput,
@@ -69,7 +69,6 @@ from phrasescore.files import (
 )
 from phrasescore.hardware import resolve_device
 from phrasescore.jobs import model_for
-from phrasescore.lm_scoring import LMScorer
 from phrasescore.moses.nbest import (
     NBestEntry,
     check_feature_name,
@@ -82,8 +81,9 @@ from phrasescore.moses.nbest import (
     with_feature,
 )
 from phrasescore.progress import progress_bar
-from phrasescore.scoring import PairScorer
-from phrasescore.shards import NBEST, Shard, chunk_record, run_on_ranks, write_manifest
+from phrasescore.runners import distributed
+from phrasescore.runners.chunk_pool import ChunkPool, WorkerDied, single_threaded_parent
+from phrasescore.runners.shards import NBEST, Shard, chunk_record, run_on_ranks, write_manifest
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ class NBestOptions:
     """A CSLM file (``phrasescore train-lm``): also add ``lm_name= log p(hypothesis)``."""
     lm_name: str = "CSLM0"
     scoring: str = "exact"
-    """``exact`` or ``self-normalized`` (:mod:`phrasescore.scoring`; the model's feature only)."""
+    """``exact`` or ``self-normalized`` (:mod:`phrasescore.engine.scoring`; the model's feature only)."""
 
 
 @dataclass
@@ -183,7 +183,7 @@ def rescore_nbest(
     module docstring); with an ``options.lm`` and no model, the CSLM feature alone. With
     ``shard``, only that shard's blocks, and a manifest beside ``output``. ``workers`` > 1
     (CPU): the blocks are scored in that many forked single-threaded processes
-    (:mod:`phrasescore.chunk_pool`), with the bytes of one process."""
+    (:mod:`phrasescore.runners.chunk_pool`), with the bytes of one process."""
     options = options or NBestOptions()
     with_model = model is not None or model_path is not None or not options.lm
     names = _check_options(nbest, source, options, with_model)
@@ -329,7 +329,7 @@ def run_nbest(
 ) -> NBestResult:
     """``phrasescore nbest``: :func:`rescore_nbest`, or under torchrun (``WORLD_SIZE`` > 1)
     one shard per rank into a hidden part beside the output, merged by rank 0
-    (:func:`phrasescore.shards.run_on_ranks`); rank 0 returns the whole list's result."""
+    (:func:`phrasescore.runners.shards.run_on_ranks`); rank 0 returns the whole list's result."""
     launch = distributed.from_env()
     if launch is None:
         return rescore_nbest(

@@ -10,12 +10,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from phrasescore.bundle import TrainedModel
+from phrasescore.engine.search import (
+    SearchOptions,
+    beam_search,
+    check_beam,
+    merge_candidates,
+    sample,
+)
 from phrasescore.errors import InputError
 from phrasescore.files import iter_lines
 from phrasescore.hardware import resolve_device
 from phrasescore.jobs import model_for
 from phrasescore.moses.phrase_table import read_phrase_table
-from phrasescore.search import SearchOptions, beam_search, check_beam, merge_candidates, sample
 
 
 @dataclass

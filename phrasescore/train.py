@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from phrasescore import __version__, distributed
+from phrasescore import __version__
 from phrasescore.bundle import TrainedModel, save_model
 from phrasescore.errors import InputError
 from phrasescore.files import check_files_exist, check_output_path, is_pipe
@@ -57,6 +57,7 @@ from phrasescore.model.config import (
 )
 from phrasescore.model.config import preset as preset_configs
 from phrasescore.progress import progress_bar
+from phrasescore.runners import distributed
 from phrasescore.text.corpus import (
     ParallelDataset,
     TokenBudgetBatcher,

@@ -19,13 +19,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from phrasescore import distributed
 from phrasescore.bundle import TrainedLM, read_lm_metadata, save_lm
 from phrasescore.errors import InputError
 from phrasescore.files import check_files_exist, check_output_path, is_pipe, iter_lines
 from phrasescore.hardware import set_threads
 from phrasescore.model.config import TrainConfig
 from phrasescore.model.cslm import LM_PRESETS, FeedForwardLM, LMConfig, lm_preset
+from phrasescore.runners import distributed
 from phrasescore.text.corpus import ParallelDataset
 from phrasescore.text.tokenize import TextNormalizer
 from phrasescore.text.vocab import WordVocabulary, vocabulary_from_state

@@ -1,7 +1,7 @@
 """The ``translate`` job: generate target text with a trained model.
 
 It reads sentences (a file or ``-``), one per line, and writes one line per input line:
-the best hypothesis of a batched beam search (:func:`phrasescore.search.beam_search`), or with
+the best hypothesis of a batched beam search (:func:`phrasescore.engine.search.beam_search`), or with
 ``nbest`` the K best as a Moses n-best list::
 
     id ||| hypothesis ||| RNNEncDec0= log p(hypothesis | source) ||| score
@@ -27,6 +27,12 @@ from itertools import islice
 import torch
 
 from phrasescore.bundle import TrainedModel
+from phrasescore.engine.search import (
+    Hypothesis,
+    SearchOptions,
+    beam_search,
+    check_beam,
+)
 from phrasescore.errors import InputError
 from phrasescore.evaluate import Evaluation, evaluate, require_sacrebleu
 from phrasescore.files import AtomicOutput, check_output_path, iter_lines
@@ -34,12 +40,6 @@ from phrasescore.hardware import resolve_device
 from phrasescore.jobs import model_for
 from phrasescore.moses.nbest import check_feature_name, format_nbest_line
 from phrasescore.progress import progress_bar
-from phrasescore.search import (
-    Hypothesis,
-    SearchOptions,
-    beam_search,
-    check_beam,
-)
 
 log = logging.getLogger(__name__)
 

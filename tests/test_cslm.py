@@ -15,11 +15,12 @@ from click.testing import CliRunner
 
 from phrasescore.bundle import load_lm, load_model
 from phrasescore.cli import cli
+from phrasescore.engine.lm_scoring import LMScorer, perplexity
 from phrasescore.errors import ModelFileError
-from phrasescore.lm_scoring import LMPhraseColumn, LMScorer, perplexity
 from phrasescore.model.cslm import FeedForwardLM, LMConfig
 from phrasescore.moses.nbest import read_nbest
 from phrasescore.moses.phrase_table import read_phrase_table
+from phrasescore.rescore import LMPhraseColumn
 from phrasescore.text.vocab import BOS_ID, PAD_ID
 from phrasescore.train import Trainer
 from phrasescore.train_lm import run_lm_training

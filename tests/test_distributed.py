@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from phrasescore.rescore import RescoreOptions, rescore_table
-from phrasescore.shards import Shard, merge_shards
+from phrasescore.runners.shards import Shard, merge_shards
 
 from .conftest import DATA, TEXT, train_tiny
 

@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from phrasescore.chunk_pool import ChunkPool, WorkerDied
+from phrasescore.runners.chunk_pool import ChunkPool, WorkerDied
 
 from .conftest import DATA, run_cli
 

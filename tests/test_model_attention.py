@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from phrasescore.bundle import load_model
+from phrasescore.engine.scoring import PairScorer
 from phrasescore.model import build_network
 from phrasescore.model.attention import AttentionEncoderDecoder
 from phrasescore.model.config import ModelConfig, preset
-from phrasescore.scoring import PairScorer
 
 from .conftest import sample_pairs
 from .test_model_lstm import overfit_20_pairs, run_every_command, save_load_identical

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from phrasescore.bundle import load_model
 from phrasescore.cli import cli
+from phrasescore.engine.scoring import PairScorer
 from phrasescore.moses.nbest import (
     format_feature_value,
     iter_nbest_groups,
@@ -19,7 +20,6 @@ from phrasescore.moses.nbest import (
     read_weights,
     total_score,
 )
-from phrasescore.scoring import PairScorer
 
 from .conftest import DATA, sample_pairs, write_lines
 

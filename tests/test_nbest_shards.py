@@ -21,7 +21,7 @@ from phrasescore.cli import cli
 from phrasescore.moses.nbest import iter_nbest_groups, read_nbest
 from phrasescore.rescore import RescoreOptions, rescore_table
 from phrasescore.rescore_nbest import NBestOptions, rescore_nbest
-from phrasescore.shards import Shard, merge_shards
+from phrasescore.runners.shards import Shard, merge_shards
 
 from .conftest import DATA, write_lines
 

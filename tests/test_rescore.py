@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from phrasescore.bundle import load_model
+from phrasescore.engine.scoring import PairScorer
 from phrasescore.errors import InputError
 from phrasescore.moses.ini import count_features_and_weights
 from phrasescore.moses.phrase_table import format_entry, read_phrase_table
 from phrasescore.rescore import RescoreOptions, rescore_table
-from phrasescore.scoring import PairScorer
 
 from .conftest import DATA, run_cli, train_tiny
 

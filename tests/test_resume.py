@@ -12,7 +12,7 @@ import pytest
 
 from phrasescore.errors import InputError
 from phrasescore.rescore import NewColumns, RescoreOptions, rescore_table
-from phrasescore.shards import Shard
+from phrasescore.runners.shards import Shard
 
 from .conftest import DATA, run_cli
 

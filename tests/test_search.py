@@ -1,4 +1,4 @@
-"""Beam search and sampling (phrasescore.search), on a toy architecture and a tiny trained model."""
+"""Beam search and sampling (phrasescore.engine.search), on a toy architecture and a tiny trained model."""
 
 from __future__ import annotations
 
@@ -9,11 +9,8 @@ import torch
 from torch import Tensor
 
 from phrasescore.bundle import load_model
-from phrasescore.errors import InputError
-from phrasescore.model.base import EncoderDecoder
-from phrasescore.model.config import ModelConfig
-from phrasescore.scoring import PairScorer
-from phrasescore.search import (
+from phrasescore.engine.scoring import PairScorer
+from phrasescore.engine.search import (
     Hypothesis,
     SearchOptions,
     beam_search,
@@ -23,6 +20,9 @@ from phrasescore.search import (
     merge_candidates,
     sample,
 )
+from phrasescore.errors import InputError
+from phrasescore.model.base import EncoderDecoder
+from phrasescore.model.config import ModelConfig
 from phrasescore.text.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 from .conftest import sample_pairs

@@ -16,13 +16,13 @@ import pytest
 import torch
 
 from phrasescore.bundle import TrainedModel, load_model
+from phrasescore.engine.scoring import PairScorer
 from phrasescore.model import build_network
 from phrasescore.model.checkpoint import save_network_file
 from phrasescore.model.config import preset
 from phrasescore.moses.phrase_table import read_phrase_table
 from phrasescore.rescore import RescoreOptions, rescore_table
-from phrasescore.scoring import PairScorer
-from phrasescore.shards import Shard
+from phrasescore.runners.shards import Shard
 from phrasescore.text.corpus import ParallelDataset
 from phrasescore.text.tokenize import TextNormalizer
 from phrasescore.text.vocab import BOS_ID, EOS_ID, WordVocabulary

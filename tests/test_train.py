@@ -11,9 +11,9 @@ import torch
 from safetensors.torch import save_file
 
 from phrasescore.bundle import load_model, save_model
+from phrasescore.engine.scoring import PairScorer
 from phrasescore.errors import ModelFileError
 from phrasescore.model.config import TrainConfig
-from phrasescore.scoring import PairScorer
 from phrasescore.train import Trainer, TrainingData, prepare_data
 
 from .conftest import TEXT, run_cli, sample_pairs, train_tiny, write_lines

@@ -13,9 +13,9 @@ from sacremoses import MosesDetokenizer
 
 from phrasescore.bundle import load_model
 from phrasescore.cli import cli
+from phrasescore.engine.scoring import PairScorer
+from phrasescore.engine.search import Hypothesis
 from phrasescore.moses.nbest import iter_nbest_groups, read_nbest
-from phrasescore.scoring import PairScorer
-from phrasescore.search import Hypothesis
 from phrasescore.translate import TranslateOptions, Translator
 
 from .conftest import DATA, sample_pairs, write_lines

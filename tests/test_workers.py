@@ -1,4 +1,4 @@
-"""rescore --workers: chunks scored in forked single-threaded processes (phrasescore.chunk_pool)."""
+"""rescore --workers: chunks scored in forked single-threaded processes (phrasescore.runners.chunk_pool)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from phrasescore.chunk_pool import ChunkPool, WorkerDied
 from phrasescore.errors import InputError
+from phrasescore.runners.chunk_pool import ChunkPool, WorkerDied
 
 from .conftest import DATA, run_cli
 

@@ -1,7 +1,7 @@
 """The one interface every architecture implements, and what is computed on top of it.
 
 An architecture is a module with four methods; everything else (training loss, scoring, beam
-search, sampling) is written once, here and in ``phrasescore.scoring``/``phrasescore.search``:
+search, sampling) is written once, here and in ``phrasescore.engine.scoring``/``phrasescore.engine.search``:
 
 ``encode(src, src_lengths) -> dict[str, Tensor]``
     The encoder's summary of each source, every tensor with the batch first, so that rows can be

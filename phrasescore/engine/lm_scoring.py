@@ -21,8 +21,9 @@ Features:
 
 * ``phrasescore nbest --lm`` (:mod:`phrasescore.rescore_nbest`) adds ``CSLM0= log p(hypothesis)``
   (sentence mode) to every line of a Moses n-best list, every other byte unchanged (SPEC §2.3);
-* :class:`LMPhraseColumn` gives p(target phrase) = exp(max(log p, -100)) (phrase mode) as a
-  phrase-table column: a probability, since Moses takes ln of every column (SPEC §2.1).
+* ``phrasescore rescore --lm`` (``LMPhraseColumn`` of the rescore job) gives p(target phrase) =
+  exp(max(log p, -100)) (phrase mode) as a phrase-table column: a probability, since Moses takes
+  ln of every column (SPEC §2.1). This module scores ids and strings; it knows no Moses file.
 """
 
 from __future__ import annotations
@@ -141,28 +142,3 @@ def perplexity(scorer: LMScorer, sentences: Sequence[list[str]]) -> float:
     """Per-token perplexity of tokenised sentences (</s> counted, <s> not)."""
     scored = scorer.score_tokens(sentences, sentence=True)
     return float(np.exp(-scored.logprob.sum() / max(int(scored.n_tokens.sum()), 1)))
-
-
-# ---------------------------------------------------------------------------- phrase-table column
-class LMPhraseColumn:
-    """A phrase-table column: p(target phrase) under a CSLM, phrase mode (module docstring).
-
-    ``LMPhraseColumn(lm).values(sources, targets)`` gives the formatted column values for a
-    block of table lines; ``name`` identifies the column (``cslm:<signature>``) in logs and in
-    the moses.ini comment.
-    """
-
-    def __init__(self, lm: TrainedLM, device: str | torch.device = "cpu"):
-        self.lm = lm
-        self.scorer = LMScorer(lm, device)
-        self.name = f"cslm:{lm.signature}"
-
-    def logprobs(self, targets: Sequence[str]) -> np.ndarray:
-        return self.scorer.score_phrases(targets).logprob
-
-    def values(self, sources: Sequence[str], targets: Sequence[str]) -> list[str]:
-        from phrasescore.moses.phrase_table import format_probability, probability_from_logprob
-
-        return [
-            format_probability(probability_from_logprob(float(v))) for v in self.logprobs(targets)
-        ]

@@ -3,7 +3,7 @@
 The plan
 --------
 ``rescore`` reads a table in chunks of ``chunk_lines`` lines and scores each chunk on its own (the
-batch plan of :mod:`phrasescore.scoring` depends only on the chunk), so a chunk is the unit that
+batch plan of :mod:`phrasescore.engine.scoring` depends only on the chunk), so a chunk is the unit that
 keeps the bytes: chunk ``i`` (0-based) belongs to shard ``i % N + 1``. The plan depends only on the
 input and ``--chunk-lines``; every shard reads the input once, from the beginning, scores its own
 chunks and skips the others, so it needs no line count before it starts, and the shards get equal
@@ -47,9 +47,10 @@ from typing import TypeVar
 
 import torch
 
-from phrasescore import __version__, distributed
+from phrasescore import __version__
 from phrasescore.errors import InputError
 from phrasescore.files import AtomicOutput, display_name, gzip_writer
+from phrasescore.runners import distributed
 
 log = logging.getLogger(__name__)
 
