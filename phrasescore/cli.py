@@ -441,7 +441,7 @@ def train(
     **settings,
 ):
     """Train an encoder-decoder (--arch) on SOURCE TARGET (parallel files, plain or gzip)."""
-    from phrasescore.train import run_training
+    from phrasescore.jobs.train import run_training
 
     result = run_training(
         model_path=model_path,
@@ -508,7 +508,7 @@ def train_lm(
     **settings,
 ):
     """Train the CSLM target language model (SPEC §3.6) on CORPUS (target-language text)."""
-    from phrasescore.train_lm import run_lm_training
+    from phrasescore.jobs.train_lm import run_lm_training
 
     result = run_lm_training(
         model_path=model_path,
@@ -533,7 +533,7 @@ def train_lm(
 @_fail_cleanly
 def info(model_path):
     """Print what a model file (or a CSLM file) is: architecture, sizes, vocabularies, training."""
-    from phrasescore.info import describe_file
+    from phrasescore.jobs.info import describe_file
 
     for key, value in describe_file(model_path).items():
         click.echo(f"{key}: {value}")
@@ -638,7 +638,7 @@ def rescore(
 
     Under torchrun each rank scores one shard and rank 0 merges them into the output.
     """
-    from phrasescore.rescore import RescoreOptions, run_rescore
+    from phrasescore.jobs.rescore import RescoreOptions, run_rescore
 
     if normalize and logprob:
         raise click.UsageError("--normalize and --logprob exclude each other")
@@ -706,7 +706,7 @@ def rescore(
 def merge_shards(parts, output, moses_ini, ini_out, ini_table, weight):
     """Check the PARTS of `rescore --shard K/N` or `nbest --shard K/N` (complete, one job,
     every shard once) and join them into one file, byte-identical to an unsharded run."""
-    from phrasescore.rescore import run_merge
+    from phrasescore.jobs.rescore import run_merge
     from phrasescore.runners.shards import NBEST
 
     job = run_merge(list(parts), output, moses_ini, ini_out, ini_table, weight)
@@ -776,7 +776,7 @@ def nbest(
     With --lm and no -m, adds the CSLM's log p(hypothesis) alone. Under torchrun each rank
     scores one shard and rank 0 merges them into the output.
     """
-    from phrasescore.rescore_nbest import NBestOptions, run_nbest
+    from phrasescore.jobs.nbest import NBestOptions, run_nbest
 
     options = NBestOptions(
         name=name,
@@ -859,7 +859,7 @@ def translate(
     no_progress,
 ):
     """Translate INPUT (a file, or - for stdin) line by line with beam search."""
-    from phrasescore.translate import TranslateOptions, translate_file
+    from phrasescore.jobs.translate import TranslateOptions, translate_file
 
     options = TranslateOptions.from_flags(
         beam=beam,
@@ -898,7 +898,7 @@ def translate(
 @_fail_cleanly
 def evaluate(hypotheses, reference, tokenize, lowercase):
     """BLEU and chrF of HYPOTHESES against REFERENCE (sacrebleu), with sacrebleu's signatures."""
-    from phrasescore.evaluate import evaluate_files
+    from phrasescore.jobs.evaluate import evaluate_files
 
     for line in evaluate_files(hypotheses, reference, tokenize, lowercase).lines():
         click.echo(line)
@@ -938,7 +938,7 @@ def sample(
     Prints one line per target: source, log p, target and, with --phrase-table, 'in-table' or
     'new', tab-separated.
     """
-    from phrasescore.sample import SampleOptions, read_phrases, sample_phrases
+    from phrasescore.jobs.sample import SampleOptions, read_phrases, sample_phrases
 
     options = SampleOptions(
         samples=samples,
@@ -1026,8 +1026,8 @@ def represent(
 
     With --neighbours, prints one line per neighbour: query, rank, cosine, phrase (tab-separated).
     """
-    from phrasescore.represent import RepresentOptions
-    from phrasescore.represent import represent as run_represent
+    from phrasescore.jobs.represent import RepresentOptions
+    from phrasescore.jobs.represent import represent as run_represent
 
     options = RepresentOptions(
         phrase_table=phrase_table,
@@ -1100,8 +1100,8 @@ def compare(
 ):
     """The model's top targets beside the phrase TABLE's (Cho et al. 2014, Table 2-3, Fig. 3),
     and the rank correlations of its log p with the table's columns; markdown on stdout."""
-    from phrasescore.compare import CompareOptions, format_comparison
-    from phrasescore.compare import compare as run_compare
+    from phrasescore.jobs.compare import CompareOptions, format_comparison
+    from phrasescore.jobs.compare import compare as run_compare
 
     options = CompareOptions(
         sources_path=sources_path,
@@ -1135,7 +1135,7 @@ def align(source, target, model_path, output, plot_dir, batch_size, device):
     One line per pair, Moses 'i-j' (source word i, target word j, 0-based): each target word to
     the source word it attends to most, end-of-sentence excluded (Bahdanau et al. 2015, Fig. 3).
     """
-    from phrasescore.align import align_files
+    from phrasescore.jobs.align import align_files
 
     result = align_files(
         source, target, model_path, output, plot_dir, device=device, batch_size=batch_size
@@ -1158,7 +1158,7 @@ def ini_tables(moses_ini, factors):
 
     Paths are expanded and resolved relative to the ini's directory; '-' when a table has none.
     """
-    from phrasescore.tables import ini_table_rows
+    from phrasescore.jobs.tables import ini_table_rows
 
     for row in ini_table_rows(moses_ini, factors=factors):
         click.echo(row)
@@ -1169,7 +1169,7 @@ def ini_tables(moses_ini, factors):
 @_fail_cleanly
 def check_table(table):
     """Read and validate a Moses phrase TABLE (plain or gzip, - for stdin) in one pass."""
-    from phrasescore.tables import check_table as run_check_table
+    from phrasescore.jobs.tables import check_table as run_check_table
 
     run_check_table(table)
 
@@ -1180,7 +1180,7 @@ def check_table(table):
 @_fail_cleanly
 def copy_table(table, output):
     """Copy a phrase TABLE through phrasescore's reader and writer (validating it)."""
-    from phrasescore.tables import copy_table as run_copy_table
+    from phrasescore.jobs.tables import copy_table as run_copy_table
 
     run_copy_table(table, output)
 
@@ -1284,7 +1284,7 @@ def ab(
     weights of each candidate's new features and the paired bootstrap p-value against the
     baseline.
     """
-    from phrasescore.mert_ab import ComparisonOptions, compare_systems, format_report
+    from phrasescore.jobs.ab import ComparisonOptions, compare_systems, format_report
 
     try:
         seed_list = tuple(int(seed) for seed in seeds.split(","))

@@ -17,13 +17,13 @@ from phrasescore.bundle import load_lm, load_model
 from phrasescore.cli import cli
 from phrasescore.engine.lm_scoring import LMScorer, perplexity
 from phrasescore.errors import ModelFileError
+from phrasescore.jobs.rescore import LMPhraseColumn
+from phrasescore.jobs.train_lm import run_lm_training
 from phrasescore.model.cslm import FeedForwardLM, LMConfig
 from phrasescore.moses.nbest import read_nbest
 from phrasescore.moses.phrase_table import read_phrase_table
-from phrasescore.rescore import LMPhraseColumn
 from phrasescore.text.vocab import BOS_ID, PAD_ID
-from phrasescore.train import Trainer
-from phrasescore.train_lm import run_lm_training
+from phrasescore.training import Trainer
 
 from .conftest import DATA, sample_pairs, write_lines
 
@@ -243,7 +243,7 @@ def test_bench_lm_kneser_ney_baseline_is_a_distribution():
 
 
 def test_rescore_gives_a_long_phrase_the_floor_value_in_the_lm_column_too(trained, tmp_path):
-    from phrasescore.rescore import RescoreOptions, rescore_table
+    from phrasescore.jobs.rescore import RescoreOptions, rescore_table
 
     table = write_lines(
         tmp_path / "pt", ["a ||| un chat ||| 0.5", f"a ||| {' '.join(['le'] * 20)} ||| 0.5"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from phrasescore.errors import InputError
-from phrasescore.mert_ab import (
+from phrasescore.jobs.ab import (
     ComparisonOptions,
     MosesInstall,
     Programs,

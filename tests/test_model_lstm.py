@@ -15,7 +15,7 @@ from phrasescore.engine.scoring import PairScorer
 from phrasescore.model import build_network
 from phrasescore.model.config import ModelConfig, TrainConfig, preset
 from phrasescore.model.lstm import DeepLSTMEncoderDecoder, reverse_within
-from phrasescore.train import Trainer, learning_rate_at
+from phrasescore.training import Trainer, learning_rate_at
 
 from .conftest import DATA, sample_pairs, train_tiny, write_lines
 

@@ -18,9 +18,9 @@ import pytest
 from click.testing import CliRunner
 
 from phrasescore.cli import cli
+from phrasescore.jobs.nbest import NBestOptions, rescore_nbest
+from phrasescore.jobs.rescore import RescoreOptions, rescore_table
 from phrasescore.moses.nbest import iter_nbest_groups, read_nbest
-from phrasescore.rescore import RescoreOptions, rescore_table
-from phrasescore.rescore_nbest import NBestOptions, rescore_nbest
 from phrasescore.runners.shards import Shard, merge_shards
 
 from .conftest import DATA, write_lines

@@ -1,4 +1,4 @@
-"""phrasescore.nbest_tuning against files Moses' own extractor and mert wrote (tests/data/nbest)."""
+"""phrasescore.jobs.ab_rerank against files Moses' own extractor and mert wrote (tests/data/nbest)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,7 @@ import pytest
 from sacrebleu.metrics import BLEU
 
 from phrasescore.errors import InputError
-from phrasescore.moses.ini import read_weights
-from phrasescore.moses.nbest import iter_nbest_groups, read_nbest, total_score
-from phrasescore.nbest_tuning import (
+from phrasescore.jobs.ab_rerank import (
     dense_feature_names,
     read_tuned_weights,
     weight_vector,
@@ -18,6 +16,8 @@ from phrasescore.nbest_tuning import (
     write_start_point,
     write_weights_file,
 )
+from phrasescore.moses.ini import read_weights
+from phrasescore.moses.nbest import iter_nbest_groups, read_nbest, total_score
 
 DATA = Path(__file__).parent / "data"
 NBEST = DATA / "nbest" / "multi30k.test2016.ids0-4.100best.nbest.gz"

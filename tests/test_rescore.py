@@ -17,9 +17,9 @@ import pytest
 from phrasescore.bundle import load_model
 from phrasescore.engine.scoring import PairScorer
 from phrasescore.errors import InputError
+from phrasescore.jobs.rescore import RescoreOptions, rescore_table
 from phrasescore.moses.ini import count_features_and_weights
 from phrasescore.moses.phrase_table import format_entry, read_phrase_table
-from phrasescore.rescore import RescoreOptions, rescore_table
 
 from .conftest import DATA, run_cli, train_tiny
 
@@ -329,7 +329,7 @@ def test_ini_out_in_a_missing_directory_fails_before_scoring(tiny_model_path, tm
 
 
 def test_table_and_ini_appear_together_or_not_at_all(tiny_model_path, tmp_path, monkeypatch):
-    from phrasescore import rescore as rescore_module
+    from phrasescore.jobs import rescore as rescore_module
 
     ini, table = _moses_system(tmp_path)
     before = sorted(os.listdir(tmp_path))
@@ -368,7 +368,7 @@ def test_progress_ends_at_100_percent_and_one_summary_line(tiny_model_path, tmp_
 
 
 def test_summary_after_resume_counts_the_whole_table(tiny_model_path, tmp_path, monkeypatch):
-    from phrasescore.rescore import NewColumns
+    from phrasescore.jobs.rescore import NewColumns
 
     out = tmp_path / "out.gz"
     options = RescoreOptions(chunk_lines=70)

@@ -11,7 +11,7 @@ import shutil
 import pytest
 
 from phrasescore.errors import InputError
-from phrasescore.rescore import NewColumns, RescoreOptions, rescore_table
+from phrasescore.jobs.rescore import NewColumns, RescoreOptions, rescore_table
 from phrasescore.runners.shards import Shard
 
 from .conftest import DATA, run_cli

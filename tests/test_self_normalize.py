@@ -17,16 +17,17 @@ import torch
 
 from phrasescore.bundle import TrainedModel, load_model
 from phrasescore.engine.scoring import PairScorer
+from phrasescore.jobs.rescore import RescoreOptions, rescore_table
+from phrasescore.jobs.train import run_training
 from phrasescore.model import build_network
 from phrasescore.model.checkpoint import save_network_file
 from phrasescore.model.config import preset
 from phrasescore.moses.phrase_table import read_phrase_table
-from phrasescore.rescore import RescoreOptions, rescore_table
 from phrasescore.runners.shards import Shard
 from phrasescore.text.corpus import ParallelDataset
 from phrasescore.text.tokenize import TextNormalizer
 from phrasescore.text.vocab import BOS_ID, EOS_ID, WordVocabulary
-from phrasescore.train import evaluate, run_training
+from phrasescore.training import evaluate
 
 from .conftest import DATA, TEXT, train_tiny
 
@@ -369,7 +370,7 @@ def test_ddp_training_with_the_penalty_equals_one_process(tmp_path, corpus_files
     """The penalty is part of the objective DDP averages: 2 gloo ranks give the weights and
     perplexities of one process on the same global batches (tolerances of
     tests/test_distributed.py: float32 summation order only)."""
-    import phrasescore.train as train
+    import phrasescore.training as train
 
     from .test_distributed import _GlobalBatches, torchrun
 

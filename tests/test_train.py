@@ -14,7 +14,7 @@ from phrasescore.bundle import load_model, save_model
 from phrasescore.engine.scoring import PairScorer
 from phrasescore.errors import ModelFileError
 from phrasescore.model.config import TrainConfig
-from phrasescore.train import Trainer, TrainingData, prepare_data
+from phrasescore.training import Trainer, TrainingData, prepare_data
 
 from .conftest import TEXT, run_cli, sample_pairs, train_tiny, write_lines
 
@@ -90,7 +90,7 @@ def test_phrase_table_source_yields_each_distinct_pair_once(tmp_path):
 def test_phrase_table_training_uses_fan_in_init_with_the_default_preset(tmp_path):
     """Issue 15: ``--phrase-table`` with the default preset initialises with fan-in scales;
     sentence training and the paper preset keep Cho et al.'s N(0, 0.01²)."""
-    from phrasescore.train import run_training
+    from phrasescore.jobs.train import run_training
 
     def trained_init(preset, **files):
         path = tmp_path / f"{preset}-{len(files)}.safetensors"

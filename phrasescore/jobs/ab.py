@@ -11,7 +11,7 @@ wrote), this job
 4. with ``rerank`` models (Sutskever et al. 2014, §3.6), decodes the dev and test n-best lists
    of every tuned run, adds each model's log p(hypothesis | source) (``phrasescore nbest``),
    tunes the weights on the fixed dev lists with Moses' extractor and mert
-   (:mod:`phrasescore.nbest_tuning`) and re-ranks the test lists: one more system per system,
+   (:mod:`phrasescore.jobs.ab_rerank`) and re-ranks the test lists: one more system per system,
    ``NAME+rerank``;
 5. reports BLEU per system and test set as mean and standard deviation over the K runs, the
    tuned weight of each feature the candidate adds, and the paired bootstrap p-value of each
@@ -43,15 +43,15 @@ from pathlib import Path
 
 from phrasescore.errors import InputError
 from phrasescore.files import AtomicOutput, iter_lines
-from phrasescore.moses.ini import read_weights
-from phrasescore.moses.nbest import check_feature_name
-from phrasescore.nbest_tuning import (
+from phrasescore.jobs.ab_rerank import (
     dense_feature_names,
     read_tuned_weights,
     weight_vector,
     write_start_point,
     write_weights_file,
 )
+from phrasescore.moses.ini import read_weights
+from phrasescore.moses.nbest import check_feature_name
 
 log = logging.getLogger(__name__)
 

@@ -68,7 +68,7 @@ from phrasescore.files import (
     iter_lines,
 )
 from phrasescore.hardware import resolve_device
-from phrasescore.jobs import model_for
+from phrasescore.jobs.common import model_for
 from phrasescore.moses.nbest import (
     NBestEntry,
     check_feature_name,

@@ -44,7 +44,7 @@ from phrasescore.files import (
     iter_lines,
 )
 from phrasescore.hardware import resolve_device
-from phrasescore.jobs import model_for
+from phrasescore.jobs.common import model_for
 from phrasescore.text.corpus import pad_ids
 from phrasescore.text.vocab import BOS_ID, EOS_ID, EOS_TOKEN
 

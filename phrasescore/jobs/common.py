@@ -1,9 +1,9 @@
 """What the jobs share: the model a job was handed or loads from its file.
 
-Each command has its own job module (``train``, ``train_lm``, ``rescore``, ``rescore_nbest``,
-``translate``, ``evaluate``, ``sample``, ``compare``, ``represent``, ``align``, ``info``,
-``tables``); the device and threads are :mod:`phrasescore.hardware`'s, the input and output
-checks :mod:`phrasescore.files`'.
+Each command has its own job module in this package (``train``, ``train_lm``, ``rescore``,
+``nbest``, ``ab``, ``merge_shards``, ``translate``, ``evaluate``, ``sample``, ``compare``,
+``represent``, ``align``, ``info``, ``tables``); the device and threads are
+:mod:`phrasescore.hardware`'s, the input and output checks :mod:`phrasescore.files`'.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from phrasescore.engine.search import (
 from phrasescore.errors import InputError
 from phrasescore.files import iter_lines
 from phrasescore.hardware import resolve_device
-from phrasescore.jobs import model_for
+from phrasescore.jobs.common import model_for
 from phrasescore.moses.phrase_table import read_phrase_table
 
 

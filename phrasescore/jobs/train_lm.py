@@ -1,6 +1,6 @@
 """Training the CSLM target language model (SPEC §3.6): ``phrasescore train-lm``.
 
-The loop is the encoder-decoder's (:class:`phrasescore.train.Trainer`): the same token-budget
+The loop is the encoder-decoder's (:class:`phrasescore.training.Trainer`): the same token-budget
 batches of sentences, optimiser, validation perplexity, early stopping, ``MODEL.checkpoint`` with
 exact ``--resume``, ``MODEL.log``, ``MODEL.curve.png`` and progress bar. :class:`LMTrainer`
 overrides only what differs -- the data (one monolingual file; each sentence is a "pair" with an
@@ -29,7 +29,7 @@ from phrasescore.runners import distributed
 from phrasescore.text.corpus import ParallelDataset
 from phrasescore.text.tokenize import TextNormalizer
 from phrasescore.text.vocab import WordVocabulary, vocabulary_from_state
-from phrasescore.train import Trainer, TrainingData, TrainResult, apply_overrides
+from phrasescore.training import Trainer, TrainingData, TrainResult, apply_overrides
 
 log = logging.getLogger(__name__)
 

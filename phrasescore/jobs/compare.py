@@ -35,7 +35,7 @@ from phrasescore.engine.scoring import PairScorer
 from phrasescore.errors import InputError
 from phrasescore.files import check_output_path, display_name
 from phrasescore.hardware import resolve_device
-from phrasescore.jobs import model_for
+from phrasescore.jobs.common import model_for
 from phrasescore.moses.phrase_table import iter_source_groups, read_phrase_table
 
 log = logging.getLogger(__name__)
@@ -336,7 +336,7 @@ def draw_scatter(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from phrasescore.represent import save_figure
+    from phrasescore.jobs.represent import save_figure
 
     fig, ax = plt.subplots(figsize=(7, 6))
     if len(model_log) > HEXBIN_ABOVE:  # too many points to see: their density instead

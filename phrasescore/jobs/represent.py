@@ -49,7 +49,7 @@ from phrasescore.bundle import TrainedModel
 from phrasescore.errors import InputError
 from phrasescore.files import AtomicOutput, check_output_path, display_name, iter_lines
 from phrasescore.hardware import resolve_device
-from phrasescore.jobs import model_for
+from phrasescore.jobs.common import model_for
 from phrasescore.text.vocab import EOS_ID, SPECIAL_TOKENS
 
 log = logging.getLogger(__name__)

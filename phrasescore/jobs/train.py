@@ -1,0 +1,136 @@
+"""``phrasescore train``: check the arguments, configure the model and run the training loop
+(:class:`phrasescore.training.Trainer`, which documents the files written beside the model).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from phrasescore.errors import InputError
+from phrasescore.files import check_files_exist, check_output_path, is_pipe
+from phrasescore.hardware import set_threads
+from phrasescore.model.config import (
+    ARCH_PRESETS,
+    ARCHITECTURES,
+    DEFAULT_LEARNING_RATE,
+    PHRASE_TABLE_DEFAULT,
+)
+from phrasescore.model.config import preset as preset_configs
+from phrasescore.runners import distributed
+from phrasescore.training import Trainer, TrainingData, TrainResult, apply_overrides
+
+log = logging.getLogger(__name__)
+
+
+def run_training(
+    model_path: str,
+    source: str | None,
+    target: str | None,
+    phrase_table: str | None,
+    valid,
+    preset: str,
+    src_lang: str,
+    tgt_lang: str,
+    tokenize: bool,
+    lowercase: bool,
+    device: str,
+    amp: bool | None,
+    threads: int | None,
+    resume: bool,
+    overrides: dict,
+    arch: str = "cho",
+    model_overrides: dict | None = None,
+    inverse: bool = False,
+    progress: bool = True,
+) -> TrainResult:
+    """``phrasescore train``: check the arguments, configure, run :class:`Trainer`.
+
+    ``arch`` picks the architecture and its presets; ``overrides`` set
+    :class:`~phrasescore.model.config.TrainConfig` fields and ``model_overrides``
+    :class:`~phrasescore.model.config.ModelConfig` fields (``layers``, ``reverse_source``,
+    ``self_normalize``), None
+    meaning the preset's. On ``resume`` both come from the checkpoint instead.
+    """
+    if phrase_table and (source or target):
+        raise InputError("give either SOURCE TARGET or --phrase-table, not both")
+    if not phrase_table and not (source and target):
+        raise InputError("give SOURCE TARGET files, or --phrase-table TABLE")
+    if inverse and not phrase_table:
+        raise InputError(
+            "--inverse reverses the pairs of --phrase-table; for parallel files give them in "
+            "the other order (TARGET SOURCE)"
+        )
+    if arch not in ARCHITECTURES:
+        raise InputError(f"unknown architecture {arch!r} (one of {', '.join(ARCHITECTURES)})")
+    if preset not in ARCH_PRESETS[arch]:
+        raise InputError(f"unknown preset {preset!r}")
+    check_files_exist([source, target, phrase_table, *(valid or [])])
+    if distributed.from_env() is not None:
+        for path in (source, target, phrase_table):
+            if path and is_pipe(path):
+                raise InputError(
+                    "under torchrun every rank reads the corpus: give a file, not a pipe or "
+                    "standard input",
+                    path,
+                )
+    check_output_path(model_path, "model")  # and its .checkpoint, .log, .curve.png beside it
+    set_threads(threads)
+    launch, dev = distributed.start_job(device)
+    mcfg, tcfg = preset_configs(preset, arch)
+    if phrase_table and preset == "default" and arch == "cho":
+        # distinct phrase pairs need fan-in initialisation with Adam (PHRASE_TABLE_DEFAULT)
+        for cfg, changes in zip((mcfg, tcfg), PHRASE_TABLE_DEFAULT, strict=True):
+            for key, value in changes.items():
+                setattr(cfg, key, value)
+        log.info("--phrase-table: default preset with %s", PHRASE_TABLE_DEFAULT)
+    apply_overrides(tcfg, overrides)
+    for key, value in (model_overrides or {}).items():
+        if value is not None:
+            if arch != "lstm" and key in ("layers", "reverse_source"):
+                flag = "--layers" if key == "layers" else "--no-reverse"
+                raise InputError(f"{flag} is an option of --arch lstm, not of --arch {arch}")
+            setattr(mcfg, key, value)
+    if mcfg.layers < 1:
+        raise InputError(f"--layers must be at least 1, got {mcfg.layers}")
+    if not (mcfg.self_normalize >= 0 and math.isfinite(mcfg.self_normalize)):
+        raise InputError(f"--self-normalize must be a finite 0 or more, got {mcfg.self_normalize}")
+    if mcfg.self_normalize and not resume:
+        log.info(
+            "self-normalised output layer: objective NLL + %g (log Z)² per target token "
+            "(Devlin et al. 2014)",
+            mcfg.self_normalize,
+        )
+    if (
+        overrides.get("optimizer") in DEFAULT_LEARNING_RATE
+        and overrides.get("learning_rate") is None
+    ):
+        tcfg.learning_rate = DEFAULT_LEARNING_RATE[overrides["optimizer"]]
+    data = TrainingData(
+        src_path=source,
+        tgt_path=target,
+        phrase_table=phrase_table,
+        inverse=inverse,
+        valid_src=valid[0] if valid else None,
+        valid_tgt=valid[1] if valid else None,
+        src_lang=src_lang,
+        tgt_lang=tgt_lang,
+        tokenize=tokenize,
+        lowercase=lowercase,
+    )
+    use_amp = dev.type == "cuda" if amp is None else amp
+    trainer = Trainer(
+        model_path,
+        data,
+        mcfg,
+        tcfg,
+        dev,
+        preset=preset,
+        amp=use_amp,
+        progress=progress,
+        launch=launch,
+    )
+    try:
+        return trainer.run(resume=resume)
+    finally:
+        distributed.shutdown()
