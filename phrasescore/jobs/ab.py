@@ -50,6 +50,7 @@ from phrasescore.jobs.ab_rerank import (
     write_start_point,
     write_weights_file,
 )
+from phrasescore.jobs.bleu import bleu_metric
 from phrasescore.moses.ini import read_weights
 from phrasescore.moses.nbest import check_feature_name
 
@@ -542,18 +543,15 @@ def new_feature_weights(
 
 def corpus_bleu(hypotheses: Path, reference: Path, tokenize: str) -> float:
     """Corpus BLEU of a decoder output (sacrebleu; ``tokenize='none'`` for tokenised text)."""
-    from sacrebleu.metrics import BLEU
-
     hyps = list(iter_lines(str(hypotheses)))
     refs = list(iter_lines(str(reference)))
-    return BLEU(tokenize=tokenize).corpus_score(hyps, [refs]).score
+    return bleu_metric(tokenize).corpus_score(hyps, [refs]).score
 
 
 def paired_bootstrap_p(
     references: list[str], baseline: Path, candidate: Path, tokenize: str, samples: int
 ) -> float | None:
     """sacrebleu's paired bootstrap resampling (Koehn 2004): p of the candidate vs baseline."""
-    from sacrebleu.metrics import BLEU
     from sacrebleu.significance import PairedTest
 
     systems = [
@@ -561,7 +559,7 @@ def paired_bootstrap_p(
         ("candidate", list(iter_lines(str(candidate)))),
     ]
     test = PairedTest(
-        systems, {"BLEU": BLEU(tokenize=tokenize)}, [references], test_type="bs", n_samples=samples
+        systems, {"BLEU": bleu_metric(tokenize)}, [references], test_type="bs", n_samples=samples
     )
     _, scores = test()
     return scores["BLEU"][1].p_value

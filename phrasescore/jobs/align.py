@@ -45,6 +45,7 @@ from phrasescore.files import (
 )
 from phrasescore.hardware import resolve_device
 from phrasescore.jobs.common import model_for
+from phrasescore.jobs.figures import new_figure, save_figure
 from phrasescore.text.corpus import pad_ids
 from phrasescore.text.vocab import BOS_ID, EOS_ID, EOS_TOKEN
 
@@ -103,16 +104,11 @@ def format_alignment(links: Sequence[tuple[int, int]]) -> str:
 
 def plot_alignment(path: str, matrix: np.ndarray, src_words, tgt_words) -> None:
     """A heat map of ``matrix`` (rows: target words + EOS; columns: source words + EOS)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     xs = list(src_words) + [EOS_TOKEN]
     ys = list(tgt_words) + [EOS_TOKEN]
     width = min(4.0 + 0.35 * len(xs), 40.0)
     height = min(3.0 + 0.35 * len(ys), 40.0)
-    fig, ax = plt.subplots(figsize=(width, height))
+    fig, ax = new_figure(width, height)
     ax.imshow(matrix, cmap="gray", vmin=0.0, vmax=1.0, interpolation="nearest")
     ax.set_xticks(range(len(xs)))
     ax.set_xticklabels(xs, rotation=90)
@@ -123,10 +119,7 @@ def plot_alignment(path: str, matrix: np.ndarray, src_words, tgt_words) -> None:
     ax.xaxis.set_label_position("top")
     ax.set_ylabel("target")
     fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=80)
-    plt.close(fig)
-    os.replace(tmp, path)
+    save_figure(fig, path, dpi=80)
 
 
 def _pairs(src_path: str, tgt_path: str) -> Iterator[tuple[str, str]]:

@@ -36,6 +36,7 @@ from phrasescore.errors import InputError
 from phrasescore.files import check_output_path, display_name
 from phrasescore.hardware import resolve_device
 from phrasescore.jobs.common import model_for
+from phrasescore.jobs.figures import new_figure, save_figure
 from phrasescore.moses.phrase_table import iter_source_groups, read_phrase_table
 
 log = logging.getLogger(__name__)
@@ -331,14 +332,7 @@ def draw_scatter(
     path: str, table_log: np.ndarray, model_log: np.ndarray, name: str, rho: float, sampled: bool
 ) -> None:
     """Model log p against the table's log score, one point per pair (Cho et al. Fig. 3)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from phrasescore.jobs.represent import save_figure
-
-    fig, ax = plt.subplots(figsize=(7, 6))
+    fig, ax = new_figure(7, 6)
     if len(model_log) > HEXBIN_ABOVE:  # too many points to see: their density instead
         cells = ax.hexbin(table_log, model_log, gridsize=60, bins="log", cmap="viridis", mincnt=1)
         fig.colorbar(cells, ax=ax, label="phrase pairs per cell")

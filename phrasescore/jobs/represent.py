@@ -50,6 +50,7 @@ from phrasescore.errors import InputError
 from phrasescore.files import AtomicOutput, check_output_path, display_name, iter_lines
 from phrasescore.hardware import resolve_device
 from phrasescore.jobs.common import model_for
+from phrasescore.jobs.figures import new_figure, save_figure
 from phrasescore.text.vocab import EOS_ID, SPECIAL_TOKENS
 
 log = logging.getLogger(__name__)
@@ -327,32 +328,11 @@ def readable_subset(
     return chosen
 
 
-def save_figure(fig, path: str, dpi: int = 100) -> None:
-    """Write a matplotlib figure to ``path`` (PNG) atomically and close it."""
-    import matplotlib.pyplot as plt
-
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp.png")
-    try:
-        fig.savefig(tmp, dpi=dpi, format="png")
-        os.replace(tmp, path)
-    finally:
-        plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def draw_map(
     path: str, coords: np.ndarray, labels: Sequence[str], title: str, max_labels: int = 150
 ) -> int:
     """A labelled scatter of 2-D ``coords`` (as Cho et al. Fig. 4-5); returns labels drawn."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(12, 12))
+    fig, ax = new_figure(12, 12)
     ax.scatter(coords[:, 0], coords[:, 1], s=4, c="tab:blue", alpha=0.35, linewidths=0)
     shown = readable_subset(coords, labels, max_labels)
     for i in shown:

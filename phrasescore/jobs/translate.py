@@ -13,7 +13,7 @@ training (it tokenises only if the model was trained with ``--tokenize``). An em
 gives an empty output line (in an n-best list one entry with the empty hypothesis and log p 0,
 which is how Moses answers an empty line). ``detokenize`` joins the output tokens with sacremoses'
 ``MosesDetokenizer`` (Moses escapes such as ``&apos;`` are undone). With a ``reference``, the
-1-best output is scored as :mod:`phrasescore.jobs.evaluate` does.
+1-best output is scored as ``evaluate`` does (:mod:`phrasescore.jobs.bleu`).
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from phrasescore.engine.search import (
 from phrasescore.errors import InputError
 from phrasescore.files import AtomicOutput, check_output_path, iter_lines
 from phrasescore.hardware import resolve_device
+from phrasescore.jobs.bleu import Evaluation, evaluate, require_sacrebleu
 from phrasescore.jobs.common import model_for
-from phrasescore.jobs.evaluate import Evaluation, evaluate, require_sacrebleu
 from phrasescore.moses.nbest import check_feature_name, format_nbest_line
 from phrasescore.progress import progress_bar
 

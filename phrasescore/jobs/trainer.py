@@ -1,12 +1,13 @@
-"""The training loop both ``train`` and ``train-lm`` run: data, optimiser, validation, early stopping, checkpoints, exact resume.
+"""The training loop both ``train`` and ``train-lm`` run: data, optimiser, validation, early
+stopping, checkpoints, exact resume.
 
 Objective (Cho et al. 2014, eq. 3): maximise the mean conditional log-likelihood of the target
 tokens (EOS included), i.e. minimise the summed token NLL divided by the number of target tokens
 of the batch. With ``--self-normalize α`` (``ModelConfig.self_normalize``) every target token also
 adds α (log Z)², log Z being the log of the softmax's normaliser at that step (Devlin et al. 2014,
 §2.1), divided by the same number; perplexities (train and validation) are those of the NLL alone,
-and validation also logs the mean |log Z|. Batches hold pairs of similar length within a token budget (or a fixed number of
-pairs for ``--preset paper``, as the paper's minibatches of 64).
+and validation also logs the mean |log Z|. Batches hold pairs of similar length within a token
+budget (or a fixed number of pairs for ``--preset paper``, as the paper's minibatches of 64).
 
 Files written next to the model ``MODEL``:
 
@@ -45,6 +46,7 @@ from phrasescore import __version__
 from phrasescore.bundle import TrainedModel, save_model
 from phrasescore.errors import InputError
 from phrasescore.files import is_pipe
+from phrasescore.jobs.figures import new_figure, save_figure
 from phrasescore.model import build_network
 from phrasescore.model.config import (
     ModelConfig,
@@ -240,13 +242,8 @@ def evaluate_perplexity(network, dataset: ParallelDataset, device, batch_tokens:
 
 
 def _plot_curve(path: str, history: list[dict[str, Any]]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     steps = [h["step"] for h in history]
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = new_figure(6, 4)
     ax.plot(steps, [h["train_ppl"] for h in history], label="train")
     ax.plot(steps, [h["valid_ppl"] for h in history], label="validation")
     ax.set_xlabel("step")
@@ -255,10 +252,7 @@ def _plot_curve(path: str, history: list[dict[str, Any]]) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, path)
+    save_figure(fig, path, dpi=100)
 
 
 class Trainer:

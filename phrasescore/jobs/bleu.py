@@ -1,0 +1,78 @@
+"""BLEU (Papineni et al. 2002) and chrF (Popović 2015) with sacrebleu, as every job that reports
+them computes them (``evaluate``, ``translate --reference``, ``ab``), with sacrebleu's signatures,
+which say exactly how the figures were computed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from phrasescore.errors import InputError
+
+
+@dataclass
+class Evaluation:
+    """Corpus BLEU and chrF of hypotheses against one reference, with sacrebleu's signatures."""
+
+    sentences: int
+    bleu: float
+    chrf: float
+    bleu_text: str
+    chrf_text: str
+    bleu_signature: str
+    chrf_signature: str
+
+    def lines(self) -> list[str]:
+        """What the commands print: the scores, then the signatures."""
+        return [self.bleu_text, self.chrf_text, self.bleu_signature, self.chrf_signature]
+
+
+def require_sacrebleu():
+    try:
+        import sacrebleu
+    except ImportError:
+        raise InputError(
+            "evaluation needs sacrebleu, which is not installed: pip install 'phrasescore[eval]' "
+            "(or pip install sacrebleu)"
+        ) from None
+    return sacrebleu
+
+
+def bleu_metric(tokenize: str = "13a", lowercase: bool = False):
+    """sacrebleu's BLEU with ``tokenize``: for ``none`` (text tokenised already, as
+    multi-bleu.perl scores it) with ``force=True``, so that sacrebleu does not warn that the lines
+    end in a tokenised period; the signature is the same either way."""
+    sacrebleu = require_sacrebleu()
+    try:
+        return sacrebleu.metrics.BLEU(
+            tokenize=tokenize, lowercase=lowercase, force=tokenize == "none"
+        )
+    except Exception as exc:  # sacrebleu raises various types for an unknown tokenizer
+        raise InputError(f"sacrebleu refuses --tokenize {tokenize!r}: {exc}") from None
+
+
+def evaluate(
+    hypotheses: Sequence[str], references: Sequence[str], tokenize: str = "13a", lowercase=False
+) -> Evaluation:
+    """BLEU and chrF of ``hypotheses`` against ``references`` (one reference per sentence)."""
+    sacrebleu = require_sacrebleu()
+    if len(hypotheses) != len(references):
+        raise InputError(
+            f"{len(hypotheses)} hypotheses but {len(references)} references: "
+            "they must be line-aligned"
+        )
+    bleu = bleu_metric(tokenize, lowercase)
+    chrf = sacrebleu.metrics.CHRF(lowercase=lowercase)
+    refs = [list(references)]
+    bleu_score = bleu.corpus_score(list(hypotheses), refs)
+    chrf_score = chrf.corpus_score(list(hypotheses), refs)
+    return Evaluation(
+        sentences=len(hypotheses),
+        bleu=float(bleu_score.score),
+        chrf=float(chrf_score.score),
+        bleu_text=str(bleu_score),
+        chrf_text=str(chrf_score),
+        bleu_signature=f"BLEU signature: {bleu.get_signature()}",
+        chrf_signature=f"chrF signature: {chrf.get_signature()}",
+    )

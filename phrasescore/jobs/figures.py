@@ -1,0 +1,34 @@
+"""The figures the jobs draw (training curves, alignment matrices, phrase maps, scatter plots):
+matplotlib with its file-only Agg backend, each PNG written atomically."""
+
+from __future__ import annotations
+
+import os
+
+
+def new_figure(width: float, height: float):
+    """(figure, axes) of a new ``width`` x ``height`` inch figure, drawn by the Agg backend (no
+    display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=(width, height))
+
+
+def save_figure(fig, path: str, dpi: int = 100) -> None:
+    """Write ``fig`` to ``path`` (PNG) atomically, under a hidden temporary name beside it that
+    is renamed into place, and close it."""
+    import matplotlib.pyplot as plt
+
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp.png")
+    try:
+        fig.savefig(tmp, dpi=dpi, format="png")
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
