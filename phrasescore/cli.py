@@ -706,7 +706,7 @@ def rescore(
 def merge_shards(parts, output, moses_ini, ini_out, ini_table, weight):
     """Check the PARTS of `rescore --shard K/N` or `nbest --shard K/N` (complete, one job,
     every shard once) and join them into one file, byte-identical to an unsharded run."""
-    from phrasescore.jobs.rescore import run_merge
+    from phrasescore.jobs.merge_shards import run_merge
     from phrasescore.runners.shards import NBEST
 
     job = run_merge(list(parts), output, moses_ini, ini_out, ini_table, weight)

@@ -17,7 +17,7 @@ from phrasescore.bundle import load_lm, load_model
 from phrasescore.cli import cli
 from phrasescore.engine.lm_scoring import LMScorer, perplexity
 from phrasescore.errors import ModelFileError
-from phrasescore.jobs.rescore import LMPhraseColumn
+from phrasescore.jobs.rescore_columns import LMPhraseColumn
 from phrasescore.jobs.train_lm import run_lm_training
 from phrasescore.jobs.trainer import Trainer
 from phrasescore.model.cslm import FeedForwardLM, LMConfig

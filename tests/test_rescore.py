@@ -330,6 +330,7 @@ def test_ini_out_in_a_missing_directory_fails_before_scoring(tiny_model_path, tm
 
 def test_table_and_ini_appear_together_or_not_at_all(tiny_model_path, tmp_path, monkeypatch):
     from phrasescore.jobs import rescore as rescore_module
+    from phrasescore.jobs.ini_update import IniUpdate
 
     ini, table = _moses_system(tmp_path)
     before = sorted(os.listdir(tmp_path))
@@ -337,7 +338,7 @@ def test_table_and_ini_appear_together_or_not_at_all(tiny_model_path, tmp_path, 
     def fail(self, ini_out, result):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(rescore_module._IniUpdate, "stage", fail)
+    monkeypatch.setattr(IniUpdate, "stage", fail)
     with pytest.raises(OSError):
         rescore_module.run_rescore(
             str(table), [tiny_model_path], None, RescoreOptions(), moses_ini=str(ini)
@@ -368,7 +369,7 @@ def test_progress_ends_at_100_percent_and_one_summary_line(tiny_model_path, tmp_
 
 
 def test_summary_after_resume_counts_the_whole_table(tiny_model_path, tmp_path, monkeypatch):
-    from phrasescore.jobs.rescore import NewColumns
+    from phrasescore.jobs.rescore_columns import NewColumns
 
     out = tmp_path / "out.gz"
     options = RescoreOptions(chunk_lines=70)

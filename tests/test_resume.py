@@ -11,7 +11,8 @@ import shutil
 import pytest
 
 from phrasescore.errors import InputError
-from phrasescore.jobs.rescore import NewColumns, RescoreOptions, rescore_table
+from phrasescore.jobs.rescore import RescoreOptions, rescore_table
+from phrasescore.jobs.rescore_columns import NewColumns
 from phrasescore.runners.shards import Shard
 
 from .conftest import DATA, run_cli

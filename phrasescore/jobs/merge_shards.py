@@ -1,0 +1,52 @@
+"""``phrasescore merge-shards``: check the parts of ``rescore --shard K/N`` or ``nbest --shard
+K/N`` (complete, one job, every shard once; :mod:`phrasescore.runners.shards`) and join them into
+one file, byte-identical to an unsharded run; for a phrase table, also the new moses.ini.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from phrasescore.errors import InputError
+from phrasescore.files import check_output_paths
+from phrasescore.jobs.ini_update import IniUpdate, default_ini_out
+from phrasescore.runners.shards import PHRASE_TABLE, check_parts, merge_shards
+
+
+@dataclass
+class MergeJobResult:
+    merge: object
+    ini_out: str | None = None
+    ini_update: object | None = None
+
+
+def run_merge(
+    parts: list[str],
+    output: str,
+    moses_ini: str | None = None,
+    ini_out: str | None = None,
+    ini_table: str | None = None,
+    weight: float = 0.2,
+) -> MergeJobResult:
+    """``phrasescore merge-shards``: check and merge the parts (of ``rescore --shard`` or
+    ``nbest --shard``), then write the new moses.ini (checked before anything is written; its
+    table is the input the shards read)."""
+    ini = None
+    if moses_ini:
+        if output == "-":
+            raise InputError("--moses-ini needs an output file, not standard output")
+        ini_out = ini_out or default_ini_out(moses_ini)
+    check_output_paths({"output table": output, "moses.ini": ini_out if moses_ini else None})
+    if moses_ini:
+        manifest = check_parts(parts)[0][1]
+        if manifest["kind"] != PHRASE_TABLE:
+            raise InputError("--moses-ini is for the parts of a phrase table, not an n-best list")
+        n_new = len(manifest["job"]["columns"])
+        table = ini_table or manifest["input_path"]
+        ini = IniUpdate(moses_ini, table, os.path.abspath(output), n_new, weight, ini_out)
+    merged = merge_shards(parts, output)
+    if ini is None:
+        return MergeJobResult(merged)
+    ini.before_publish(merged)
+    return MergeJobResult(merged, ini_out, ini.publish())

@@ -1,0 +1,358 @@
+"""The columns ``rescore`` appends to each phrase-table line, and the flags that shape them.
+
+For each input line, exactly one output line in the same order, with only the score field
+changed: the new values are appended after the existing scores (``phrasescore.moses``).
+
+Per model, the new column holds p(target | source) = exp(max(log p, -100)) — a probability,
+because Moses takes ln of every value it loads and floors it at -100. ``normalize`` writes the
+per-token geometric mean exp(log p / n) instead (n target tokens, end-of-sequence included),
+``logprob`` the raw log p for consumers other than Moses. ``unk_column`` appends
+exp(-(unknown source words + unknown target words)), the unknown-word feature of Cho et al. §4.2
+(counted with the first model's vocabularies).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from phrasescore.bundle import TrainedLM, load_lm, load_model
+from phrasescore.engine.lm_scoring import LMScorer
+from phrasescore.engine.scoring import (
+    SELF_NORMALIZED,
+    PairScorer,
+    ScoredPairs,
+    check_scoring,
+    phrase_tokens,
+)
+from phrasescore.errors import InputError
+from phrasescore.jobs.rescore_partial import table_identity
+from phrasescore.moses.phrase_table import (
+    format_entry,
+    format_probability,
+    probability_from_logprob,
+)
+
+log = logging.getLogger(__name__)
+
+
+LOGPROB_FLOOR = -100.0
+
+
+@dataclass
+class RescoreOptions:
+    """Flags of ``phrasescore rescore`` that change the output bytes (kept in the resume state)."""
+
+    normalize: bool = False
+    logprob: bool = False
+    unk_column: bool = False
+    no_eos: bool = False
+    dtype: str = "float32"
+    batch_tokens: int = 8192
+    chunk_lines: int = 10000
+    max_phrase_length: int = 100
+    scoring: str = "exact"
+    """``exact`` or ``self-normalized`` (:mod:`phrasescore.engine.scoring`): the model columns only."""
+
+    def key(self) -> dict:
+        return dict(self.__dict__)
+
+
+def is_too_long(source: str, target: str, limit: int) -> bool:
+    """Whether a pair has a phrase of more than ``limit`` tokens (never given to a model)."""
+    return len(source.split()) > limit or len(target.split()) > limit
+
+
+def too_long_pairs(sources, targets, limit: int) -> np.ndarray:
+    """:func:`is_too_long` for each pair of a block."""
+    return np.array(
+        [is_too_long(s, t, limit) for s, t in zip(sources, targets, strict=True)], dtype=bool
+    )
+
+
+def score_within_limit(scorer, sources, targets, too_long: np.ndarray):
+    """Score the pairs that are not too long; the others get log p = LOGPROB_FLOOR (Moses' own
+    floor, -100), so that time per line stays bounded and no line is lost."""
+    if not too_long.any():
+        return scorer.score_phrases(sources, targets)
+    keep = np.flatnonzero(~too_long)
+    part = scorer.score_phrases([sources[i] for i in keep], [targets[i] for i in keep])
+    model = scorer.model
+    n = len(sources)
+    logprob = np.full(n, LOGPROB_FLOOR)
+    eos = 1 if scorer.include_eos else 0  # counted as the scorer counts (only --normalize uses it)
+    n_tokens = np.array([len(t.split()) + eos for t in targets], dtype=np.int64)
+    src_unk = np.array(
+        [model.src_vocab.count_unknown(phrase_tokens(model.src_text, s)) for s in sources],
+        dtype=np.int64,
+    )
+    tgt_unk = np.array(
+        [model.tgt_vocab.count_unknown(phrase_tokens(model.tgt_text, t)) for t in targets],
+        dtype=np.int64,
+    )
+    logprob[keep], n_tokens[keep] = part.logprob, part.n_tokens
+    src_unk[keep], tgt_unk[keep] = part.src_unknown, part.tgt_unknown
+    return ScoredPairs(logprob, n_tokens, src_unk, tgt_unk)
+
+
+def floor_value(logprob: bool = False) -> str:
+    """The value of a pair that is not scored: exp(-100), or -100 with ``logprob``."""
+    if logprob:
+        return repr(LOGPROB_FLOOR)
+    return format_probability(probability_from_logprob(LOGPROB_FLOOR))
+
+
+def lm_values_within_limit(lm_column, sources, targets, too_long: np.ndarray) -> list[str]:
+    """A CSLM column: pairs marked ``too_long`` get the floor value unscored."""
+    if not too_long.any():
+        return lm_column.values(sources, targets)
+    keep = np.flatnonzero(~too_long)
+    scored = iter(lm_column.values([sources[i] for i in keep], [targets[i] for i in keep]))
+    floor = floor_value()
+    return [floor if long else next(scored) for long in too_long]
+
+
+def column_values(scored, options: RescoreOptions, too_long: np.ndarray | None = None) -> list[str]:
+    """The formatted values of one model's column for a block of scored pairs; pairs marked
+    ``too_long`` get the floor value (exp(-100), or -100 with ``logprob``) in every mode."""
+    if too_long is not None and too_long.any():
+        values = column_values(scored, options)
+        floor = floor_value(options.logprob)
+        return [floor if long else v for v, long in zip(values, too_long, strict=True)]
+    if options.logprob:
+        return [repr(float(v)) for v in np.maximum(scored.logprob, LOGPROB_FLOOR)]
+    if options.normalize:
+        per_token = np.maximum(scored.logprob, LOGPROB_FLOOR) / scored.n_tokens
+        return [format_probability(probability_from_logprob(float(v))) for v in per_token]
+    return [format_probability(probability_from_logprob(float(v))) for v in scored.logprob]
+
+
+def unknown_values(scored) -> list[str]:
+    counts = scored.src_unknown + scored.tgt_unknown
+    return [format_probability(probability_from_logprob(-float(c))) for c in counts]
+
+
+# ---------------------------------------------------------------------------- CSLM column
+class LMPhraseColumn:
+    """A phrase-table column: p(target phrase) under a CSLM, phrase mode (:mod:`phrasescore.engine.lm_scoring`).
+
+    ``LMPhraseColumn(lm).values(sources, targets)`` gives the formatted column values for a
+    block of table lines; ``name`` identifies the column (``cslm:<signature>``) in logs and in
+    the moses.ini comment.
+    """
+
+    def __init__(self, lm: TrainedLM, device="cpu"):
+        self.lm = lm
+        self.scorer = LMScorer(lm, device)
+        self.name = f"cslm:{lm.signature}"
+
+    def logprobs(self, targets: Sequence[str]) -> np.ndarray:
+        return self.scorer.score_phrases(targets).logprob
+
+    def values(self, sources: Sequence[str], targets: Sequence[str]) -> list[str]:
+        return [
+            format_probability(probability_from_logprob(float(v))) for v in self.logprobs(targets)
+        ]
+
+
+# ---------------------------------------------------------------------------- the models' direction
+DIRECTION_MARGIN = 0.2
+"""How much better the model's vocabularies must know the table read backwards (fraction of
+known tokens) before :func:`direction_evidence` calls it reversed."""
+
+
+def direction_evidence(model, sources: list[str], targets: list[str]) -> tuple[float, float] | None:
+    """(coverage as given, coverage swapped) when ``model`` looks trained target->source on
+    these phrases, else None.
+
+    Coverage is the mean over both sides of the fraction of tokens the model's vocabulary knows:
+    as given, sources by its source vocabulary and targets by its target vocabulary; swapped,
+    the other way round. Reversed means swapped is at least :data:`DIRECTION_MARGIN` higher and
+    twice as high: words the languages share (numbers, names, punctuation) count on both sides,
+    and a model of other languages altogether knows little either way.
+    """
+    if not sources or not targets:
+        return None
+    src_as_src = [phrase_tokens(model.src_text, p) for p in sources]
+    tgt_as_tgt = [phrase_tokens(model.tgt_text, p) for p in targets]
+    src_as_tgt = [phrase_tokens(model.tgt_text, p) for p in sources]
+    tgt_as_src = [phrase_tokens(model.src_text, p) for p in targets]
+    given = (model.src_vocab.coverage(src_as_src) + model.tgt_vocab.coverage(tgt_as_tgt)) / 2
+    swapped = (model.tgt_vocab.coverage(src_as_tgt) + model.src_vocab.coverage(tgt_as_src)) / 2
+    if swapped >= given + DIRECTION_MARGIN and swapped >= 2 * given:
+        return given, swapped
+    return None
+
+
+def check_directions(models, inverse_models, model_paths, inverse_paths) -> None:
+    """Refuse models that disagree on the table's direction (before anything is written).
+
+    Every ``--model`` must translate the same source language into the same target language,
+    and every ``--inverse-model`` the other way round (languages as recorded at training).
+    """
+    pairs = [(m.src_text.lang, m.tgt_text.lang) for m in models]
+    pairs += [(m.tgt_text.lang, m.src_text.lang) for m in inverse_models]
+    paths = list(model_paths) + list(inverse_paths)
+    if pairs and any(p != pairs[0] for p in pairs):
+        first = pairs[0]
+        for path, pair, inverse in zip(
+            paths, pairs, [False] * len(models) + [True] * len(inverse_models), strict=True
+        ):
+            if pair != first:
+                given = (pair[1], pair[0]) if inverse else pair
+                hint = "" if inverse else "; a model of the other direction goes in --inverse-model"
+                raise InputError(
+                    f"model translates {given[0]}->{given[1]}, but the table is "
+                    f"{first[0]}->{first[1]} for {paths[0]}{hint}",
+                    path,
+                )
+
+
+class NewColumns:
+    """The columns added to each line: one per model (direct, then inverse), one per CSLM, and
+    the unknown-word column."""
+
+    def __init__(self, models, directions, lm_columns, options: RescoreOptions, device):
+        self.options = options
+        self.directions = directions
+        self.lm_columns = lm_columns
+        self.scorers = [
+            PairScorer(
+                m,
+                device=device,
+                dtype=options.dtype,
+                batch_tokens=options.batch_tokens,
+                include_eos=not options.no_eos,
+                scoring=options.scoring,
+            )
+            for m in models
+        ]
+        self.models = list(models)
+        self.paths = [""] * len(self.models)
+        self.signatures = [m.signature for m in models]
+        self.names = [
+            f"phrasescore{'-inverse' if inverse else ''}:{m.signature}"
+            + ("+no-eos" if options.no_eos else "")
+            + ("+self-normalized" if options.scoring == SELF_NORMALIZED else "")
+            for m, inverse in zip(models, directions, strict=True)
+        ]
+        self.names += [column.name for column in lm_columns]
+        if options.unk_column:
+            if not models:
+                raise InputError("--unk-column counts with a model's vocabularies: give a --model")
+            self.names.append("unknown-words")
+
+    @classmethod
+    def load(cls, model_paths, models, inverse_paths, lm_paths, options, device) -> NewColumns:
+        """Load the models and CSLMs (``models``: the direct ones, already loaded)."""
+        lm_columns = [LMPhraseColumn(load_lm(path, device), device) for path in lm_paths]
+        if models is None:
+            if not model_paths and not inverse_paths and not lm_columns:
+                raise InputError("give at least one --model (or --lm)")
+            models = [load_model(path, device) for path in model_paths]
+        inverse_models = [load_model(path, device) for path in inverse_paths]
+        named = list(model_paths) + list(inverse_paths)
+        loaded = list(models) + inverse_models
+        for model, path in zip(
+            loaded, named if len(named) == len(loaded) else [None] * len(loaded), strict=True
+        ):
+            check_scoring(model, options.scoring, path)  # before any output is written
+        check_directions(models, inverse_models, model_paths, inverse_paths)
+        directions = [False] * len(models) + [True] * len(inverse_models)
+        columns = cls(list(models) + inverse_models, directions, lm_columns, options, device)
+        paths = list(model_paths) + list(inverse_paths)
+        all_models = list(models) + inverse_models
+        columns.paths = paths if len(paths) == len(all_models) else [""] * len(all_models)
+        for model, path in zip(all_models, paths or [""] * len(all_models), strict=False):
+            log.info("model %s: %s, signature %s", path, model.config.arch, model.signature)
+        return columns
+
+    def warn_direction(self, chunk) -> None:
+        """Warn when the table looks reversed for a model (see :func:`direction_evidence`).
+
+        A lone model cannot be checked against another's direction, and neither the table nor
+        the moses.ini records its languages; what can be seen is which of the model's
+        vocabularies knows the table's words.
+        """
+        sources = list(dict.fromkeys(e.source for e in chunk))
+        targets = list(dict.fromkeys(e.target for e in chunk))
+        for model, inverse, path in zip(self.models, self.directions, self.paths, strict=True):
+            src, tgt = (targets, sources) if inverse else (sources, targets)
+            evidence = direction_evidence(model, src, tgt)
+            if evidence is None:
+                continue
+            given, swapped = evidence
+            lang = f"{model.src_text.lang}->{model.tgt_text.lang}"
+            hint = "--model" if inverse else "--inverse-model"
+            log.warning(
+                "%s (%s) looks trained in the other direction: its vocabularies know "
+                "%.0f%% of the table's words read the other way round, %.0f%% as given; if it "
+                "translates the table's target language into its source language, give it as %s",
+                path or model.signature,
+                lang,
+                100 * swapped,
+                100 * given,
+                hint,
+            )
+
+    def warm_up(self) -> None:
+        """Compile every model's kernels before ``--workers`` processes are forked from this
+        one (:meth:`PairScorer.warm_up`): they inherit them."""
+        for scorer in self.scorers:
+            scorer.warm_up()
+
+    def clamped(self) -> int:
+        """Model scores clamped at log p = 0 so far (self-normalized scoring)."""
+        return sum(scorer.clamped for scorer in self.scorers)
+
+    def identity(self, table: str) -> dict:
+        """What a partial output was made from: input, models, flags (the resume key)."""
+        identity = {
+            "input": table_identity(table),
+            "models": self.signatures,
+            "inverse": self.directions,
+            "options": self.options.key(),
+            "version": 1,
+        }
+        if self.lm_columns:
+            identity["lms"] = [column.lm.signature for column in self.lm_columns]
+        return identity
+
+    def job(self) -> dict:
+        """What every shard of one job must share (the manifest's ``job``)."""
+        job = {
+            "models": self.signatures,
+            "inverse": self.directions,
+            "columns": self.names,
+            "options": self.options.key(),
+        }
+        if self.lm_columns:
+            job["lms"] = [column.lm.signature for column in self.lm_columns]
+        return job
+
+    def format_chunk(self, chunk) -> tuple[str, int]:
+        """The output lines of a chunk of table entries, and how many pairs have a phrase over
+        ``max_phrase_length`` tokens (they get the floor value without being scored)."""
+        sources = [e.source for e in chunk]
+        targets = [e.target for e in chunk]
+        too_long = too_long_pairs(sources, targets, self.options.max_phrase_length)
+        columns = []
+        first_scored = None
+        for scorer, inverse in zip(self.scorers, self.directions, strict=True):
+            if inverse:
+                scored = score_within_limit(scorer, targets, sources, too_long)
+            else:
+                scored = score_within_limit(scorer, sources, targets, too_long)
+            first_scored = first_scored or scored
+            columns.append(column_values(scored, self.options, too_long))
+        for lm_column in self.lm_columns:
+            columns.append(lm_values_within_limit(lm_column, sources, targets, too_long))
+        if self.options.unk_column:
+            columns.append(unknown_values(first_scored))
+        text = "".join(
+            format_entry(entry, [col[i] for col in columns]) for i, entry in enumerate(chunk)
+        )
+        return text, int(too_long.sum())

@@ -1,0 +1,305 @@
+"""The output of ``rescore`` while it is written: chunks appended to a partial file and its
+resume state, then renamed into place (or streamed to standard output).
+
+Chunks and resume
+-----------------
+The table is read in chunks of ``chunk_lines`` lines. Each chunk is scored (distinct sources
+encoded once, targets batched by length: ``phrasescore.engine.scoring``), formatted and appended to a
+partial file next to the output (``.NAME.partial``; for a ``.gz`` output every chunk is one
+complete gzip member, and a file of several members is a valid gzip file that zlib, Moses and
+``zcat`` read as one stream). After each chunk the partial file is synced and a small JSON state
+file (``.NAME.partial.json``) records the lines and bytes done and the size and CRC-32 of the last
+chunk. Only when the whole table was written is the partial file renamed to the output name.
+``resume`` checks the partial file against its state (at least as many bytes, the last chunk's
+CRC-32), truncates it to the last recorded chunk and goes on from the next input line, so the
+result is byte-identical to an uninterrupted run with the same flags. With nothing to resume it
+starts from the beginning; a ``--shard`` part that is complete with its manifest is left as it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+import zlib
+from dataclasses import dataclass
+
+from phrasescore.errors import InputError, RunStopped
+from phrasescore.files import (
+    DISK_ERRORS,
+    AtomicOutput,
+    disk_errors,
+    gzip_writer,
+)
+from phrasescore.runners.shards import (
+    Shard,
+    manifest_path,
+)
+
+log = logging.getLogger(__name__)
+
+
+def chunk_bytes(text: str, compress: bool) -> bytes:
+    """A chunk's output lines as written: UTF-8, and for a ``.gz`` output one complete gzip
+    member (a file of members is one valid gzip stream)."""
+    data = text.encode("utf-8")
+    if not compress:
+        return data
+    buffer = io.BytesIO()
+    with gzip_writer(buffer) as gz:
+        gz.write(data)
+    return buffer.getvalue()
+
+
+@dataclass
+class ChunkOutput:
+    """What scoring one chunk gives: its bytes and the model scores it clamped (``--scoring
+    self-normalized``; counted here because a worker process's scorers are not the parent's)."""
+
+    data: bytes
+    clamped: int
+    record: dict
+    """:func:`~phrasescore.runners.shards.chunk_record`: lines, runs of one source, first/last source."""
+    too_long: int
+    """Pairs with a phrase over ``max_phrase_length`` tokens (given the floor value)."""
+
+
+def partial_paths(output: str) -> tuple[str, str]:
+    """The hidden partial file beside ``output`` and its JSON state (``--resume``)."""
+    directory, name = os.path.split(os.path.abspath(output))
+    partial = os.path.join(directory, f".{name}.partial")
+    return partial, partial + ".json"
+
+
+def check_work_paths(output: str, shard: Shard | None = None) -> None:
+    """Refuse, before any work, a directory where the run will write a file of its own beside
+    ``output``: the partial file, its state, a shard's manifest."""
+    if output == "-":
+        return
+    partial, state = partial_paths(output)
+    paths = {partial: "partial output", state: "partial output's state"}
+    if shard is not None:
+        paths[manifest_path(output)] = "part's manifest"
+    for path, what in paths.items():
+        if os.path.isdir(path):
+            raise InputError(f"is a directory where the {what} goes: remove it", path)
+
+
+class PartialOutput:
+    """The partial output file and its JSON state (see the module docstring)."""
+
+    def __init__(self, output: str, identity: dict):
+        self.output = output
+        self.path, self.state_path = partial_paths(output)
+        self.identity = identity
+        self.compress = output.endswith(".gz")
+        self.lines_done = 0
+        self.bytes_done = 0
+        self.last_chunk: list[int] | None = None
+        """[size, CRC-32] of the last chunk written: checked against the file on resume."""
+        self.handle = None
+
+    @contextlib.contextmanager
+    def _writing(self):
+        """A disk's write error (full, quota, I/O) in the block, writing the partial file or
+        its state: one line naming the output, the partial output kept for ``--resume``."""
+        try:
+            yield
+        except (OSError, RunStopped) as exc:
+            if isinstance(exc, OSError) and exc.errno not in DISK_ERRORS:
+                raise
+            reason = exc.strerror if isinstance(exc, OSError) else exc.reason
+            if reason is None:
+                raise
+            raise RunStopped(
+                f"cannot write the partial output {os.path.basename(self.path)}: {reason}; it "
+                "is kept: free space, then rerun with --resume",
+                self.output,
+            ) from None
+
+    def open(self, resume: bool) -> int:
+        if resume:
+            here = [os.path.exists(p) for p in (self.path, self.state_path)]
+            if all(here):
+                self._resume()
+                return self.lines_done
+            log.info(
+                "nothing to resume for %s (%s): starting from the beginning",
+                self.output,
+                "no partial output of an earlier run"
+                if not any(here)
+                else f"{os.path.basename(self.state_path if here[0] else self.path)} is missing",
+            )
+        if os.path.exists(self.state_path):
+            log.info("starting again: %s held an earlier partial run", self.path)
+        try:
+            self.handle = open(self.path, "wb")
+        except OSError as exc:
+            raise InputError(
+                f"cannot write the partial output ({exc.strerror})", self.path
+            ) from None
+        self._write_state()
+        return 0
+
+    def _resume(self) -> None:
+        """Go on with the partial file after checking it against its state."""
+        again = "; run without --resume to start again"
+        try:
+            with open(self.state_path, encoding="utf-8") as fh:
+                state = json.load(fh)
+        except (OSError, ValueError) as exc:
+            reason = getattr(exc, "strerror", None) or exc
+            raise InputError(
+                f"unreadable resume state ({reason}){again}", self.state_path
+            ) from None
+        if not isinstance(state, dict) or not _valid_state(state):
+            raise InputError(
+                f"invalid resume state (lines, bytes or last chunk missing or out of range){again}",
+                self.state_path,
+            )
+        if state.get("identity") != self.identity:
+            raise InputError(
+                "cannot resume: the partial output was made from another input, model or "
+                "flags (run without --resume to start again)",
+                self.output,
+            )
+        lines, size, last = state["lines"], state["bytes"], state["last_chunk"]
+        actual = os.path.getsize(self.path)
+        if actual < size:
+            raise InputError(
+                f"partial output has {actual} bytes, its state {os.path.basename(self.state_path)}"
+                f" records {size}: truncated or changed since{again}",
+                self.path,
+            )
+        try:
+            self.handle = open(self.path, "r+b")
+        except OSError as exc:
+            raise InputError(
+                f"cannot resume the partial output ({exc.strerror})", self.path
+            ) from None
+        if last is not None:
+            self.handle.seek(size - last[0])
+            if zlib.crc32(self.handle.read(last[0])) != last[1]:
+                self.handle.close()
+                raise InputError(
+                    "partial output does not match its state (the CRC-32 of its last chunk "
+                    f"differs): changed since it was written{again}",
+                    self.path,
+                )
+        self.lines_done, self.bytes_done, self.last_chunk = lines, size, last
+        self.handle.truncate(size)
+        self.handle.seek(size)
+
+    def append_chunk(self, data: bytes, n_lines: int) -> None:
+        """Append a chunk's bytes (:func:`chunk_bytes`: one gzip member for a ``.gz`` output)."""
+        with self._writing():
+            self.handle.write(data)
+            self.handle.flush()
+            os.fsync(self.handle.fileno())
+        self.lines_done += n_lines
+        self.bytes_done += len(data)
+        self.last_chunk = [len(data), zlib.crc32(data)] if data else self.last_chunk
+        with self._writing():
+            self._write_state()
+
+    def _write_state(self) -> None:
+        with AtomicOutput(self.state_path, compress=False) as fh:
+            json.dump(
+                {
+                    "identity": self.identity,
+                    "lines": self.lines_done,
+                    "bytes": self.bytes_done,
+                    "last_chunk": self.last_chunk,
+                },
+                fh,
+            )
+
+    def complete(self) -> None:
+        """Close the partial file, complete (still under its partial name, resumable)."""
+        with self._writing():
+            if self.compress and self.bytes_done == 0:
+                with gzip_writer(self.handle):
+                    pass
+            self.handle.close()
+
+    def publish(self) -> None:
+        os.replace(self.path, self.output)
+        os.unlink(self.state_path)
+
+    def close_incomplete(self) -> None:
+        """Leave the partial file and state for ``--resume`` (never under the final name)."""
+        if self.handle is not None and not self.handle.closed:
+            # bytes a full disk refused are past the state's count: --resume cuts them off
+            with contextlib.suppress(OSError):
+                self.handle.close()
+
+    def discard(self) -> None:
+        self.close_incomplete()
+        for path in (self.path, self.state_path):
+            if os.path.exists(path):
+                os.unlink(path)
+
+
+def _valid_state(state: dict) -> bool:
+    """Whether a resume state's numbers are whole and consistent: lines and bytes >= 0, none
+    of either without the other, and the last chunk's [size, CRC-32] within the bytes."""
+    lines, size, last = state.get("lines"), state.get("bytes"), state.get("last_chunk", False)
+
+    def count(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    if not (count(lines) and count(size)) or (lines == 0) != (size == 0):
+        return False
+    if last is None:
+        return size == 0
+    return (
+        isinstance(last, list)
+        and len(last) == 2
+        and all(count(v) for v in last)
+        and 0 < last[0] <= size
+    )
+
+
+class StdoutOutput:
+    """Standard output as a sink of chunks: nothing to resume, publish or discard."""
+
+    compress = False  # standard output is written as it is, never gzip
+    output = "-"
+
+    def __init__(self):
+        import sys
+
+        self.stream = sys.stdout.buffer
+
+    def open(self, resume: bool) -> int:
+        if resume:
+            raise InputError("--resume needs an output file, not standard output")
+        return 0
+
+    def append_chunk(self, data: bytes, n_lines: int) -> None:
+        with disk_errors("-"):
+            self.stream.write(data)
+            self.stream.flush()
+
+    def complete(self) -> None:
+        with disk_errors("-"):
+            self.stream.flush()
+
+    def publish(self) -> None:
+        pass
+
+    def close_incomplete(self) -> None:
+        pass
+
+    def discard(self) -> None:
+        pass
+
+
+def table_identity(table: str) -> dict:
+    """The input of a partial output (part of its resume key): path, size and mtime."""
+    if table == "-":
+        return {"path": "-"}
+    st = os.stat(table)
+    return {"path": os.path.abspath(table), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
