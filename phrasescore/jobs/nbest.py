@@ -45,7 +45,6 @@ what ``multi-bleu.perl`` or ``phrasescore evaluate`` reads.
 from __future__ import annotations
 
 import collections
-import functools
 import hashlib
 import logging
 import os
@@ -58,7 +57,7 @@ import numpy as np
 from phrasescore.bundle import TrainedModel, load_lm
 from phrasescore.engine.lm_scoring import LMScorer
 from phrasescore.engine.scoring import PairScorer
-from phrasescore.errors import InputError, RunStopped
+from phrasescore.errors import InputError
 from phrasescore.files import (
     AtomicOutput,
     check_files_exist,
@@ -82,8 +81,13 @@ from phrasescore.moses.nbest import (
 )
 from phrasescore.progress import progress_bar
 from phrasescore.runners import distributed
-from phrasescore.runners.chunk_pool import ChunkPool, WorkerDied, single_threaded_parent
 from phrasescore.runners.shards import NBEST, Shard, chunk_record, run_on_ranks, write_manifest
+from phrasescore.runners.workers import (
+    ChunkScoring,
+    check_torchrun_options,
+    check_workers_device,
+    loading_for_workers,
+)
 
 log = logging.getLogger(__name__)
 
@@ -193,46 +197,10 @@ def rescore_nbest(
     weights = _read_weights(options.weights, names) if options.weights else None
     sources = read_source(source)
     dev = resolve_device(device)
-    if workers > 1 and dev.type != "cpu":
-        raise InputError(f"--workers is for scoring on the CPU; on {dev.type} use one process")
-    with single_threaded_parent(workers > 1):  # loaded at one thread, to fork from: chunk_pool
-        features, signatures, scorer = _features(
-            options, dev, model_for(model, model_path, dev) if with_model else None, model_path
-        )
-    writer = _Writer(options, weights, len(sources))
-    plan: list[int] = []  # the lines of every block of the list (a shard's manifest)
-    records: list[dict] = []  # the shard's own blocks (shards.chunk_record)
-
-    def write_part_manifest(written: str) -> None:
-        job = {
-            "features": names,
-            **signatures,
-            "options": {
-                "normalize": options.normalize,
-                "batch_tokens": options.batch_tokens,
-                "scoring": options.scoring,
-                "weights": weights,
-            },
-            "source": {
-                "lines": len(sources),
-                "sha256": hashlib.sha256("\n".join(sources).encode("utf-8")).hexdigest(),
-            },
-        }
-        write_manifest(
-            output,
-            written,
-            shard,
-            nbest,
-            sum(plan),
-            options.block_hypotheses,
-            writer.hypotheses,
-            job,
-            device=dev.type,
-            kind=NBEST,
-            chunk_sizes=plan,
-            chunks=records,
-        )
-
+    check_workers_device(workers, dev)
+    with loading_for_workers(workers):  # loaded at one thread, to fork from
+        loaded = model_for(model, model_path, dev) if with_model else None
+        features, signatures, scorer = _features(options, dev, loaded, model_path)
     if shard is not None:
         log.info(
             "shard %s: blocks i of about %d hypotheses with i %% %d == %d",
@@ -241,66 +209,139 @@ def rescore_nbest(
             shard.count,
             shard.index - 1,
         )
+    writer = _Writer(options, weights, len(sources), [name for name, _ in features])
+    reader = _BlockReader(nbest, sources, source, options.block_hypotheses, shard)
+    manifest = None
+    if shard is not None:
+        job = _manifest_job(names, signatures, options, weights, sources)
+        manifest = _PartManifest(output, shard, nbest, options, job, dev.type, reader, writer)
     started = time.monotonic()
     bar = progress_bar(progress, unit=" hyps", unit_scale=True)
-    score = functools.partial(score_block, features, scorer)
-    pending: collections.deque = collections.deque()  # blocks read, in order, until written
-    clamped = 0
-
-    def blocks():
-        """The pairs of each block to score (None for another shard's block)."""
-        groups = iter_nbest_groups(read_nbest(nbest))
-        for index, block in enumerate(_blocks(groups, options.block_hypotheses)):
-            entries = [e for group in block for e in group]
-            plan.append(len(entries))
-            srcs = [_source_of(e, sources, source) for e in entries]
-            owned = shard is None or shard.owns(index)
-            pending.append((index, block, entries))
-            yield (srcs, [e.hypothesis for e in entries]) if owned else None
-
-    pool = None
+    warm_up = scorer.warm_up if scorer is not None else None
     try:
-        if workers > 1:
-            with single_threaded_parent(True):
-                if scorer is not None:
-                    scorer.warm_up()  # compiled here once: the forked workers inherit the kernels
-                pool = ChunkPool(score, workers)
-        done = pool.imap(blocks()) if pool is not None else ((b, score(b)) for b in blocks())
-        with AtomicOutput(
-            output, before_rename=write_part_manifest if shard is not None else None
-        ) as out:
-            for _, scored in done:
-                index, block, entries = pending.popleft()
-                if scored is None:
-                    writer.skip(block)
-                    continue
-                values, block_clamped = scored
-                clamped += block_clamped
-                for (name, _), column in zip(features, values, strict=True):
-                    entries = [
-                        with_feature(e, name, float(v))
-                        for e, v in zip(entries, column, strict=True)
-                    ]
-                writer.write_block(_regroup(entries, block), out)
-                if shard is not None:
-                    records.append(chunk_record(index, [str(e.id) for e in entries]))
-                bar.update(len(entries))
-            if pool is not None:
-                pool.close()
+        with (
+            ChunkScoring(BlockScorer(features, scorer), workers, warm_up) as scoring,
+            AtomicOutput(output, before_rename=manifest) as out,
+        ):
+            clamped = _write_blocks(scoring.results(reader.pairs()), reader, writer, out, bar)
+            scoring.finish()
             writer.finish(out, nbest)
-    except WorkerDied as exc:
-        raise RunStopped(f"{exc}; run again") from None
     finally:
         bar.close()
-        if pool is not None:
-            pool.terminate()  # stopped already after the last block; at once after an error
-    seconds = time.monotonic() - started
+    return _result(output, writer, time.monotonic() - started, weights is not None, clamped)
+
+
+class _BlockReader:
+    """The list's blocks in input order (:func:`_blocks`): the pairs each one scores (None for
+    another shard's block), every block kept in :attr:`pending` until its scores come back, the
+    sizes of all blocks in :attr:`plan` (a shard's manifest) and the shard's own blocks' records
+    in :attr:`records`."""
+
+    def __init__(self, nbest: str, sources: list[str], source_path: str, size: int, shard):
+        self.nbest = nbest
+        self.sources = sources
+        self.source_path = source_path
+        self.size = size
+        self.shard = shard
+        self.plan: list[int] = []
+        self.pending: collections.deque = collections.deque()
+        self.records: list[dict] = []
+
+    def pairs(self) -> Iterator[tuple[list[str], list[str]] | None]:
+        """The ``(sources, hypotheses)`` of each block to score (None for another shard's)."""
+        groups = iter_nbest_groups(read_nbest(self.nbest))
+        for index, block in enumerate(_blocks(groups, self.size)):
+            entries = [e for group in block for e in group]
+            self.plan.append(len(entries))
+            srcs = [_source_of(e, self.sources, self.source_path) for e in entries]
+            owned = self.shard is None or self.shard.owns(index)
+            self.pending.append((index, block, entries))
+            yield (srcs, [e.hypothesis for e in entries]) if owned else None
+
+    def written(self, index: int, entries: list[NBestEntry]) -> None:
+        """Block ``index`` is written: a shard records it."""
+        if self.shard is not None:
+            self.records.append(chunk_record(index, [str(e.id) for e in entries]))
+
+
+def _write_blocks(done, reader: _BlockReader, writer: _Writer, out, bar) -> int:
+    """Write the scored blocks ``done`` (``(pairs, score_block(pairs))`` in input order), each
+    line with its new features; returns the model scores clamped."""
+    clamped = 0
+    for _, scored in done:
+        index, block, entries = reader.pending.popleft()
+        if scored is None:
+            writer.skip(block)
+            continue
+        values, block_clamped = scored
+        clamped += block_clamped
+        for name, column in zip(writer.names, values, strict=True):
+            entries = [
+                with_feature(e, name, float(v)) for e, v in zip(entries, column, strict=True)
+            ]
+        writer.write_block(_regroup(entries, block), out)
+        reader.written(index, entries)
+        bar.update(len(entries))
+    return clamped
+
+
+def _manifest_job(names, signatures, options: NBestOptions, weights, sources) -> dict:
+    """What every shard of one n-best job must share (the manifest's ``job``)."""
+    return {
+        "features": names,
+        **signatures,
+        "options": {
+            "normalize": options.normalize,
+            "batch_tokens": options.batch_tokens,
+            "scoring": options.scoring,
+            "weights": weights,
+        },
+        "source": {
+            "lines": len(sources),
+            "sha256": hashlib.sha256("\n".join(sources).encode("utf-8")).hexdigest(),
+        },
+    }
+
+
+@dataclass
+class _PartManifest:
+    """A shard's manifest, written beside the part just before it is renamed into place
+    (:class:`~phrasescore.files.AtomicOutput`'s ``before_rename``)."""
+
+    output: str
+    shard: Shard
+    nbest: str
+    options: NBestOptions
+    job: dict
+    device: str
+    reader: _BlockReader
+    writer: _Writer
+
+    def __call__(self, written: str) -> None:
+        write_manifest(
+            self.output,
+            written,
+            self.shard,
+            self.nbest,
+            sum(self.reader.plan),
+            self.options.block_hypotheses,
+            self.writer.hypotheses,
+            self.job,
+            device=self.device,
+            kind=NBEST,
+            chunk_sizes=self.reader.plan,
+            chunks=self.reader.records,
+        )
+
+
+def _result(output: str, writer: _Writer, seconds: float, reranked: bool, clamped: int):
+    """The result of a run, logged."""
     result = NBestResult(
         "<stdout>" if output == "-" else output,
         writer.sentences,
         writer.hypotheses,
         seconds,
-        writer.changed if weights else None,
+        writer.changed if reranked else None,
         clamped,
     )
     log.info(
@@ -310,7 +351,7 @@ def rescore_nbest(
         seconds,
         result.hypotheses_per_second,
         f"; re-ranking changed the best hypothesis of {writer.changed} sentences"
-        if weights
+        if reranked
         else "",
     )
     return result
@@ -343,27 +384,15 @@ def run_nbest(
             shard=shard,
             workers=workers,
         )
-    if shard is not None:
-        raise InputError("--shard and torchrun exclude each other (torchrun gives each rank one)")
-    if workers > 1:
-        raise InputError(
-            "--workers and torchrun exclude each other (torchrun starts the processes)"
-        )
+    check_torchrun_options(launch, shard, workers)
     if source == "-":
         raise InputError("under torchrun give --source as a file (every rank reads it)")
     _check_shard(nbest, output, options)
     check_output_path(output)
     started = time.monotonic()
 
-    def score_part(part: str, dev: str, rank_shard: Shard) -> NBestResult:
-        progress_here = progress and launch.is_main
-        return rescore_nbest(
-            nbest, source, model_path, part, options, dev, progress_here, shard=rank_shard
-        )
-
-    result, merged, (changed,) = run_on_ranks(
-        launch, device, output, score_part, sums=lambda result: [result.changed or 0]
-    )
+    score_part = _RankPart(nbest, source, model_path, options, progress and launch.is_main)
+    result, merged, (changed,) = run_on_ranks(launch, device, output, score_part, sums=_changed_sum)
     if merged is None:
         return result
     result = NBestResult(
@@ -381,6 +410,34 @@ def run_nbest(
         result.hypotheses_per_second,
     )
     return result
+
+
+@dataclass
+class _RankPart:
+    """What a torchrun rank runs: :func:`rescore_nbest` of its shard into its part."""
+
+    nbest: str
+    source: str
+    model_path: str | None
+    options: NBestOptions
+    progress: bool
+
+    def __call__(self, part: str, device: str, shard: Shard) -> NBestResult:
+        return rescore_nbest(
+            self.nbest,
+            self.source,
+            self.model_path,
+            part,
+            self.options,
+            device,
+            self.progress,
+            shard=shard,
+        )
+
+
+def _changed_sum(result: NBestResult | None) -> list[int]:
+    """What the ranks add up: the sentences whose best hypothesis changed."""
+    return [result.changed or 0]
 
 
 def _check_shard(nbest: str, output: str, options: NBestOptions) -> None:
@@ -451,9 +508,7 @@ def _features(options: NBestOptions, device, model: TrainedModel | None, model_p
         log.info(
             "n-best rescoring with language model %s, feature %s", lm.signature, options.lm_name
         )
-        features.append(
-            (options.lm_name, lambda srcs, hyps: lm_scorer.score_sentences(hyps).logprob)
-        )
+        features.append((options.lm_name, _LMFeature(lm_scorer)))
     if model is not None:
         signatures["models"].append(model.signature)
         scorer = PairScorer(
@@ -469,13 +524,30 @@ def _features(options: NBestOptions, device, model: TrainedModel | None, model_p
             options.name,
             options.scoring,
         )
-
-        def model_values(srcs, hyps):
-            scored = scorer.score_phrases(srcs, hyps)
-            return scored.logprob / scored.n_tokens if options.normalize else scored.logprob
-
-        features.append((options.name, model_values))
+        features.append((options.name, _ModelFeature(scorer, options.normalize)))
     return features, signatures, scorer
+
+
+@dataclass
+class _LMFeature:
+    """The CSLM feature: log p(hypothesis </s> | <s>) of each hypothesis."""
+
+    scorer: LMScorer
+
+    def __call__(self, srcs: list[str], hyps: list[str]) -> np.ndarray:
+        return self.scorer.score_sentences(hyps).logprob
+
+
+@dataclass
+class _ModelFeature:
+    """The model's feature: log p(hypothesis | source), or per token with ``normalize``."""
+
+    scorer: PairScorer
+    normalize: bool
+
+    def __call__(self, srcs: list[str], hyps: list[str]) -> np.ndarray:
+        scored = self.scorer.score_phrases(srcs, hyps)
+        return scored.logprob / scored.n_tokens if self.normalize else scored.logprob
 
 
 def score_block(features, scorer: PairScorer | None, pairs) -> tuple[list, int] | None:
@@ -490,6 +562,18 @@ def score_block(features, scorer: PairScorer | None, pairs) -> tuple[list, int] 
     return values, (scorer.clamped - before if scorer is not None else 0)
 
 
+@dataclass
+class BlockScorer:
+    """:func:`score_block` with the features and scorer of one run: the function run on each
+    block, here or in a ``--workers`` process (which inherits it by ``fork``)."""
+
+    features: list
+    scorer: PairScorer | None
+
+    def __call__(self, pairs):
+        return score_block(self.features, self.scorer, pairs)
+
+
 def _regroup(entries: list[NBestEntry], block: list[list[NBestEntry]]) -> list[list[NBestEntry]]:
     """``entries`` cut into groups of the sizes of ``block``'s."""
     groups, position = [], 0
@@ -502,8 +586,12 @@ def _regroup(entries: list[NBestEntry], block: list[list[NBestEntry]]) -> list[l
 class _Writer:
     """Writes the scored groups: as they are, re-ranked by ``weights``, or the 1-best texts."""
 
-    def __init__(self, options: NBestOptions, weights: dict | None, n_sources: int):
+    def __init__(
+        self, options: NBestOptions, weights: dict | None, n_sources: int, names: list[str]
+    ):
         self.options = options
+        self.names = names
+        """The features added to each line, in order."""
         self.weights = weights
         self.n_sources = n_sources
         self.best_texts: list[str] | None = [""] * n_sources if options.one_best else None
