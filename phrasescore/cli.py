@@ -190,14 +190,6 @@ def _ini_options():
 ini_options = _ini_options()
 
 
-def _report_ini(job) -> None:
-    """The moses.ini a rescore or merge wrote, and the binarisation command it needs, if any."""
-    if job.ini_out:
-        click.echo(f"phrasescore: moses.ini for the new table: {job.ini_out}", err=True)
-        if job.ini_update.binarise_command_line:
-            click.echo(f"phrasescore: now run: {job.ini_update.binarise_command_line}", err=True)
-
-
 def training_options(file: str, batch_help: str, epochs_type, epochs_help: str):
     """The options ``train`` and ``train-lm`` share, from --batch-tokens to --resume."""
     return _options(
@@ -246,14 +238,17 @@ def _not_rank_0() -> bool:
     return _torchrun() and os.environ.get("RANK", "0") != "0"
 
 
-def _echo_trained(result) -> None:
-    if _not_rank_0():
-        return
-    click.echo(
-        f"{result.model_path}\tvalid_ppl={result.best_valid_ppl:.2f}\t"
-        f"unigram_ppl={result.unigram_valid_ppl:.1f}\tsteps={result.steps}\t"
-        f"signature={result.signature}"
-    )
+def _echo(result, err: bool = False) -> None:
+    """Print what a job returned: its ``lines()``, on standard output or (``err``) standard
+    error."""
+    for line in result.lines():
+        click.echo(line, err=err)
+
+
+def _echo_on_rank_0(result, err: bool = False) -> None:
+    """:func:`_echo` for the commands torchrun can run: rank 0 alone reports."""
+    if not _not_rank_0():
+        _echo(result, err=err)
 
 
 class Terminated(KeyboardInterrupt):
@@ -468,7 +463,7 @@ def train(
             self_normalize=self_normalize,
         ),
     )
-    _echo_trained(result)
+    _echo_on_rank_0(result)
 
 
 @cli.command("train-lm", short_help="Train the CSLM target language model.")
@@ -525,7 +520,7 @@ def train_lm(
         overrides=_train_overrides(settings),
         progress=not no_progress,
     )
-    _echo_trained(result)
+    _echo_on_rank_0(result)
 
 
 @cli.command(short_help="Describe a model or CSLM file.")
@@ -535,8 +530,7 @@ def info(model_path):
     """Print what a model file (or a CSLM file) is: architecture, sizes, vocabularies, training."""
     from phrasescore.jobs.info import describe_file
 
-    for key, value in describe_file(model_path).items():
-        click.echo(f"{key}: {value}")
+    _echo(describe_file(model_path))
 
 
 # ---------------------------------------------------------------------------- rescore
@@ -670,32 +664,7 @@ def rescore(
         shard=shard,
         workers=workers,
     )
-    result = job.rescore
-    if _not_rank_0():
-        return
-    if result.complete_already:
-        click.echo(
-            f"phrasescore: {result.output} is complete already ({result.lines} lines, "
-            f"{result.distinct_sources} distinct sources, +{result.new_columns} column(s)): "
-            "nothing to do",
-            err=True,
-        )
-        return
-    resumed = (
-        f" (resumed after line {result.resumed_from_line})" if result.resumed_from_line else ""
-    )
-    output = "<stdout>" if result.output == "-" else result.output
-    click.echo(
-        f"phrasescore: rescored {result.lines} lines{resumed}, {result.distinct_sources} distinct "
-        f"sources, {result.seconds:.1f} s, {result.pairs_per_second:.0f} pairs/s, "
-        f"+{result.new_columns} column(s) -> {output}, {result.scoring} scoring"
-        + (f" ({result.clamped} score(s) clamped at p = 1)" if result.clamped else "")
-        + (
-            f", {result.too_long} over --max-phrase-length (floor value)" if result.too_long else ""
-        ),
-        err=True,
-    )
-    _report_ini(job)
+    _echo_on_rank_0(job, err=True)
 
 
 @cli.command("merge-shards", short_help="Join the parts of rescore/nbest --shard into one file.")
@@ -707,22 +676,9 @@ def merge_shards(parts, output, moses_ini, ini_out, ini_table, weight):
     """Check the PARTS of `rescore --shard K/N` or `nbest --shard K/N` (complete, one job,
     every shard once) and join them into one file, byte-identical to an unsharded run."""
     from phrasescore.jobs.merge_shards import run_merge
-    from phrasescore.runners.shards import NBEST
 
     job = run_merge(list(parts), output, moses_ini, ini_out, ini_table, weight)
-    merged = job.merge
-    if merged.groups is None:
-        what = f"{merged.lines} lines"
-    elif merged.kind == NBEST:
-        what = f"{merged.lines} hypotheses of {merged.groups} sentences"
-    else:
-        what = f"{merged.lines} lines, {merged.groups} distinct sources"
-    output = "<stdout>" if merged.output == "-" else merged.output
-    click.echo(
-        f"phrasescore: {merged.parts} parts, {merged.chunks} chunks, {what} -> {output}",
-        err=True,
-    )
-    _report_ini(job)
+    _echo(job, err=True)
 
 
 # ---------------------------------------------------------------------------- n-best / generation
@@ -800,19 +756,7 @@ def nbest(
         shard=shard,
         workers=workers,
     )
-    if _not_rank_0():
-        return
-    changed = "" if result.changed is None else f", best hypothesis changed for {result.changed}"
-    mode = ""
-    if model_path:
-        mode = f", {scoring} scoring" + (
-            f" ({result.clamped} clamped at log p = 0)" if result.clamped else ""
-        )
-    click.echo(
-        f"phrasescore: {result.hypotheses} hypotheses of {result.sentences} sentences, "
-        f"{result.seconds:.1f} s{changed}{mode} -> {result.output}",
-        err=True,
-    )
+    _echo_on_rank_0(result, err=True)
 
 
 @cli.command(short_help="Translate text with beam search.")
@@ -880,14 +824,7 @@ def translate(
         device=device,
         progress=not no_progress,
     )
-    click.echo(
-        f"phrasescore: {result.sentences} sentences in {result.seconds:.1f} s "
-        f"({result.sentences_per_second:.2f} sentences/s), beam {beam} -> {result.output}",
-        err=True,
-    )
-    if result.evaluation is not None:
-        for line in result.evaluation.lines():
-            click.echo(line, err=True)
+    _echo(result, err=True)
 
 
 @cli.command(short_help="BLEU and chrF of hypotheses (sacrebleu).")
@@ -900,8 +837,7 @@ def evaluate(hypotheses, reference, tokenize, lowercase):
     """BLEU and chrF of HYPOTHESES against REFERENCE (sacrebleu), with sacrebleu's signatures."""
     from phrasescore.jobs.evaluate import evaluate_files
 
-    for line in evaluate_files(hypotheses, reference, tokenize, lowercase).lines():
-        click.echo(line)
+    _echo(evaluate_files(hypotheses, reference, tokenize, lowercase))
 
 
 @cli.command(short_help="Sample target phrases for source phrases.")
@@ -938,7 +874,7 @@ def sample(
     Prints one line per target: source, log p, target and, with --phrase-table, 'in-table' or
     'new', tab-separated.
     """
-    from phrasescore.jobs.sample import SampleOptions, read_phrases, sample_phrases
+    from phrasescore.jobs.sample import SampleOptions, run_sample
 
     options = SampleOptions(
         samples=samples,
@@ -948,15 +884,7 @@ def sample(
         max_length=max_length,
         forbid_unk=no_unk,
     )
-    results = sample_phrases(
-        read_phrases(phrases), model_path, options, phrase_table=phrase_table, device=device
-    )
-    for phrase, targets in results:
-        for target in targets:
-            fields = [phrase, f"{target.logprob:.4f}", target.text]
-            if target.in_table is not None:
-                fields.append("in-table" if target.in_table else "new")
-            click.echo("\t".join(fields))
+    _echo(run_sample(phrases, model_path, options, phrase_table=phrase_table, device=device))
 
 
 # ---------------------------------------------------------------------------- analyses
@@ -1043,10 +971,7 @@ def represent(
         method=method,
         seed=seed,
     )
-    result = run_represent(phrases_path, model_path, prefix, options, device=device)
-    for query, found in result.neighbours:
-        for rank, neighbour in enumerate(found):
-            click.echo(f"{query}\t{rank}\t{neighbour.similarity:.4f}\t{neighbour.phrase}")
+    _echo(run_represent(phrases_path, model_path, prefix, options, device=device))
 
 
 @cli.command(short_help="A model's top targets beside a phrase table's.")
@@ -1100,7 +1025,7 @@ def compare(
 ):
     """The model's top targets beside the phrase TABLE's (Cho et al. 2014, Table 2-3, Fig. 3),
     and the rank correlations of its log p with the table's columns; markdown on stdout."""
-    from phrasescore.jobs.compare import CompareOptions, format_comparison
+    from phrasescore.jobs.compare import CompareOptions
     from phrasescore.jobs.compare import compare as run_compare
 
     options = CompareOptions(
@@ -1115,8 +1040,7 @@ def compare(
         max_pairs=max_pairs,
         seed=seed,
     )
-    for line in format_comparison(run_compare(table, model_path, options, device=device)):
-        click.echo(line)
+    _echo(run_compare(table, model_path, options, device=device))
 
 
 @cli.command(short_help="Word alignments from an attention model.")
@@ -1140,12 +1064,7 @@ def align(source, target, model_path, output, plot_dir, batch_size, device):
     result = align_files(
         source, target, model_path, output, plot_dir, device=device, batch_size=batch_size
     )
-    plots = f", {result.plots} plots in {plot_dir}" if plot_dir else ""
-    click.echo(
-        f"phrasescore: {result.pairs} pairs aligned in {result.seconds:.1f} s{plots} "
-        f"-> {result.output}",
-        err=True,
-    )
+    _echo(result, err=True)
 
 
 # ---------------------------------------------------------------------------- Moses files
@@ -1158,10 +1077,9 @@ def ini_tables(moses_ini, factors):
 
     Paths are expanded and resolved relative to the ini's directory; '-' when a table has none.
     """
-    from phrasescore.jobs.tables import ini_table_rows
+    from phrasescore.jobs.tables import ini_tables as run_ini_tables
 
-    for row in ini_table_rows(moses_ini, factors=factors):
-        click.echo(row)
+    _echo(run_ini_tables(moses_ini, factors=factors))
 
 
 @cli.command("check-table", short_help="Validate a Moses phrase table.")
@@ -1284,13 +1202,13 @@ def ab(
     weights of each candidate's new features and the paired bootstrap p-value against the
     baseline.
     """
-    from phrasescore.jobs.ab import ComparisonOptions, compare_systems, format_report
+    from phrasescore.jobs.ab import ComparisonOptions, run_ab
 
     try:
         seed_list = tuple(int(seed) for seed in seeds.split(","))
     except ValueError:
         raise InputError(f"--seeds {seeds!r}: give integers separated by commas") from None
-    results = compare_systems(
+    report = run_ab(
         baseline,
         list(candidates),
         tuple(dev),
@@ -1302,8 +1220,7 @@ def ab(
         ),
         rerank=list(rerank),
     )
-    for line in format_report(results, [t[0] for t in tests]):
-        click.echo(line)
+    _echo(report)
 
 
 def main() -> None:

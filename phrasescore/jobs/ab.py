@@ -639,6 +639,42 @@ def rerank_models(specs: list[str]) -> tuple[tuple[str, str], ...]:
     return tuple(models)
 
 
+@dataclass
+class ABReport:
+    """The systems of an A/B comparison and the names of the test sets they were decoded on."""
+
+    systems: list[SystemResult]
+    tests: list[str]
+
+    def lines(self) -> list[str]:
+        """The report ``ab`` prints (:func:`format_report`)."""
+        return format_report(self.systems, self.tests)
+
+
+def run_ab(
+    baseline: str,
+    candidates: list[str],
+    dev: tuple[str, str],
+    tests: list[tuple[str, str, str]],
+    workdir: str,
+    moses_home: str | None = None,
+    options: ComparisonOptions | None = None,
+    rerank: list[str] | None = None,
+) -> ABReport:
+    """``phrasescore ab``: :func:`compare_systems`, with the test sets' names for the report."""
+    systems = compare_systems(
+        baseline,
+        candidates,
+        dev,
+        tests,
+        workdir,
+        moses_home=moses_home,
+        options=options,
+        rerank=rerank,
+    )
+    return ABReport(systems, [test[0] for test in tests])
+
+
 def format_report(results: list[SystemResult], tests: list[str]) -> list[str]:
     """The comparison as a plain-text table, one line per system (what ``ab`` prints)."""
     runs = len(results[0].runs)

@@ -58,6 +58,15 @@ class AlignResult:
     seconds: float
     plots: int
     output: str
+    plot_dir: str | None = None
+
+    def lines(self) -> list[str]:
+        """The summary ``align`` prints on standard error."""
+        plots = f", {self.plots} plots in {self.plot_dir}" if self.plot_dir else ""
+        return [
+            f"phrasescore: {self.pairs} pairs aligned in {self.seconds:.1f} s{plots} "
+            f"-> {self.output}"
+        ]
 
 
 def word_pieces(vocab, words: Sequence[str]) -> tuple[list[int], list[int]]:
@@ -203,4 +212,4 @@ def align_files(
     log.debug(
         "aligned %d pairs in %.1f s (%d plots), model %s", pairs, seconds, plots, model.signature
     )
-    return AlignResult(pairs, seconds, plots, "<stdout>" if output == "-" else output)
+    return AlignResult(pairs, seconds, plots, "<stdout>" if output == "-" else output, plot_dir)

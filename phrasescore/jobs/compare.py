@@ -122,6 +122,10 @@ class CompareResult:
     length_spearman: float = float("nan")
     """Spearman's rho of log p with the target length in words (log p falls with length)."""
 
+    def lines(self) -> list[str]:
+        """The markdown report ``compare`` prints (:func:`format_comparison`)."""
+        return format_comparison(self)
+
 
 # ---------------------------------------------------------------------------- statistics
 def rank_average(values: np.ndarray) -> np.ndarray:

@@ -25,6 +25,16 @@ def default_ini_out(ini_path: str) -> str:
     return stem + ".rescored.ini"
 
 
+def ini_report_lines(ini_out: str | None, update) -> list[str]:
+    """The moses.ini a rescore or merge wrote, and the binarisation command it needs, if any."""
+    if not ini_out:
+        return []
+    lines = [f"phrasescore: moses.ini for the new table: {ini_out}"]
+    if update.binarise_command_line:
+        lines.append(f"phrasescore: now run: {update.binarise_command_line}")
+    return lines
+
+
 class IniUpdate:
     """The moses.ini of the rescored table: checked before the table is rescored (a table the
     ini does not name is refused before any output is written), written after."""

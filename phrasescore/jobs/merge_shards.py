@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from phrasescore.errors import InputError
 from phrasescore.files import check_output_paths
-from phrasescore.jobs.ini_update import IniUpdate, default_ini_out
-from phrasescore.runners.shards import PHRASE_TABLE, check_parts, merge_shards
+from phrasescore.jobs.ini_update import IniUpdate, default_ini_out, ini_report_lines
+from phrasescore.runners.shards import NBEST, PHRASE_TABLE, check_parts, merge_shards
 
 
 @dataclass
@@ -19,6 +19,19 @@ class MergeJobResult:
     merge: object
     ini_out: str | None = None
     ini_update: object | None = None
+
+    def lines(self) -> list[str]:
+        """The summary ``merge-shards`` prints on standard error, and the moses.ini written."""
+        merged = self.merge
+        if merged.groups is None:
+            what = f"{merged.lines} lines"
+        elif merged.kind == NBEST:
+            what = f"{merged.lines} hypotheses of {merged.groups} sentences"
+        else:
+            what = f"{merged.lines} lines, {merged.groups} distinct sources"
+        output = "<stdout>" if merged.output == "-" else merged.output
+        summary = f"phrasescore: {merged.parts} parts, {merged.chunks} chunks, {what} -> {output}"
+        return [summary, *ini_report_lines(self.ini_out, self.ini_update)]
 
 
 def run_merge(

@@ -120,10 +120,25 @@ class NBestResult:
     """With weights: ids whose best hypothesis is not the one with the best original total."""
     clamped: int = 0
     """Self-normalized scoring: hypotheses whose log p was above 0, clamped to 0."""
+    scoring: str | None = None
+    """The model's scoring (``exact`` or ``self-normalized``); None without a model."""
 
     @property
     def hypotheses_per_second(self) -> float:
         return self.hypotheses / max(self.seconds, 1e-9)
+
+    def lines(self) -> list[str]:
+        """The summary ``nbest`` prints on standard error."""
+        changed = "" if self.changed is None else f", best hypothesis changed for {self.changed}"
+        mode = ""
+        if self.scoring is not None:
+            mode = f", {self.scoring} scoring" + (
+                f" ({self.clamped} clamped at log p = 0)" if self.clamped else ""
+            )
+        return [
+            f"phrasescore: {self.hypotheses} hypotheses of {self.sentences} sentences, "
+            f"{self.seconds:.1f} s{changed}{mode} -> {self.output}"
+        ]
 
 
 def read_source(path: str) -> list[str]:
@@ -228,7 +243,9 @@ def rescore_nbest(
             writer.finish(out, nbest)
     finally:
         bar.close()
-    return _result(output, writer, time.monotonic() - started, weights is not None, clamped)
+    result = _result(output, writer, time.monotonic() - started, weights is not None, clamped)
+    result.scoring = options.scoring if with_model else None
+    return result
 
 
 class _BlockReader:
@@ -401,6 +418,7 @@ def run_nbest(
         merged.lines,
         time.monotonic() - started,
         changed if options.weights else None,
+        scoring=options.scoring if model_path is not None or not options.lm else None,
     )
     log.info(
         "torchrun: %d ranks scored %d hypotheses in %.1f s (%.0f hypotheses/s)",

@@ -97,6 +97,14 @@ class RepresentResult:
     method: str | None = None
     """How the maps were made (t-SNE or PCA), None without a map."""
 
+    def lines(self) -> list[str]:
+        """With ``--neighbours``: query, rank, cosine, phrase per neighbour (tab-separated)."""
+        return [
+            f"{query}\t{rank}\t{neighbour.similarity:.4f}\t{neighbour.phrase}"
+            for query, found in self.neighbours
+            for rank, neighbour in enumerate(found)
+        ]
+
 
 # ---------------------------------------------------------------------------- phrases
 def read_phrase_file(path: str) -> list[str]:

@@ -30,7 +30,7 @@ from phrasescore.files import (
     is_pipe,
 )
 from phrasescore.hardware import resolve_device, resolve_dtype
-from phrasescore.jobs.ini_update import IniUpdate, default_ini_out
+from phrasescore.jobs.ini_update import IniUpdate, default_ini_out, ini_report_lines
 from phrasescore.jobs.rescore_chunks import (
     ChunkScorer,
     Progress,
@@ -92,6 +92,26 @@ class RescoreResult:
     def pairs_per_second(self) -> float:
         return (self.lines - self.resumed_from_line) / max(self.seconds, 1e-9)
 
+    def summary_lines(self) -> list[str]:
+        """The summary ``rescore`` prints on standard error (``lines`` is the count)."""
+        if self.complete_already:
+            return [
+                f"phrasescore: {self.output} is complete already ({self.lines} lines, "
+                f"{self.distinct_sources} distinct sources, +{self.new_columns} column(s)): "
+                "nothing to do"
+            ]
+        resumed = (
+            f" (resumed after line {self.resumed_from_line})" if self.resumed_from_line else ""
+        )
+        output = "<stdout>" if self.output == "-" else self.output
+        return [
+            f"phrasescore: rescored {self.lines} lines{resumed}, {self.distinct_sources} "
+            f"distinct sources, {self.seconds:.1f} s, {self.pairs_per_second:.0f} pairs/s, "
+            f"+{self.new_columns} column(s) -> {output}, {self.scoring} scoring"
+            + (f" ({self.clamped} score(s) clamped at p = 1)" if self.clamped else "")
+            + (f", {self.too_long} over --max-phrase-length (floor value)" if self.too_long else "")
+        ]
+
 
 @dataclass
 class RescoreRun:
@@ -126,6 +146,12 @@ class RescoreJobResult:
     rescore: RescoreResult
     ini_out: str | None = None
     ini_update: object | None = None
+
+    def lines(self) -> list[str]:
+        """The summary and the moses.ini written (nothing more when the output was complete)."""
+        if self.rescore.complete_already:
+            return self.rescore.summary_lines()
+        return self.rescore.summary_lines() + ini_report_lines(self.ini_out, self.ini_update)
 
 
 def default_output_path(table: str, shard: Shard | None = None) -> str:

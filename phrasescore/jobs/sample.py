@@ -68,6 +68,40 @@ def phrase_table_targets(table: str, sources: set[str], model: TrainedModel) -> 
     return found
 
 
+@dataclass
+class SampleResult:
+    """The best targets of each source phrase, in the order of the phrases."""
+
+    phrases: list[tuple[str, list[SampledTarget]]]
+
+    def lines(self) -> list[str]:
+        """One line per target: source, log p, target and, with a phrase table, ``in-table`` or
+        ``new``, tab-separated."""
+        lines = []
+        for phrase, targets in self.phrases:
+            for target in targets:
+                fields = [phrase, f"{target.logprob:.4f}", target.text]
+                if target.in_table is not None:
+                    fields.append("in-table" if target.in_table else "new")
+                lines.append("\t".join(fields))
+        return lines
+
+
+def run_sample(
+    arguments: Sequence[str],
+    model_path: str | None,
+    options: SampleOptions,
+    phrase_table: str | None = None,
+    device: str = "cpu",
+) -> SampleResult:
+    """``phrasescore sample``: the phrases of the command line (:func:`read_phrases`) sampled
+    (:func:`sample_phrases`)."""
+    phrases = read_phrases(arguments)
+    return SampleResult(
+        sample_phrases(phrases, model_path, options, phrase_table=phrase_table, device=device)
+    )
+
+
 def read_phrases(arguments: Sequence[str]) -> list[str]:
     """The phrases of the command line; ``-`` stands for the non-empty lines of standard input."""
     phrases: list[str] = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from phrasescore.errors import InputError
 from phrasescore.files import check_output_path
@@ -39,10 +40,21 @@ def copy_table(table: str, output: str):
     return stats
 
 
-def ini_table_rows(moses_ini: str, factors: bool = False) -> list[str]:
+@dataclass
+class IniTables:
+    """The phrase tables of a moses.ini, one formatted row each."""
+
+    rows: list[str]
+
+    def lines(self) -> list[str]:
+        """``NAME<TAB>CLASS<TAB>PATH<TAB>NUM_FEATURES`` (and the factors) per table."""
+        return list(self.rows)
+
+
+def ini_tables(moses_ini: str, factors: bool = False) -> IniTables:
     """``NAME<TAB>CLASS<TAB>PATH<TAB>NUM_FEATURES`` (and the factors) of each phrase table of
     ``moses_ini``."""
     try:
-        return format_table_rows(read_ini_tables(moses_ini), factors=factors)
+        return IniTables(format_table_rows(read_ini_tables(moses_ini), factors=factors))
     except InputError as exc:
         raise exc.located(moses_ini) from None

@@ -98,6 +98,14 @@ class TrainResult:
     stopped: str
     history: list[dict[str, Any]] = field(default_factory=list)
 
+    def lines(self) -> list[str]:
+        """What ``train`` and ``train-lm`` print on standard output: one tab-separated line."""
+        return [
+            f"{self.model_path}\tvalid_ppl={self.best_valid_ppl:.2f}\t"
+            f"unigram_ppl={self.unigram_valid_ppl:.1f}\tsteps={self.steps}\t"
+            f"signature={self.signature}"
+        ]
+
 
 def _pairs(data: TrainingData, src_text, tgt_text, max_length):
     if data.phrase_table:

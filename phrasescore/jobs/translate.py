@@ -91,10 +91,19 @@ class TranslateResult:
     seconds: float
     tokens: int
     evaluation: Evaluation | None = None
+    beam: int = 5
 
     @property
     def sentences_per_second(self) -> float:
         return self.sentences / max(self.seconds, 1e-9)
+
+    def lines(self) -> list[str]:
+        """The summary ``translate`` prints on standard error, then BLEU and chrF if any."""
+        summary = (
+            f"phrasescore: {self.sentences} sentences in {self.seconds:.1f} s "
+            f"({self.sentences_per_second:.2f} sentences/s), beam {self.beam} -> {self.output}"
+        )
+        return [summary, *(self.evaluation.lines() if self.evaluation is not None else [])]
 
 
 class Translator:
@@ -206,7 +215,7 @@ def translate_file(
         bar.close()
     seconds = time.monotonic() - started
     result = TranslateResult(
-        "<stdout>" if output == "-" else output, sentences, empty, seconds, tokens
+        "<stdout>" if output == "-" else output, sentences, empty, seconds, tokens, beam=search.beam
     )
     log.info(
         "translated %d sentences (%d empty) in %.1f s: %.2f sentences/s, beam %d, model %s",
