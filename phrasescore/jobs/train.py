@@ -52,6 +52,44 @@ def run_training(
     ``self_normalize``), None
     meaning the preset's. On ``resume`` both come from the checkpoint instead.
     """
+    _check_arguments(model_path, source, target, phrase_table, valid, preset, arch, inverse)
+    set_threads(threads)
+    launch, dev = distributed.start_job(device)
+    mcfg, tcfg = _configure(preset, arch, phrase_table, overrides, model_overrides, resume)
+    data = TrainingData(
+        src_path=source,
+        tgt_path=target,
+        phrase_table=phrase_table,
+        inverse=inverse,
+        valid_src=valid[0] if valid else None,
+        valid_tgt=valid[1] if valid else None,
+        src_lang=src_lang,
+        tgt_lang=tgt_lang,
+        tokenize=tokenize,
+        lowercase=lowercase,
+    )
+    use_amp = dev.type == "cuda" if amp is None else amp
+    trainer = Trainer(
+        model_path,
+        data,
+        mcfg,
+        tcfg,
+        dev,
+        preset=preset,
+        amp=use_amp,
+        progress=progress,
+        launch=launch,
+    )
+    try:
+        return trainer.run(resume=resume)
+    finally:
+        distributed.shutdown()
+
+
+def _check_arguments(
+    model_path: str, source, target, phrase_table, valid, preset: str, arch: str, inverse: bool
+) -> None:
+    """Everything about the inputs, output and flags that can be refused before training."""
     if phrase_table and (source or target):
         raise InputError("give either SOURCE TARGET or --phrase-table, not both")
     if not phrase_table and not (source and target):
@@ -75,8 +113,11 @@ def run_training(
                     path,
                 )
     check_output_path(model_path, "model")  # and its .checkpoint, .log, .curve.png beside it
-    set_threads(threads)
-    launch, dev = distributed.start_job(device)
+
+
+def _configure(preset: str, arch: str, phrase_table, overrides: dict, model_overrides, resume):
+    """(ModelConfig, TrainConfig): the preset's, with the phrase-table defaults and the
+    overrides."""
     mcfg, tcfg = preset_configs(preset, arch)
     if phrase_table and preset == "default" and arch == "cho":
         # distinct phrase pairs need fan-in initialisation with Adam (PHRASE_TABLE_DEFAULT)
@@ -106,31 +147,4 @@ def run_training(
         and overrides.get("learning_rate") is None
     ):
         tcfg.learning_rate = DEFAULT_LEARNING_RATE[overrides["optimizer"]]
-    data = TrainingData(
-        src_path=source,
-        tgt_path=target,
-        phrase_table=phrase_table,
-        inverse=inverse,
-        valid_src=valid[0] if valid else None,
-        valid_tgt=valid[1] if valid else None,
-        src_lang=src_lang,
-        tgt_lang=tgt_lang,
-        tokenize=tokenize,
-        lowercase=lowercase,
-    )
-    use_amp = dev.type == "cuda" if amp is None else amp
-    trainer = Trainer(
-        model_path,
-        data,
-        mcfg,
-        tcfg,
-        dev,
-        preset=preset,
-        amp=use_amp,
-        progress=progress,
-        launch=launch,
-    )
-    try:
-        return trainer.run(resume=resume)
-    finally:
-        distributed.shutdown()
+    return mcfg, tcfg
