@@ -1,6 +1,16 @@
 """One module per command: each wires the Moses formats, the text layer, the engine and the
-model together for one ``phrasescore`` subcommand, callable without the CLI.
+model together for one ``phrasescore`` subcommand, callable without the CLI, and returns a result
+whose ``lines()`` is the summary the command prints.
 
-What jobs share lives beside them: :mod:`.common` (the model a job was handed or loads),
-:mod:`.figures` (matplotlib figures written atomically).
+Commands: ``train``, ``train_lm``, ``info``, ``rescore``, ``merge_shards``, ``nbest``,
+``translate``, ``evaluate``, ``sample``, ``represent``, ``compare``, ``align``, ``tables``
+(``check-table``, ``copy-table``, ``ini-tables``) and ``ab``.
+
+Parts of one job: ``rescore_columns``, ``rescore_chunks`` and ``rescore_partial`` (of
+``rescore``), ``ab_rerank`` (of ``ab``).
+
+What several jobs share: ``common`` (the model a job was handed or loads), ``trainer`` (the
+training loop of ``train`` and ``train-lm``), ``figures`` (matplotlib figures written
+atomically), ``bleu`` (sacrebleu's BLEU and chrF), ``ini_update`` (the moses.ini of a new table,
+for ``rescore`` and ``merge-shards``).
 """
