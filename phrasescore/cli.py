@@ -132,7 +132,7 @@ workers_option = click.option(
     default=1,
     show_default=True,
     help="Score in this many processes of one thread each (CPU; same bytes as one process). "
-    "One per core uses a multi-core CPU best (README: Using every core).",
+    "One per core uses a multi-core CPU best (docs/scaling.md: Every core of one machine).",
 )
 
 
@@ -165,7 +165,7 @@ scoring_option = click.option(
     show_default=True,
     help="exact: the softmax over the whole target vocabulary. self-normalized: for a model "
     "trained with --self-normalize only: log p ~ the sum of the target words' logits, no "
-    "softmax (faster, approximate; log p > 0 is clamped to 0; README: rescore --scoring).",
+    "softmax (faster, approximate; log p > 0 is clamped to 0; docs/commands.md: phrasescore rescore).",
 )
 
 
@@ -367,7 +367,7 @@ def _no_progress_monitor_thread() -> None:
     show_default=True,
     help="Model and training sizes of the architecture: default (CPU-sized), paper (the "
     "paper's sizes, for a GPU) or tiny (a seconds-long smoke test: 64 hidden units, 600-token "
-    "batches; scores are not useful). README: Presets.",
+    "batches; scores are not useful). docs/commands.md: Presets.",
 )
 @click.option(
     "--arch",
@@ -574,7 +574,7 @@ def info(model_path):
     default="auto",
     show_default=True,
     help="Precision of the network. auto: bfloat16 where the hardware has native bf16 "
-    "matrix units (CUDA, AVX-512 BF16, AMX), else float32 (README: speed and accuracy).",
+    "matrix units (CUDA, AVX-512 BF16, AMX), else float32 (docs/benchmarks.md: Rescoring engine).",
 )
 @click.option(
     "--batch-tokens",

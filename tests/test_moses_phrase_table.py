@@ -415,7 +415,7 @@ def test_probability_from_logprob():
 
 
 def test_whitespace_normalised_exactly_as_the_readme_says(tmp_path):
-    # README (rescore, Output): spaces/tabs around the phrases and between scores become single
+    # docs/commands.md (rescore, Output): spaces/tabs around the phrases and between scores become single
     # spaces, a missing final newline is added; spaces inside a phrase and the tail are kept.
     path = tmp_path / "pt"
     path.write_bytes(b"a  b \t|||\t c ||| 0.5\t 0.5  |||  0-0\t ||| x\na ||| b ||| 1 1")

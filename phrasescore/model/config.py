@@ -11,7 +11,7 @@ Presets
 ``default`` Sized to train well on a 2-core CPU in minutes: 256 hidden, 128-dim embeddings and
            output rank, 256 maxout units, 15,000-word vocabularies, Adam (lr 1e-3), token-budget
            batches of ~2,000 target tokens, dropout 0.2 on embeddings and the maxout layer. The
-           README gives the measurements (Adadelta vs Adam in the same budget) behind the choice.
+           docs/benchmarks.md gives the measurements (Adam against Adadelta) behind the choice.
            With ``--phrase-table`` the cho default preset initialises with PyTorch's fan-in
            scales instead of N(0, 0.01²) (:data:`PHRASE_TABLE_DEFAULT`, issue 15).
 

@@ -119,7 +119,7 @@ def init_self_normalized(network: nn.Module) -> None:
 
     Our addition to Devlin et al. (2014): otherwise α (log Z)² starts at α (log V)² (8.5 nats a
     token for α = 0.1 and 11,000 words), its gradient dominates the clipped gradient of the
-    first updates, and a short training ends with a clearly higher perplexity (README:
+    first updates, and a short training ends with a clearly higher perplexity (docs/benchmarks.md:
     Self-normalised output layer). It changes no probability: softmax is shift-invariant.
     """
     layer = network.out_vocab

@@ -4,7 +4,7 @@
 one process with N intra-op threads. On a few cores that scores more pairs per CPU-second and
 keeps every core busy: the model's products are small enough that a second thread inside them
 mostly waits, and the text work around them (parsing, token ids, formatting, gzip) is Python,
-which one process runs on one core at a time. README "Using every core" has the figures.
+which one process runs on one core at a time. docs/scaling.md "Every core of one machine" and docs/benchmarks.md have the figures.
 
 How (:class:`ChunkPool`):
 
