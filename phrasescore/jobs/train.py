@@ -10,7 +10,13 @@ import math
 from phrasescore.errors import InputError
 from phrasescore.files import check_files_exist, check_output_path, is_pipe
 from phrasescore.hardware import set_threads
-from phrasescore.jobs.trainer import Trainer, TrainingData, TrainResult, apply_overrides
+from phrasescore.jobs.trainer import (
+    Trainer,
+    TrainingData,
+    TrainResult,
+    apply_overrides,
+    train_to_end,
+)
 from phrasescore.model.config import (
     ARCH_PRESETS,
     ARCHITECTURES,
@@ -68,22 +74,19 @@ def run_training(
         tokenize=tokenize,
         lowercase=lowercase,
     )
-    use_amp = dev.type == "cuda" if amp is None else amp
-    trainer = Trainer(
+    return train_to_end(
+        Trainer,
         model_path,
         data,
         mcfg,
         tcfg,
         dev,
         preset=preset,
-        amp=use_amp,
+        amp=amp,
         progress=progress,
         launch=launch,
+        resume=resume,
     )
-    try:
-        return trainer.run(resume=resume)
-    finally:
-        distributed.shutdown()
 
 
 def _check_arguments(

@@ -23,7 +23,13 @@ from phrasescore.bundle import TrainedLM, read_lm_metadata, save_lm
 from phrasescore.errors import InputError
 from phrasescore.files import check_files_exist, check_output_path, is_pipe, iter_lines
 from phrasescore.hardware import set_threads
-from phrasescore.jobs.trainer import Trainer, TrainingData, TrainResult, apply_overrides
+from phrasescore.jobs.trainer import (
+    Trainer,
+    TrainingData,
+    TrainResult,
+    apply_overrides,
+    train_to_end,
+)
 from phrasescore.model.config import TrainConfig
 from phrasescore.model.cslm import LM_PRESETS, FeedForwardLM, LMConfig, lm_preset
 from phrasescore.runners import distributed
@@ -148,19 +154,16 @@ def run_lm_training(
     data = LMData(
         tgt_path=corpus, valid_tgt=valid, tgt_lang=lang, tokenize=tokenize, lowercase=lowercase
     )
-    use_amp = dev.type == "cuda" if amp is None else amp
-    trainer = LMTrainer(
+    return train_to_end(
+        LMTrainer,
         model_path,
         data,
         mcfg,
         tcfg,
         dev,
         preset=preset,
-        amp=use_amp,
+        amp=amp,
         progress=progress,
         launch=launch,
+        resume=resume,
     )
-    try:
-        return trainer.run(resume=resume)
-    finally:
-        distributed.shutdown()

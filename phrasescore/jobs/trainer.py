@@ -741,6 +741,29 @@ class _Run:
     signature: str = ""
 
 
+def train_to_end(
+    trainer_class, model_path, data, mcfg, tcfg, dev, *, preset, amp, progress, launch, resume
+) -> TrainResult:
+    """Build ``trainer_class`` (:class:`Trainer` or a subclass), run it to the end (from its
+    checkpoint with ``resume``) and leave the torchrun process group, whatever happens."""
+    use_amp = dev.type == "cuda" if amp is None else amp
+    trainer = trainer_class(
+        model_path,
+        data,
+        mcfg,
+        tcfg,
+        dev,
+        preset=preset,
+        amp=use_amp,
+        progress=progress,
+        launch=launch,
+    )
+    try:
+        return trainer.run(resume=resume)
+    finally:
+        distributed.shutdown()
+
+
 def apply_overrides(tcfg: TrainConfig, overrides: dict | None) -> None:
     """Set the :class:`TrainConfig` fields of ``overrides`` that are not None."""
     for key, value in (overrides or {}).items():
