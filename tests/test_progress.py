@@ -43,7 +43,9 @@ def test_rescore_into_a_log_writes_two_bar_lines(tiny_model_path, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "\r" not in proc.stderr
     bars = _bar_lines(proc.stderr, "rescore:")
-    assert len(bars) == 2 and "100%" in bars[-1], proc.stderr
+    # the first draw and the complete bar; one more line per LOG_INTERVAL (30 s) that a slow,
+    # loaded machine spends on it: at least 2 lines, never one redraw per chunk (30 chunks)
+    assert 2 <= len(bars) < 30 and "100%" in bars[-1], proc.stderr
 
 
 def test_train_no_progress_and_resume_with_nothing_to_resume(corpus_files, tmp_path):
