@@ -406,6 +406,13 @@ def _no_progress_monitor_thread() -> None:
 @click.option(
     "--lr", type=POSITIVE_FLOAT, help="Learning rate (Adadelta: 1.0; Adam: 1e-3; SGD: 0.7)."
 )
+@click.option(
+    "--lr-plateau-factor",
+    type=click.FloatRange(min=0.0, max=1.0, min_open=True),
+    metavar="F",
+    help="Multiply the learning rate by F after each validation without a new best "
+    "(default preset: 0.5; paper presets: never; 1: never).",
+)
 @training_options(
     "MODEL",
     "Target tokens per batch.",

@@ -116,7 +116,8 @@ def test_phrase_table_training_uses_fan_in_init_with_the_default_preset(tmp_path
     s, t = write_lines(tmp_path / "a.en", src), write_lines(tmp_path / "a.fr", tgt)
     assert trained_init("default", phrase_table=table) == "fan_in"
     assert trained_init("tiny", phrase_table=table) == "cho"
-    assert trained_init("default", source=s, target=t) == "cho"
+    assert trained_init("default", source=s, target=t) == "fan_in"
+    assert trained_init("paper", source=s, target=t) == "cho"
 
 
 def test_foreign_and_damaged_model_files_are_refused(tmp_path, tiny_model_path):

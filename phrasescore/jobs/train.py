@@ -21,7 +21,6 @@ from phrasescore.model.config import (
     ARCH_PRESETS,
     ARCHITECTURES,
     DEFAULT_LEARNING_RATE,
-    PHRASE_TABLE_DEFAULT,
 )
 from phrasescore.model.config import preset as preset_configs
 from phrasescore.runners import distributed
@@ -61,7 +60,7 @@ def run_training(
     _check_arguments(model_path, source, target, phrase_table, valid, preset, arch, inverse)
     set_threads(threads)
     launch, dev = distributed.start_job(device)
-    mcfg, tcfg = _configure(preset, arch, phrase_table, overrides, model_overrides, resume)
+    mcfg, tcfg = _configure(preset, arch, overrides, model_overrides, resume)
     data = TrainingData(
         src_path=source,
         tgt_path=target,
@@ -118,16 +117,9 @@ def _check_arguments(
     check_output_path(model_path, "model")  # and its .checkpoint, .log, .curve.png beside it
 
 
-def _configure(preset: str, arch: str, phrase_table, overrides: dict, model_overrides, resume):
-    """(ModelConfig, TrainConfig): the preset's, with the phrase-table defaults and the
-    overrides."""
+def _configure(preset: str, arch: str, overrides: dict, model_overrides, resume):
+    """(ModelConfig, TrainConfig): the preset's, with the overrides."""
     mcfg, tcfg = preset_configs(preset, arch)
-    if phrase_table and preset == "default" and arch == "cho":
-        # distinct phrase pairs need fan-in initialisation with Adam (PHRASE_TABLE_DEFAULT)
-        for cfg, changes in zip((mcfg, tcfg), PHRASE_TABLE_DEFAULT, strict=True):
-            for key, value in changes.items():
-                setattr(cfg, key, value)
-        log.info("--phrase-table: default preset with %s", PHRASE_TABLE_DEFAULT)
     apply_overrides(tcfg, overrides)
     for key, value in (model_overrides or {}).items():
         if value is not None:

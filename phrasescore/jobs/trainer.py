@@ -533,9 +533,12 @@ class Trainer:
         return "epochs"
 
     def _schedule_learning_rate(self, run: _Run, epoch_position: float) -> None:
-        if self.tcfg.lr_halve_after_epochs is None:
+        """The learning rate of this step: the epoch schedule (:func:`learning_rate_at`) times
+        the plateau factor of every validation without a new best (``lr_scale``, kept in the
+        position so that ``--resume`` continues with it)."""
+        if self.tcfg.lr_halve_after_epochs is None and "lr_scale" not in run.position:
             return
-        lr = learning_rate_at(self.tcfg, epoch_position)
+        lr = learning_rate_at(self.tcfg, epoch_position) * run.position.get("lr_scale", 1.0)
         if lr != run.current_lr:
             for group in run.optimizer.param_groups:
                 group["lr"] = lr
@@ -572,6 +575,7 @@ class Trainer:
         position["step"] += 1
         run.window_nll += float(nll.detach())
         run.window_tokens += n_tok
+        position["tokens"] = position.get("tokens", 0) + n_tok
         run.tokens_since += n_tok
         now = time.monotonic()
         if now - run.tick >= 1.0:
@@ -659,9 +663,11 @@ class Trainer:
 
     def _validate_here(self, run: _Run) -> str:
         position = run.position
+        began = time.monotonic()
         validation = evaluate(
             run.network, run.valid, self.device, max(self.tcfg.batch_tokens, 2000)
         )
+        position["valid_seconds"] = position.get("valid_seconds", 0.0) + time.monotonic() - began
         ppl = validation.perplexity
         window_nll, window_tokens = run.window_nll, run.window_tokens
         run.window_nll, run.window_tokens = 0.0, 0
@@ -671,7 +677,7 @@ class Trainer:
                 "step": position["step"],
                 "train_ppl": train_ppl,
                 "valid_ppl": ppl,
-                "elapsed": round(position["elapsed"], 1),
+                "elapsed": round(time.monotonic() - run.started, 1),
             }
         )
         if validation.mean_abs_log_z is not None:
@@ -685,8 +691,12 @@ class Trainer:
         else:
             position["bad"] += 1
             note = f"no improvement ({position['bad']}/{self.tcfg.patience})"
+            if self.tcfg.lr_plateau_factor and self.tcfg.lr_plateau_factor < 1:
+                position["lr_scale"] = position.get("lr_scale", 1.0) * self.tcfg.lr_plateau_factor
+                note += f"; learning rate x{self.tcfg.lr_plateau_factor:g}"
         log.info(
-            "step %d: train perplexity %.2f, validation perplexity %.2f%s (%s)",
+            "step %d: train perplexity %.2f, validation perplexity %.2f%s (%s; %.0f s, "
+            "%.0f target tokens/s)",
             position["step"],
             train_ppl,
             ppl,
@@ -694,12 +704,20 @@ class Trainer:
             if validation.mean_abs_log_z is None
             else f", mean |log Z| {validation.mean_abs_log_z:.3f}",
             note,
+            time.monotonic() - run.started,
+            self._training_rate(run),
         )
         try:
             _plot_curve(self.curve_path, position["history"])
         except Exception as exc:  # noqa: BLE001 - a plot must never stop training
             log.warning("could not draw %s: %s", self.curve_path, exc)
         return signature
+
+    def _training_rate(self, run: _Run) -> float:
+        """Target tokens per second of training so far (validation time left out), this rank."""
+        position = run.position
+        seconds = time.monotonic() - run.started - position.get("valid_seconds", 0.0)
+        return position.get("tokens", 0) / max(seconds, 1e-9)
 
     def _save_best(self, run: _Run) -> str:
         info = {

@@ -193,11 +193,10 @@ class AttentionEncoderDecoder(EncoderDecoder):
         x_proj = self.dec_input(prev_emb)  # [B, T, 3H], all steps in one product
         s, ann, ann_proj, mask = state["s"], state["ann"], state["ann_proj"], state["mask"]
         states, contexts, alphas = [], [], []
-        for i in range(tgt_in.shape[1]):
+        # unbind: one backward node for all steps, not a zero-filled [B, T, 3H] gradient each
+        for x_i in x_proj.unbind(1):
             alpha, context = self.attend(s, ann, ann_proj, mask)
-            s = gru_encoder_step(
-                x_proj[:, i] + self.dec_context(context), s, self.dec_u_rz, self.dec_u_h
-            )
+            s = gru_encoder_step(x_i + self.dec_context(context), s, self.dec_u_rz, self.dec_u_h)
             states.append(s)
             contexts.append(context)
             if keep_alpha:

@@ -142,11 +142,10 @@ class EncoderDecoder(nn.Module):
         features = self.decode_features(enc, tgt_in)
         flat = features[tgt_mask]
         logits = self.logits(flat).float()
-        nll = nn.functional.cross_entropy(logits, tgt_out[tgt_mask], reduction="sum")
+        nll, lz = token_nll(logits, tgt_out[tgt_mask])
         alpha = float(self.config.self_normalize)
         if not (alpha or log_z):
             return LossTerms(nll, nll.detach(), None)
-        lz = torch.logsumexp(logits, dim=1)
         objective = nll + alpha * lz.square().sum() if alpha else nll
         return LossTerms(objective, nll.detach(), lz.detach().abs().sum())
 
@@ -208,6 +207,45 @@ class EncoderDecoder(nn.Module):
 
 
 # ---------------------------------------------------------------------------- the output layer
+class _TokenNLL(torch.autograd.Function):
+    """Summed NLL and log Z of logit rows, with the softmax gradient written in one buffer.
+
+    Forward: log Z_i = logsumexp_v u_iv, NLL = Σ_i (log Z_i - u_{i,gold_i}). Backward, for the
+    incoming gradients g (of the NLL, a scalar) and g_i (of log Z_i, for self-normalisation)::
+
+        ∂/∂u_iv = softmax(u_i)_v (g + g_i) - g [v = gold_i]
+
+    computed as exp(u - log Z) scaled in place, then -g at the gold words: the [N x V] tensors
+    that ``cross_entropy`` makes (the log-softmax output, the zero-filled one-hot gradient, the
+    log-softmax backward's) are never written. Same values as ``cross_entropy``'s.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, gold: Tensor) -> tuple[Tensor, Tensor]:
+        log_z = torch.logsumexp(logits, dim=1)
+        nll = log_z.sum() - logits.gather(1, gold[:, None]).sum()
+        ctx.save_for_backward(logits, log_z, gold)
+        return nll, log_z
+
+    @staticmethod
+    def backward(ctx, grad_nll: Tensor, grad_log_z: Tensor) -> tuple[Tensor, None]:
+        logits, log_z, gold = ctx.saved_tensors
+        grad = torch.sub(logits, log_z[:, None]).exp_()  # the softmax
+        if grad_log_z is None:
+            grad.mul_(grad_nll)
+        else:
+            grad.mul_((grad_nll + grad_log_z)[:, None])
+        grad.scatter_add_(1, gold[:, None], (-grad_nll).expand(gold.shape[0], 1).to(grad.dtype))
+        return grad, None
+
+
+def token_nll(logits: Tensor, gold: Tensor) -> tuple[Tensor, Tensor]:
+    """(Σ_i -log softmax(logits_i)[gold_i], log Z [N]) for float32 logit rows [N, V]: the
+    training loss of every architecture (Cho et al. 2014, eq. 3), with a gradient that costs
+    about half of ``cross_entropy``'s (:class:`_TokenNLL`)."""
+    return _TokenNLL.apply(logits, gold)
+
+
 LOGIT_CHUNK_ELEMENTS = 1 << 21
 """Logits per row chunk when the caller names no chunk (128 rows of a 15,000-word vocabulary): a
 chunk's logits stay in the cache. 256 rows x 15,000 in fp32 (15 MB) made PyTorch's log-softmax 2x

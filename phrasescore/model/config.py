@@ -10,10 +10,10 @@ Presets
            ε 1e-6), minibatches of 64 phrase pairs, no dropout.
 ``default`` Sized to train well on a 2-core CPU in minutes: 256 hidden, 128-dim embeddings and
            output rank, 256 maxout units, 15,000-word vocabularies, Adam (lr 1e-3), token-budget
-           batches of ~2,000 target tokens, dropout 0.2 on embeddings and the maxout layer. The
-           docs/benchmarks.md gives the measurements (Adam against Adadelta) behind the choice.
-           With ``--phrase-table`` the cho default preset initialises with PyTorch's fan-in
-           scales instead of N(0, 0.01²) (:data:`PHRASE_TABLE_DEFAULT`, issue 15).
+           batches of ~2,000 target tokens, dropout 0.2 on embeddings and the maxout layer,
+           PyTorch's fan-in initialisation (``init="fan_in"``) instead of the paper's N(0, 0.01²)
+           (issues 15 and 29). docs/benchmarks.md gives the measurements behind each choice
+           (Adam against Adadelta; learning curves against a plain PyTorch model).
 
 Presets are per architecture (:data:`ARCH_PRESETS`, :func:`preset`); ``PRESETS`` is the ``cho``
 table. The ``default`` presets of all three share the training settings above, so that they
@@ -59,9 +59,10 @@ class ModelConfig:
     output_rank: int = 128
     dropout: float = 0.2
     init_std: float = 0.01
-    # cho: every weight N(0, init_std²), recurrent matrices orthogonal (Cho et al. §4.1);
-    # fan_in: PyTorch's own scales (embeddings N(0, 1), weights and biases U(±1/√fan_in)),
-    # recurrent matrices orthogonal. Only the cho architecture reads it.
+    # cho: the paper's own scheme (Cho et al. §4.1, Bahdanau et al. App. B.1, Sutskever et al.
+    # §3.4 with init_uniform); fan_in: PyTorch's own scales for every architecture (embeddings
+    # N(0, 1), weights and biases U(±1/√fan_in), written-out recurrent matrices orthogonal;
+    # initialization.init_fan_in). Model files written before it load as "cho".
     init: str = "cho"
     layers: int = 1  # lstm: stacked layers in encoder and decoder
     reverse_source: bool = True  # lstm: read the source words in reverse order
@@ -92,6 +93,9 @@ class TrainConfig:
     # ``lr_halve_after_epochs`` epochs are done (None: a constant learning rate)
     lr_halve_after_epochs: float | None = None
     lr_halve_every_epochs: float = 0.5
+    # reduce on plateau: multiply the learning rate by this factor after every validation that
+    # does not improve on the best so far (None: never). The default presets: 0.5 (issue 29).
+    lr_plateau_factor: float | None = None
     # the gradient of the summed NLL divided by the pairs of the batch instead of its tokens
     loss_per_sentence: bool = False
     adadelta_rho: float = 0.95
@@ -124,18 +128,21 @@ class TrainConfig:
 
 PresetTable = dict[str, tuple[dict[str, Any], dict[str, Any]]]
 
-# What ``--phrase-table`` changes in the cho ``default`` preset (issue 15). The paper's
-# N(0, 0.01²) weights leave the source path ~1e-5 in size (four 0.01-scaled products from the
-# source words to the decoder), and Adam at 1e-3 needs hundreds of steps to grow it: on
-# sentences the decoder's language model hides this, but a phrase's few target words are
-# predictable only from its source, and training sat at the unigram perplexity for ~100 steps.
-# Measured on the Multi30k table (2,000 held-out distinct pairs, ~2,000 target tokens a batch):
-# validation perplexity at steps 100/200/300 was 229/169/134 with the paper's initialisation,
-# 134/51/32 with fan_in, 89/42/28 for tools/plain-phrase-model (no dropout, 10k words).
-PHRASE_TABLE_DEFAULT: tuple[dict[str, Any], dict[str, Any]] = (dict(init="fan_in"), {})
+# The default presets start from PyTorch's fan-in scales (init="fan_in"), the paper presets
+# from the papers' own. The papers' N(0, 0.01²) weights leave the source path ~1e-5 in size (four
+# 0.01-scaled products from the source words to the decoder), and Adam at 1e-3 needs hundreds of
+# updates to grow it. Measured for phrase pairs (issue 15, Multi30k table, 2,000 held-out pairs):
+# validation perplexity at steps 100/200/300 was 229/169/134 with the paper's scheme, 134/51/32
+# with fan_in; for sentences with attention (issue 29, Multi30k val): docs/benchmarks.md
+# "Learning curves".
+DEFAULT_INIT = dict(init="fan_in")
+
+# The default presets halve the learning rate after each validation without a new best (reduce
+# on plateau, as Joey NMT's "plateau" scheduler): docs/benchmarks.md "Learning curves".
+DEFAULT_SCHEDULE = dict(lr_plateau_factor=0.5)
 
 PRESETS: PresetTable = {
-    "default": ({}, {}),
+    "default": (DEFAULT_INIT, DEFAULT_SCHEDULE),
     "paper": (
         dict(embedding_dim=100, hidden_dim=1000, maxout_units=500, output_rank=100, dropout=0.0),
         dict(
@@ -155,7 +162,7 @@ PRESETS: PresetTable = {
 }
 
 LSTM_PRESETS: PresetTable = {
-    "default": (dict(layers=2, output_rank=128, init_uniform=0.08), {}),
+    "default": (dict(layers=2, output_rank=128, **DEFAULT_INIT), DEFAULT_SCHEDULE),
     "paper": (
         dict(
             layers=4,
@@ -192,7 +199,7 @@ LSTM_PRESETS: PresetTable = {
 }
 
 ATTENTION_PRESETS: PresetTable = {
-    "default": ({}, {}),
+    "default": (DEFAULT_INIT, DEFAULT_SCHEDULE),
     "paper": (
         dict(
             embedding_dim=620,

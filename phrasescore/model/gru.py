@@ -67,10 +67,12 @@ def run_gru_decoder(x_proj: Tensor, h0: Tensor, u: Tensor, ctx_proj: Tensor) -> 
     x_h = x_tm[..., 2 * hidden :].contiguous()
     h = h0
     states = []
-    for t in range(steps):
-        hh = torch.addmm(bias[t], h, u)
+    # unbind, not bias[t]: one backward node for all steps instead of a zero-filled [T, B, 3H]
+    # gradient per step (quadratic in T)
+    for bias_t, x_h_t in zip(bias.unbind(0), x_h.unbind(0), strict=True):
+        hh = torch.addmm(bias_t, h, u)
         rz = torch.sigmoid(hh[:, : 2 * hidden])
-        candidate = torch.tanh(torch.addcmul(x_h[t], rz[:, :hidden], hh[:, 2 * hidden :]))
+        candidate = torch.tanh(torch.addcmul(x_h_t, rz[:, :hidden], hh[:, 2 * hidden :]))
         h = torch.lerp(candidate, h, rz[:, hidden:])
         states.append(h)
     return torch.stack(states, dim=1)
@@ -90,12 +92,12 @@ def run_gru_encoder(
     sequence's last real token [B, H] (padded positions, after ``lengths``, leave the state
     unchanged). ``lengths=None`` means no padding.
     """
-    steps = x_proj.shape[1]
     x_tm = x_proj.transpose(0, 1).contiguous()  # each step's input terms contiguous
     h = h0
     states = []
-    for t in range(steps):
-        h_new = gru_encoder_step(x_tm[t], h, u_rz, u_h)
+    # unbind, not x_tm[t]: one backward node for all steps (see run_gru_decoder)
+    for t, x_t in enumerate(x_tm.unbind(0)):
+        h_new = gru_encoder_step(x_t, h, u_rz, u_h)
         if lengths is not None:
             keep = (lengths > t).unsqueeze(1)
             h_new = torch.where(keep, h_new, h)

@@ -1,12 +1,17 @@
 """How each network's weights start (Joey NMT's ``initialization.py``): one function per paper.
 
 * :func:`init_cho` -- Cho et al. (2014) §4.1 / App. A: weights N(0, 0.01²) (``init_std``),
-  recurrent matrices orthogonal (each H x H block of ``[U_r U_z U]`` on its own), biases 0;
-  or PyTorch's fan-in scales (``init="fan_in"``, for ``--phrase-table`` training).
+  recurrent matrices orthogonal (each H x H block of ``[U_r U_z U]`` on its own), biases 0.
 * :func:`init_lstm` -- Sutskever et al. (2014) §3.4: every parameter U(-0.08, 0.08)
   (``init_uniform``); without ``init_uniform``: N(0, init_std²) weights and zero biases.
 * :func:`init_attention` -- Bahdanau et al. (2015) App. B.1: recurrent matrices orthogonal,
   W_a and U_a N(0, 0.001²), v_a and biases 0, every other weight N(0, init_std²).
+* :func:`init_fan_in` -- the ``default`` presets of all three architectures (``init="fan_in"``):
+  PyTorch's own scales (embeddings N(0, 1); linear layers, weights and biases,
+  U(±1/√fan_in); :class:`torch.nn.LSTM` U(±1/√H)), recurrent matrices of the written-out GRUs
+  orthogonal. The papers' N(0, 0.01²) leaves a product of several 0.01-scaled matrices between
+  source and output, which Adam at 1e-3 takes hundreds of updates to grow (issues 15 and 29;
+  docs/benchmarks.md "Learning curves").
 * :func:`init_cslm` -- the CSLM (Schwenk 2007): embeddings and output N(0, init_std²), rectified
   hidden layers He-uniform (He et al. 2015), biases 0.
 
@@ -44,25 +49,15 @@ def zero_padding_rows(*embeddings: nn.Embedding) -> None:
 
 
 def init_cho(network: nn.Module, recurrent: tuple[str, ...]) -> None:
-    """Cho et al. (2014) §4.1: N(0, init_std²) weights, orthogonal ``recurrent``, zero biases.
-
-    With ``config.init == "fan_in"`` (what ``--phrase-table`` trains with, see
-    :data:`~phrasescore.model.config.PHRASE_TABLE_DEFAULT`): PyTorch's own scales, embeddings
-    N(0, 1) and other weights and biases U(±1/√fan_in); ``recurrent`` stays orthogonal.
-    """
+    """Cho et al. (2014) §4.1: N(0, init_std²) weights, orthogonal ``recurrent``, zero biases
+    (``config.init == "fan_in"``: :func:`init_fan_in`)."""
     config = network.config
-    if config.init not in ("cho", "fan_in"):
-        raise ValueError(f"unknown init {config.init!r} (cho or fan_in)")
-    modules = dict(network.named_modules())
+    if _fan_in(config):
+        init_fan_in(network, recurrent)
+        return
     for name, param in network.named_parameters():
-        owner = modules[name.rpartition(".")[0]]
         if name in recurrent:
             orthogonal_blocks(param, config.hidden_dim)
-        elif config.init == "fan_in" and isinstance(owner, nn.Embedding):
-            nn.init.normal_(param)
-        elif config.init == "fan_in":
-            bound = 1.0 / owner.in_features**0.5
-            nn.init.uniform_(param, -bound, bound)
         elif name.endswith("bias"):
             nn.init.zeros_(param)
         else:
@@ -70,10 +65,44 @@ def init_cho(network: nn.Module, recurrent: tuple[str, ...]) -> None:
     zero_padding_rows(network.src_embed, network.tgt_embed)
 
 
+def _fan_in(config) -> bool:
+    """True for ``init="fan_in"``, False for the paper's ``"cho"``; anything else is refused."""
+    if config.init not in ("cho", "fan_in"):
+        raise ValueError(f"unknown init {config.init!r} (cho or fan_in)")
+    return config.init == "fan_in"
+
+
+def init_fan_in(network: nn.Module, recurrent: tuple[str, ...] = ()) -> None:
+    """PyTorch's default scales (what a plain PyTorch model starts from), for every architecture:
+    embeddings N(0, 1); each :class:`~torch.nn.Linear` weight and bias U(±1/√in_features); each
+    :class:`~torch.nn.LSTM` parameter U(±1/√H); the ``recurrent`` matrices of the written-out
+    GRUs orthogonal, one H x H block at a time. PAD rows 0."""
+    config = network.config
+    modules = dict(network.named_modules())
+    for name, param in network.named_parameters():
+        owner = modules[name.rpartition(".")[0]]
+        if name in recurrent:
+            orthogonal_blocks(param, config.hidden_dim)
+        elif isinstance(owner, nn.Embedding):
+            nn.init.normal_(param)
+        elif isinstance(owner, nn.Linear):
+            bound = 1.0 / owner.in_features**0.5
+            nn.init.uniform_(param, -bound, bound)
+        elif isinstance(owner, nn.RNNBase):
+            bound = 1.0 / owner.hidden_size**0.5
+            nn.init.uniform_(param, -bound, bound)
+        else:  # pragma: no cover - a new kind of layer must choose its scale here
+            raise ValueError(f"no fan-in initialisation for {name} ({type(owner).__name__})")
+    zero_padding_rows(network.src_embed, network.tgt_embed)
+
+
 def init_lstm(network: nn.Module) -> None:
     """Sutskever et al. (2014) §3.4: U(±init_uniform) for every parameter, else N(0, init_std²)
     weights and zero biases."""
     config = network.config
+    if _fan_in(config):
+        init_fan_in(network)
+        return
     bound = config.init_uniform
     for name, param in network.named_parameters():
         if bound is not None:
@@ -86,8 +115,12 @@ def init_lstm(network: nn.Module) -> None:
 
 
 def init_attention(network: nn.Module, recurrent: tuple[str, ...]) -> None:
-    """Bahdanau et al. (2015) App. B.1 (see the module docstring)."""
+    """Bahdanau et al. (2015) App. B.1 (see the module docstring); ``config.init == "fan_in"``:
+    :func:`init_fan_in`."""
     config = network.config
+    if _fan_in(config):
+        init_fan_in(network, recurrent)
+        return
     for name, param in network.named_parameters():
         if name.endswith("bias") or name.startswith("att_v."):
             nn.init.zeros_(param)
