@@ -189,3 +189,28 @@ def test_fused_output_layer_rows_whose_maximum_is_far_outside_the_shift_columns(
     assert torch.isfinite(got).all()
     assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
     assert got[1] == pytest.approx(0.0, abs=1e-5) and got[4] < -55.0
+
+
+def test_token_nll_gives_cross_entropys_loss_and_gradient_also_through_log_z():
+    """The training loss (base.token_nll, its own backward) against PyTorch's cross_entropy and
+    logsumexp: the summed NLL, log Z and the gradient of NLL / N + α Σ (log Z)² (Devlin et al.'s
+    self-normalisation), on real-sized logits."""
+    from phrasescore.model.base import token_nll
+
+    torch.manual_seed(0)
+    logits = (3 * torch.randn(50, 1200, dtype=torch.float64)).requires_grad_()
+    gold = torch.randint(0, 1200, (50,))
+    nll, log_z = token_nll(logits, gold)
+    (nll / 50 + 0.1 * log_z.square().sum()).backward()
+    ours = logits.grad.clone()
+    logits.grad = None
+    want_nll = torch.nn.functional.cross_entropy(logits, gold, reduction="sum")
+    want_log_z = torch.logsumexp(logits, 1)
+    (want_nll / 50 + 0.1 * want_log_z.square().sum()).backward()
+    assert float(nll) == pytest.approx(float(want_nll), rel=1e-12)
+    assert torch.allclose(log_z, want_log_z)
+    assert torch.allclose(ours, logits.grad, atol=1e-12)
+    assert torch.autograd.gradcheck(
+        lambda x: token_nll(x, gold[:4] % 7)[0],
+        torch.randn(4, 7, dtype=torch.float64).requires_grad_(),
+    )

@@ -87,9 +87,9 @@ def test_phrase_table_source_yields_each_distinct_pair_once(tmp_path):
     assert len(train) + len(valid) == len(distinct)
 
 
-def test_phrase_table_training_uses_fan_in_init_with_the_default_preset(tmp_path):
-    """Issue 15: ``--phrase-table`` with the default preset initialises with fan-in scales;
-    sentence training and the paper preset keep Cho et al.'s N(0, 0.01²)."""
+def test_default_preset_trains_with_fan_in_init_and_paper_keeps_the_papers(tmp_path):
+    """Issues 15 and 29: the default preset initialises with fan-in scales, on phrase pairs and
+    on sentences; the paper preset keeps Cho et al.'s N(0, 0.01²)."""
     from phrasescore.jobs.train import run_training
 
     def trained_init(preset, **files):
@@ -275,3 +275,72 @@ def test_inverse_phrase_table_training_reads_each_pair_reversed(tmp_path):
     assert proc.returncode == 1
     assert proc.stderr.strip().endswith("in the other order (TARGET SOURCE)")
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("arch", ["cho", "lstm", "attention"])
+def test_default_presets_start_from_fan_in_scales_and_paper_presets_from_the_papers(arch):
+    """Issue 29: PyTorch's scales (embeddings N(0, 1), linear layers U(±1/√fan_in)) in every
+    default preset; the paper presets keep N(0, 0.01²) (cho, attention) or U(±0.08) (lstm)."""
+    from phrasescore.model import build_network
+    from phrasescore.model.config import preset
+
+    nets = {}
+    for name in ("default", "paper"):
+        mcfg, _ = preset(name, arch)
+        mcfg.src_vocab_size, mcfg.tgt_vocab_size = 300, 400
+        if name == "paper":  # small enough for a test; the scheme is what is checked
+            mcfg.hidden_dim, mcfg.embedding_dim, mcfg.maxout_units = 32, 16, 16
+            mcfg.output_rank = 32 if arch == "lstm" else 16
+        torch.manual_seed(0)
+        nets[name] = build_network(mcfg)
+    default, paper = nets["default"], nets["paper"]
+    assert default.config.init == "fan_in" and paper.config.init == "cho"
+    assert float(default.src_embed.weight[1:].detach().std()) == pytest.approx(1.0, rel=0.05)
+    assert float(default.tgt_embed.weight[0].detach().abs().max()) == 0.0  # PAD stays zero
+    bound = 1.0 / math.sqrt(default.out_vocab.in_features)
+    assert float(default.out_vocab.bias.detach().abs().max()) <= bound
+    assert float(default.out_vocab.weight.detach().std()) == pytest.approx(
+        bound / math.sqrt(3), rel=0.05
+    )
+    paper_scale = float(paper.src_embed.weight[1:].detach().abs().max())
+    assert paper_scale <= 0.08  # N(0, 0.01²) or U(±0.08)
+    if arch == "lstm":
+        hid = default.config.hidden_dim
+        assert float(default.encoder.weight_hh_l0.detach().abs().max()) <= 1 / math.sqrt(hid)
+    else:
+        block = default.dec_u_h.detach() if arch == "attention" else default.dec_u.detach()
+        hid = default.config.hidden_dim
+        square = block[:, :hid]
+        assert torch.allclose(square.T @ square, torch.eye(hid), atol=1e-4)  # orthogonal
+
+
+def test_learning_rate_halves_after_a_validation_without_a_new_best_and_resumes(tmp_path):
+    """Reduce on plateau (``lr_plateau_factor``, the default presets' 0.5): the learning rate is
+    the initial one times 0.5 per validation that did not improve, and a resumed run continues
+    with it exactly (same weights as an uninterrupted run)."""
+    src, tgt = sample_pairs(60)
+    s, t = write_lines(tmp_path / "a.en", src), write_lines(tmp_path / "a.fr", tgt)
+    (tmp_path / "full").mkdir()
+    (tmp_path / "parts").mkdir()
+    # a learning rate far too high: validation perplexity rises now and then
+    common = dict(
+        batch_tokens=300, valid_every=2, seed=9, learning_rate=0.2, lr_plateau_factor=0.5,
+        patience=100,
+    )  # fmt: skip
+    full, _ = _train(tmp_path / "full", s, t, max_steps=16, **common)
+    part, _ = _train(tmp_path / "parts", s, t, max_steps=9, **common)
+    _train(tmp_path / "parts", s, t, max_steps=16, resume=True, **common)
+    a = Trainer.read_checkpoint(full + ".checkpoint")
+    b = Trainer.read_checkpoint(part + ".checkpoint")
+    history = a["meta"]["position"]["history"]
+    best, misses = math.inf, []
+    for point in history:
+        misses.append(point["valid_ppl"] >= best)
+        best = min(best, point["valid_ppl"])
+    assert sum(misses) >= 1
+    assert a["meta"]["position"]["lr_scale"] == 0.5 ** sum(misses)
+    # the last step (16) ran before its validation: at the scale of the earlier ones
+    last_lr = a["optimizer"]["param_groups"][0]["lr"]
+    assert last_lr == pytest.approx(0.2 * 0.5 ** sum(misses[:-1]))
+    for name, tensor in a["network"].items():
+        assert torch.equal(tensor, b["network"][name]), name

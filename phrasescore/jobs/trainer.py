@@ -177,6 +177,11 @@ def unigram_perplexity(train: ParallelDataset, valid: ParallelDataset, vocab_siz
     return math.exp(nll / max(n, 1))
 
 
+def perplexity(mean_nll: float) -> float:
+    """exp(mean NLL per token); inf where that overflows (a diverging run must not crash)."""
+    return math.exp(mean_nll) if mean_nll < 709.0 else math.inf
+
+
 def make_optimizer(network: torch.nn.Module, tcfg: TrainConfig) -> torch.optim.Optimizer:
     if tcfg.optimizer == "adadelta":
         return torch.optim.Adadelta(
@@ -241,7 +246,7 @@ def evaluate(network, dataset: ParallelDataset, device, batch_tokens: int) -> Va
         tokens += int(batch.n_tgt_tokens)
     network.train(was_training)
     n = max(tokens, 1)
-    return Validation(math.exp(nll / n), abs_log_z / n if have_log_z else None)
+    return Validation(perplexity(nll / n), abs_log_z / n if have_log_z else None)
 
 
 def evaluate_perplexity(network, dataset: ParallelDataset, device, batch_tokens: int) -> float:
@@ -447,6 +452,7 @@ class Trainer:
         network = self.new_network(src_vocab, tgt_vocab).to(self.device)
         optimizer = make_optimizer(network, tcfg)
         position = {"epoch": 0, "batch": 0, "step": 0, "best": math.inf, "bad": 0, "history": []}
+        position["schedule_best"] = math.inf
         position["elapsed"] = 0.0
         if self.launch is not None and self.launch.rank:
             torch.manual_seed(tcfg.seed + self.launch.rank)  # other dropout masks on each rank
@@ -611,7 +617,7 @@ class Trainer:
         position = run.position
         position["elapsed"] = time.monotonic() - run.started
         if self._window_tokens(run) or not position["history"]:
-            run.signature = self._validate(run)
+            run.signature = self._validate(run, scheduled=False)
         self._save_checkpoint(run.network, run.optimizer, position, run.vocab_states)
         distributed.barrier()
         signature = run.signature or self.read_signature()
@@ -645,23 +651,23 @@ class Trainer:
             return run.window_tokens
         return distributed.all_sum(run.window_tokens)
 
-    def _validate(self, run: _Run) -> str:
+    def _validate(self, run: _Run, scheduled: bool = True) -> str:
         """Validation perplexity; saves the model when it is the best so far (its signature,
         else ""). Starts a new window of training loss.
 
         Under torchrun every rank calls this; rank 0 validates and saves while the others wait,
         then all take rank 0's position (best, patience count, history)."""
         if self.launch is None:
-            return self._validate_here(run)
+            return self._validate_here(run, scheduled)
         window = distributed.sum_floats([run.window_nll, float(run.window_tokens)])
         run.window_nll, run.window_tokens = window[0], int(window[1])
-        signature = self._validate_here(run) if self.is_main else ""
+        signature = self._validate_here(run, scheduled) if self.is_main else ""
         run.window_nll, run.window_tokens = 0.0, 0
         synced = distributed.from_main({"position": run.position, "signature": signature})
         run.position.update(synced["position"])
         return synced["signature"]
 
-    def _validate_here(self, run: _Run) -> str:
+    def _validate_here(self, run: _Run, scheduled: bool = True) -> str:
         position = run.position
         began = time.monotonic()
         validation = evaluate(
@@ -671,7 +677,7 @@ class Trainer:
         ppl = validation.perplexity
         window_nll, window_tokens = run.window_nll, run.window_tokens
         run.window_nll, run.window_tokens = 0.0, 0
-        train_ppl = math.exp(window_nll / window_tokens) if window_tokens else float("nan")
+        train_ppl = perplexity(window_nll / window_tokens) if window_tokens else float("nan")
         position["history"].append(
             {
                 "step": position["step"],
@@ -682,18 +688,14 @@ class Trainer:
         )
         if validation.mean_abs_log_z is not None:
             position["history"][-1]["valid_abs_log_z"] = validation.mean_abs_log_z
-        signature = ""
+        signature, notes = "", []
         if ppl < position["best"]:
             position["best"] = ppl
-            position["bad"] = 0
             signature = self._save_best(run)
-            note = "best so far, saved"
-        else:
-            position["bad"] += 1
-            note = f"no improvement ({position['bad']}/{self.tcfg.patience})"
-            if self.tcfg.lr_plateau_factor and self.tcfg.lr_plateau_factor < 1:
-                position["lr_scale"] = position.get("lr_scale", 1.0) * self.tcfg.lr_plateau_factor
-                note += f"; learning rate x{self.tcfg.lr_plateau_factor:g}"
+            notes.append("best so far, saved")
+        if scheduled:
+            notes.append(self._count_plateau(position, ppl))
+        note = "; ".join(n for n in notes if n)
         log.info(
             "step %d: train perplexity %.2f, validation perplexity %.2f%s (%s; %.0f s, "
             "%.0f target tokens/s)",
@@ -712,6 +714,24 @@ class Trainer:
         except Exception as exc:  # noqa: BLE001 - a plot must never stop training
             log.warning("could not draw %s: %s", self.curve_path, exc)
         return signature
+
+    def _count_plateau(self, position: dict[str, Any], ppl: float) -> str:
+        """Early stopping's count and the plateau learning rate, after a scheduled validation.
+
+        They compare with the best *scheduled* validation (``schedule_best``): the extra one
+        at the end of a run (:meth:`_finish`) changes neither, so a run stopped and resumed takes
+        the same decisions, hence the same weights, as one that never stopped."""
+        if ppl < position.get("schedule_best", position["best"]):  # older checkpoints: "best"
+            position["schedule_best"] = ppl
+            position["bad"] = 0
+            return ""
+        position["bad"] += 1
+        note = f"no improvement ({position['bad']}/{self.tcfg.patience})"
+        factor = self.tcfg.lr_plateau_factor
+        if factor and factor < 1:
+            position["lr_scale"] = position.get("lr_scale", 1.0) * factor
+            note += f"; learning rate x{factor:g}"
+        return note
 
     def _training_rate(self, run: _Run) -> float:
         """Target tokens per second of training so far (validation time left out), this rank."""
