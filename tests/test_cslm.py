@@ -19,11 +19,11 @@ from phrasescore.engine.lm_scoring import LMScorer, perplexity
 from phrasescore.errors import ModelFileError
 from phrasescore.jobs.rescore_columns import LMPhraseColumn
 from phrasescore.jobs.train_lm import run_lm_training
-from phrasescore.jobs.trainer import Trainer
 from phrasescore.model.cslm import FeedForwardLM, LMConfig
 from phrasescore.moses.nbest import read_nbest
 from phrasescore.moses.phrase_table import read_phrase_table
 from phrasescore.text.vocab import BOS_ID, PAD_ID
+from phrasescore.training.trainer import Trainer
 
 from .conftest import DATA, sample_pairs, write_lines
 

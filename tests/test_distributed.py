@@ -274,7 +274,7 @@ def test_ddp_training_equals_one_process_on_the_same_global_batches(
     only by float32 summation order; after 10 SGD steps weights agree to 1e-5 (absolute, 1e-4
     relative), perplexities to 1e-5 relative. (SGD: Adam's m / sqrt(v) turns rounding noise in
     near-zero gradients into whole learning-rate steps.)"""
-    import phrasescore.jobs.trainer as train
+    import phrasescore.training.trainer as train
 
     real = train.TokenBudgetBatcher
     monkeypatch.setattr(train, "TokenBudgetBatcher", lambda *a, **k: _GlobalBatches(real(*a, **k)))

@@ -12,10 +12,10 @@ from click.testing import CliRunner
 from phrasescore.bundle import load_model, save_model
 from phrasescore.cli import cli
 from phrasescore.engine.scoring import PairScorer
-from phrasescore.jobs.trainer import Trainer, learning_rate_at
 from phrasescore.model import build_network
 from phrasescore.model.config import ModelConfig, TrainConfig, preset
 from phrasescore.model.lstm import DeepLSTMEncoderDecoder, reverse_within
+from phrasescore.training.trainer import Trainer, learning_rate_at
 
 from .conftest import DATA, sample_pairs, train_tiny, write_lines
 

@@ -41,10 +41,19 @@ def test_the_engine_knows_no_moses_file_and_no_job():
         assert not bad, f"{path.name} imports {sorted(bad)}"
 
 
+def test_the_training_loop_calls_no_job_and_reads_no_moses_line():
+    """The training loop is engine, not a job (issue 29): it imports no job, no Moses format
+    module and no CLI."""
+    for path in (ROOT / "phrasescore" / "training").glob("*.py"):
+        prefixes = ("phrasescore.jobs", "phrasescore.moses", "phrasescore.cli")
+        bad = {n for n in _imports(path) if n.startswith(prefixes)}
+        assert not bad, f"{path.name} imports {sorted(bad)}"
+
+
 def test_a_job_imports_no_other_command():
     """A job module imports the shared modules of jobs/ and its own parts, never another
     command's job (issue 24)."""
-    shared = {"common", "figures", "bleu", "trainer", "ini_update"}
+    shared = {"common", "bleu", "ini_update"}
     own_parts = {"rescore": {"rescore_columns", "rescore_chunks", "rescore_partial"}}
     own_parts["rescore_chunks"] = {"rescore_columns", "rescore_partial"}
     own_parts["rescore_columns"] = {"rescore_partial"}

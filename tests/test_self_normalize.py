@@ -19,7 +19,6 @@ from phrasescore.bundle import TrainedModel, load_model
 from phrasescore.engine.scoring import PairScorer
 from phrasescore.jobs.rescore import RescoreOptions, rescore_table
 from phrasescore.jobs.train import run_training
-from phrasescore.jobs.trainer import evaluate
 from phrasescore.model import build_network
 from phrasescore.model.checkpoint import save_network_file
 from phrasescore.model.config import preset
@@ -28,6 +27,7 @@ from phrasescore.runners.shards import Shard
 from phrasescore.text.corpus import ParallelDataset
 from phrasescore.text.tokenize import TextNormalizer
 from phrasescore.text.vocab import BOS_ID, EOS_ID, WordVocabulary
+from phrasescore.training.trainer import evaluate
 
 from .conftest import DATA, TEXT, train_tiny
 
@@ -370,7 +370,7 @@ def test_ddp_training_with_the_penalty_equals_one_process(tmp_path, corpus_files
     """The penalty is part of the objective DDP averages: 2 gloo ranks give the weights and
     perplexities of one process on the same global batches (tolerances of
     tests/test_distributed.py: float32 summation order only)."""
-    import phrasescore.jobs.trainer as train
+    import phrasescore.training.trainer as train
 
     from .test_distributed import _GlobalBatches, torchrun
 

@@ -13,8 +13,8 @@ from safetensors.torch import save_file
 from phrasescore.bundle import load_model, save_model
 from phrasescore.engine.scoring import PairScorer
 from phrasescore.errors import ModelFileError
-from phrasescore.jobs.trainer import Trainer, TrainingData, prepare_data
 from phrasescore.model.config import TrainConfig
+from phrasescore.training.trainer import Trainer, TrainingData, prepare_data
 
 from .conftest import TEXT, run_cli, sample_pairs, train_tiny, write_lines
 

@@ -9,8 +9,8 @@ Commands: ``train``, ``train_lm``, ``info``, ``rescore``, ``merge_shards``, ``nb
 Parts of one job: ``rescore_columns``, ``rescore_chunks`` and ``rescore_partial`` (of
 ``rescore``), ``ab_rerank`` (of ``ab``).
 
-What several jobs share: ``common`` (the model a job was handed or loads), ``trainer`` (the
-training loop of ``train`` and ``train-lm``), ``figures`` (matplotlib figures written
-atomically), ``bleu`` (sacrebleu's BLEU and chrF), ``ini_update`` (the moses.ini of a new table,
-for ``rescore`` and ``merge-shards``).
+What several jobs share: ``common`` (the model a job was handed or loads), ``bleu`` (sacrebleu's
+BLEU and chrF), ``ini_update`` (the moses.ini of a new table, for ``rescore`` and
+``merge-shards``). The training loop of ``train`` and ``train-lm`` is its own part,
+:mod:`phrasescore.training`; figures written atomically are :mod:`phrasescore.figures`.
 """

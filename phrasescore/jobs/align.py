@@ -36,6 +36,7 @@ import torch
 
 from phrasescore.bundle import TrainedModel
 from phrasescore.errors import InputError
+from phrasescore.figures import new_figure, save_figure
 from phrasescore.files import (
     AtomicOutput,
     check_files_exist,
@@ -45,7 +46,6 @@ from phrasescore.files import (
 )
 from phrasescore.hardware import resolve_device
 from phrasescore.jobs.common import model_for
-from phrasescore.jobs.figures import new_figure, save_figure
 from phrasescore.text.corpus import pad_ids
 from phrasescore.text.vocab import BOS_ID, EOS_ID, EOS_TOKEN
 

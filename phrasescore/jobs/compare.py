@@ -33,10 +33,10 @@ import numpy as np
 from phrasescore.bundle import TrainedModel
 from phrasescore.engine.scoring import PairScorer
 from phrasescore.errors import InputError
+from phrasescore.figures import new_figure, save_figure
 from phrasescore.files import check_output_path, display_name
 from phrasescore.hardware import resolve_device
 from phrasescore.jobs.common import model_for
-from phrasescore.jobs.figures import new_figure, save_figure
 from phrasescore.moses.phrase_table import iter_source_groups, read_phrase_table
 
 log = logging.getLogger(__name__)

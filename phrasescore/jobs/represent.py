@@ -47,10 +47,10 @@ import torch
 
 from phrasescore.bundle import TrainedModel
 from phrasescore.errors import InputError
+from phrasescore.figures import new_figure, save_figure
 from phrasescore.files import AtomicOutput, check_output_path, display_name, iter_lines
 from phrasescore.hardware import resolve_device
 from phrasescore.jobs.common import model_for
-from phrasescore.jobs.figures import new_figure, save_figure
 from phrasescore.text.vocab import EOS_ID, SPECIAL_TOKENS
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """``phrasescore train``: check the arguments, configure the model and run the training loop
-(:class:`phrasescore.jobs.trainer.Trainer`, which documents the files written beside the model).
+(:class:`phrasescore.training.trainer.Trainer`, which documents the files written beside the model).
 """
 
 from __future__ import annotations
@@ -10,13 +10,6 @@ import math
 from phrasescore.errors import InputError
 from phrasescore.files import check_files_exist, check_output_path, is_pipe
 from phrasescore.hardware import set_threads
-from phrasescore.jobs.trainer import (
-    Trainer,
-    TrainingData,
-    TrainResult,
-    apply_overrides,
-    train_to_end,
-)
 from phrasescore.model.config import (
     ARCH_PRESETS,
     ARCHITECTURES,
@@ -24,6 +17,13 @@ from phrasescore.model.config import (
 )
 from phrasescore.model.config import preset as preset_configs
 from phrasescore.runners import distributed
+from phrasescore.training.trainer import (
+    Trainer,
+    TrainingData,
+    TrainResult,
+    apply_overrides,
+    train_to_end,
+)
 
 log = logging.getLogger(__name__)
 

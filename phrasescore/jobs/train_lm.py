@@ -1,6 +1,6 @@
 """Training the CSLM target language model (SPEC §3.6): ``phrasescore train-lm``.
 
-The loop is the encoder-decoder's (:class:`phrasescore.jobs.trainer.Trainer`): the same token-budget
+The loop is the encoder-decoder's (:class:`phrasescore.training.trainer.Trainer`): the same token-budget
 batches of sentences, optimiser, validation perplexity, early stopping, ``MODEL.checkpoint`` with
 exact ``--resume``, ``MODEL.log``, ``MODEL.curve.png`` and progress bar. :class:`LMTrainer`
 overrides only what differs -- the data (one monolingual file; each sentence is a "pair" with an
@@ -23,19 +23,19 @@ from phrasescore.bundle import TrainedLM, read_lm_metadata, save_lm
 from phrasescore.errors import InputError
 from phrasescore.files import check_files_exist, check_output_path, is_pipe, iter_lines
 from phrasescore.hardware import set_threads
-from phrasescore.jobs.trainer import (
-    Trainer,
-    TrainingData,
-    TrainResult,
-    apply_overrides,
-    train_to_end,
-)
 from phrasescore.model.config import TrainConfig
 from phrasescore.model.cslm import LM_PRESETS, FeedForwardLM, LMConfig, lm_preset
 from phrasescore.runners import distributed
 from phrasescore.text.corpus import ParallelDataset
 from phrasescore.text.tokenize import TextNormalizer
 from phrasescore.text.vocab import WordVocabulary, vocabulary_from_state
+from phrasescore.training.trainer import (
+    Trainer,
+    TrainingData,
+    TrainResult,
+    apply_overrides,
+    train_to_end,
+)
 
 log = logging.getLogger(__name__)
 

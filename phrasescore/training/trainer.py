@@ -45,8 +45,8 @@ import torch
 from phrasescore import __version__
 from phrasescore.bundle import TrainedModel, save_model
 from phrasescore.errors import InputError
+from phrasescore.figures import new_figure, save_figure
 from phrasescore.files import is_pipe
-from phrasescore.jobs.figures import new_figure, save_figure
 from phrasescore.model import build_network
 from phrasescore.model.config import (
     ModelConfig,
