@@ -35,8 +35,10 @@ main text's eq. (4), ``p(y_i | ...) = g(y_{i-1}, s_i, c_i)``; the appendix write
 ``W_o = G_r G_l`` when ``output_rank`` R < l (low rank, as in Cho et al.; ``features`` = G_l t_i)
 and ``W_o`` itself when R = l (``--preset paper``).
 
-Initialisation (App. B.1): recurrent matrices orthogonal; W_a and U_a N(0, 0.001²); v_a and all
-biases 0; every other weight N(0, 0.01²) (``init_std``). Dropout (default preset only; the paper
+Initialisation (App. B.1, ``--preset paper``): recurrent matrices orthogonal; W_a and U_a
+N(0, 0.001²); v_a and all biases 0; every other weight N(0, 0.01²) (``init_std``). The default
+preset starts from PyTorch's fan-in scales instead (``init="fan_in"``,
+:func:`~phrasescore.model.initialization.init_fan_in`; recurrent matrices still orthogonal). Dropout (default preset only; the paper
 uses none) on embeddings and the maxout units.
 
 The attention weights α of a pair are :meth:`AttentionEncoderDecoder.attention_weights`

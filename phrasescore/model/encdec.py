@@ -14,7 +14,8 @@ units, then the low-rank output matrix ``G = G_r G_l`` (rank R, the embedding si
 and a softmax over the target vocabulary: ``p(y_t | y_<t, c) ∝ exp(G_r G_l maxout(s_t))``.
 
 Embeddings are low rank in the same sense (R-dimensional word vectors feeding 3H-wide input
-matrices). Initialisation (§4.1, A.1): weights N(0, 0.01²), recurrent matrices orthogonal, biases 0.
+matrices). Initialisation (§4.1, A.1; ``--preset paper``): weights N(0, 0.01²), recurrent matrices
+orthogonal, biases 0; the default preset: PyTorch's fan-in scales, recurrent matrices orthogonal.
 Dropout (default preset only; 0 in ``--preset paper``) is applied to embeddings and maxout units.
 """
 
@@ -66,7 +67,8 @@ class GRUEncoderDecoder(EncoderDecoder):
     RECURRENT = ("enc_u_rz", "enc_u_h", "dec_u")
 
     def reset_parameters(self) -> None:
-        """N(0, 0.01²) weights, orthogonal recurrent matrices, zero biases (Cho et al. §4.1)."""
+        """N(0, 0.01²) weights, orthogonal recurrent matrices, zero biases (Cho et al. §4.1), or
+        the fan-in scales of the default preset (:func:`init_cho`)."""
         init_cho(self, self.RECURRENT)
 
     # ------------------------------------------------------------------------ encoder

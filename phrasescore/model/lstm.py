@@ -37,7 +37,8 @@ and the full ``W`` (``features = h^L_t``) when R equals H, as in ``--preset pape
 
 Initialisation (§3.4): "all of the LSTM's parameters with the uniform distribution between -0.08
 and 0.08" (``init_uniform``; here every parameter: embeddings, LSTMs, output layer); with
-``init_uniform=None``: N(0, ``init_std``²) weights and zero biases. Dropout (default preset only;
+``init_uniform=None``: N(0, ``init_std``²) weights and zero biases; the default preset starts
+from PyTorch's fan-in scales (``init="fan_in"``, :func:`~phrasescore.model.initialization.init_fan_in`). Dropout (default preset only;
 Sutskever et al. use none) is applied to the embeddings, between layers (Zaremba et al. 2014) and
 to the top layer's output.
 """
