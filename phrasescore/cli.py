@@ -390,6 +390,12 @@ def _no_progress_monitor_thread() -> None:
     "rescore/nbest --scoring self-normalized can skip the softmax; 0 (default): off. Devlin et "
     "al. used 0.1. Stored in the model.",
 )
+@click.option(
+    "--init",
+    type=click.Choice(["fan-in", "paper"]),
+    help="Initialisation: fan-in (PyTorch's scales; the default preset) or paper (N(0, 0.01²), "
+    "lstm U(±0.08); the paper preset).",
+)
 @click.option("--src-lang", default="en", show_default=True, help="Source language (tokeniser).")
 @click.option("--tgt-lang", default="fr", show_default=True, help="Target language (tokeniser).")
 @text_options
@@ -432,6 +438,7 @@ def train(
     layers,
     no_reverse,
     self_normalize,
+    init,
     src_lang,
     tgt_lang,
     tokenize,
@@ -444,6 +451,7 @@ def train(
 ):
     """Train an encoder-decoder (--arch) on SOURCE TARGET (parallel files, plain or gzip)."""
     from phrasescore.jobs.train import run_training
+    from phrasescore.model.config import initialisation_overrides
 
     result = run_training(
         model_path=model_path,
@@ -468,6 +476,7 @@ def train(
             layers=layers,
             reverse_source=False if no_reverse else None,
             self_normalize=self_normalize,
+            **initialisation_overrides(init, arch),
         ),
     )
     _echo_on_rank_0(result)

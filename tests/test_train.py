@@ -344,3 +344,16 @@ def test_learning_rate_halves_after_a_validation_without_a_new_best_and_resumes(
     assert last_lr == pytest.approx(0.2 * 0.5 ** sum(misses[:-1]))
     for name, tensor in a["network"].items():
         assert torch.equal(tensor, b["network"][name]), name
+
+
+@pytest.mark.parametrize("arch", ["attention", "lstm"])
+def test_init_option_gives_the_papers_scheme_with_default_sizes(tmp_path, corpus_files, arch):
+    """``train --init paper`` keeps the default preset's sizes with the paper's initialisation
+    (what docs/benchmarks.md compares); the model file records it."""
+    out = tmp_path / "m.safetensors"
+    args = ["-q", "train", *corpus_files, "-o", str(out), "--arch", arch, "--init", "paper"]
+    done = run_cli(*args, "--max-steps", "1", "--valid-every", "1", "--batch-tokens", "200")
+    assert done.returncode == 0, done.stderr
+    config = load_model(str(out)).network.config
+    assert config.init == "cho" and config.hidden_dim == 256
+    assert config.init_uniform == (0.08 if arch == "lstm" else None)

@@ -231,6 +231,19 @@ ARCHITECTURES = tuple(ARCH_PRESETS)
 its network class."""
 
 
+def initialisation_overrides(name: str | None, arch: str) -> dict[str, Any]:
+    """The :class:`ModelConfig` fields of ``train --init``: ``fan-in`` (PyTorch's scales, the
+    default presets') or ``paper`` (each paper's own: N(0, 0.01²), for lstm U(±0.08)); None
+    changes nothing."""
+    if name is None:
+        return {}
+    if name == "fan-in":
+        return {"init": "fan_in", "init_uniform": None}
+    if name == "paper":
+        return {"init": "cho", "init_uniform": 0.08 if arch == "lstm" else None}
+    raise ValueError(f"unknown initialisation {name!r} (fan-in or paper)")
+
+
 def preset(name: str, arch: str = "cho") -> tuple[ModelConfig, TrainConfig]:
     """The model and training configuration of the preset ``name`` of architecture ``arch``."""
     if arch not in ARCH_PRESETS:
