@@ -7,6 +7,8 @@ import gzip
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -347,3 +349,67 @@ def test_an_intact_partial_still_resumes_to_the_same_bytes(interrupted, tiny_mod
     rescore_table(str(TABLE), [tiny_model_path], str(tmp_path / "whole.gz"),
                   RescoreOptions(chunk_lines=40), progress=False)  # fmt: skip
     assert out.read_bytes() == (tmp_path / "whole.gz").read_bytes()
+
+
+_HOLDER = """
+import sys
+from phrasescore.files import output_lock
+with output_lock(sys.argv[1]):
+    print("locked", flush=True)
+    sys.stdin.read()  # held until the test closes stdin or kills this process
+"""
+
+
+def _hold_lock(output) -> subprocess.Popen:
+    """A live process holding the lock of ``output`` (as a run writing it does)."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(output)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout.readline() == "locked\n"  # blocks until it holds the lock
+    return holder
+
+
+def test_a_second_run_on_a_live_runs_output_is_refused_in_one_line(interrupted, tiny_model_path):
+    """A Slurm array task launched twice: the second must not resume from the first one's live
+    partial output (before: a FileNotFoundError traceback and a stale state left behind)."""
+    out, partial, state = interrupted
+    before = {p: p.read_bytes() for p in (partial, state)}
+    flags = ["-m", tiny_model_path, "--chunk-lines", "40", "--dtype", "float32", "--threads", "1"]
+    holder = _hold_lock(out)
+    try:
+        proc = run_cli("rescore", TABLE, *flags, "--resume", "--no-progress", "-o", out)
+        assert proc.returncode == 1, proc.stderr
+        assert proc.stderr.splitlines() == [
+            f"phrasescore: error: {out}: another run is writing this output (process "
+            f"{holder.pid} holds its lock .out.gz.lock): wait for it to end, or stop it"
+        ]
+        assert {p: p.read_bytes() for p in (partial, state)} == before and not out.exists()
+    finally:
+        holder.kill()  # like kill -9: the kernel releases its lock, its lock file stays
+        holder.wait()
+    assert (out.parent / ".out.gz.lock").exists()
+    proc = run_cli("rescore", TABLE, *flags, "--resume", "--no-progress", "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    assert "resuming after line 80" in proc.stderr
+    assert sorted(os.listdir(out.parent)) == ["out.gz"]
+
+
+def test_a_lock_is_released_when_the_block_ends_however_it_ends(tmp_path):
+    from phrasescore.files import output_lock
+
+    out = tmp_path / "out.gz"
+    with pytest.raises(KeyboardInterrupt), output_lock(str(out)):
+        assert (tmp_path / ".out.gz.lock").read_bytes() == b""  # no block of a full disk
+        message = f"another run is writing this output \\(process {os.getpid()} holds its lock"
+        with pytest.raises(InputError, match=message):
+            with output_lock(str(out)):
+                pass
+        raise KeyboardInterrupt
+    assert os.listdir(tmp_path) == []
+    with output_lock(str(out)):
+        pass
+    with output_lock("-"):
+        assert os.listdir(tmp_path) == []

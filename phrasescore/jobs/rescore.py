@@ -28,6 +28,8 @@ from phrasescore.files import (
     check_output_paths,
     display_name,
     is_pipe,
+    output_lock,
+    remove_stale_temporaries,
 )
 from phrasescore.hardware import resolve_device, resolve_dtype
 from phrasescore.jobs.ini_update import IniUpdate, default_ini_out, ini_report_lines
@@ -44,6 +46,7 @@ from phrasescore.jobs.rescore_partial import (
     PartialOutput,
     StdoutOutput,
     check_work_paths,
+    partial_paths,
 )
 from phrasescore.runners import distributed
 from phrasescore.runners.shards import (
@@ -231,16 +234,21 @@ def score_table(
     """:func:`rescore_table` of a :class:`RescoreRun`."""
     output = output or default_output_path(run.table, run.shard)
     _check_request(run.table, output, run.options, run.resume, run.shard)
-    # Load everything before writing anything: a bad model leaves no output behind.
-    columns, device = _load_columns(run)
-    identity = _run_identity(run, columns)
-    if run.resume and run.shard is not None:
-        done = _complete_part(run.table, output, run.shard, run.options, columns)
-        if done is not None:
-            return done
-    sink = StdoutOutput() if output == "-" else PartialOutput(output, identity)
-    start_line = sink.open(run.resume)
-    result = _write_table(run, columns, sink, start_line, device, before_publish)
+    # one run at a time on an output: a second is refused before it loads anything
+    with output_lock(output):
+        if output != "-":
+            for path in (output, *partial_paths(output), manifest_path(output)):
+                remove_stale_temporaries(path)
+        # Load everything before writing anything: a bad model leaves no output behind.
+        columns, device = _load_columns(run)
+        identity = _run_identity(run, columns)
+        if run.resume and run.shard is not None:
+            done = _complete_part(run.table, output, run.shard, run.options, columns)
+            if done is not None:
+                return done
+        sink = StdoutOutput() if output == "-" else PartialOutput(output, identity)
+        start_line = sink.open(run.resume)
+        result = _write_table(run, columns, sink, start_line, device, before_publish)
     _log_warnings(result, run.options)
     _log_result(result)
     return result
