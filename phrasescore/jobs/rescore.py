@@ -90,6 +90,8 @@ class RescoreResult:
     clamped: int = 0
     """Self-normalized scoring: model scores of this run above log p = 0, clamped to p = 1
     (summed over the model columns; lines done before a ``--resume`` are not counted)."""
+    empty_input: bool = False
+    """The table has no line at all: the output is empty too."""
 
     @property
     def pairs_per_second(self) -> float:
@@ -113,6 +115,7 @@ class RescoreResult:
             f"+{self.new_columns} column(s) -> {output}, {self.scoring} scoring"
             + (f" ({self.clamped} score(s) clamped at p = 1)" if self.clamped else "")
             + (f", {self.too_long} over --max-phrase-length (floor value)" if self.too_long else "")
+            + ("; the table is empty: so is the output" if self.empty_input else "")
         ]
 
 
@@ -249,7 +252,7 @@ def score_table(
         sink = StdoutOutput() if output == "-" else PartialOutput(output, identity)
         start_line = sink.open(run.resume)
         result = _write_table(run, columns, sink, start_line, device, before_publish)
-    _log_warnings(result, run.options)
+    _log_warnings(result, run.options, run.table)
     _log_result(result)
     return result
 
@@ -332,6 +335,7 @@ def _write_table(run: RescoreRun, columns, sink, start_line: int, device, before
             too_long=counter.too_long,
             scoring=options.scoring,
             clamped=clamped,
+            empty_input=reader.lineno == 0,
         )
         if before_publish is not None:
             before_publish(result)
@@ -361,8 +365,14 @@ def _write_chunks(done, sink, counter: Progress, shard: Shard | None, records: l
     return clamped
 
 
-def _log_warnings(result: RescoreResult, options: RescoreOptions) -> None:
-    """Pairs given the floor value unscored, model scores clamped."""
+def _log_warnings(result: RescoreResult, options: RescoreOptions, table: str) -> None:
+    """An empty table, pairs given the floor value unscored, model scores clamped."""
+    if result.empty_input:
+        log.warning(
+            "%s is empty: no line to rescore, the output %s is empty too",
+            display_name(table),
+            "<stdout>" if result.output == "-" else result.output,
+        )
     if result.too_long:
         log.warning(
             "%d pairs have a phrase of more than %d tokens (--max-phrase-length): given the "
@@ -577,6 +587,7 @@ def _run_torchrun(launch, run: RescoreRun, output: str) -> RescoreResult:
         too_long=too_long,
         scoring=merged.manifest["job"]["options"].get("scoring", "exact"),
         clamped=clamped,
+        empty_input=merged.lines == 0,
     )
     log.info(
         "torchrun: %d ranks rescored %d lines in %.1f s, %.0f pairs/s",
