@@ -147,7 +147,10 @@ def test_a_worker_killed_by_sigkill_is_one_line_and_the_partial_is_kept(tiny_mod
     with _started(args, lines[:100]) as proc:
         _wait_for(lambda: _lines_done(state) >= 50, "50 lines written")
         for worker in _children(proc.pid):  # as the OOM killer would
-            os.kill(worker, signal.SIGKILL)
+            # the parent notices the first death at once and stops the other worker itself:
+            # that one may be gone by now
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker, signal.SIGKILL)
         rest = "".join(lines[100:]).encode("utf-8")  # work that no worker is left to take
         _, err = proc.communicate(rest, timeout=DEADLINE)
     assert proc.returncode == 1
@@ -191,3 +194,37 @@ def test_nbest_stopped_by_sigterm_leaves_nothing_behind(tiny_model_path, tmp_pat
         assert err.decode().strip().splitlines()[-1] == "phrasescore: terminated (SIGTERM)"
         _wait_for(lambda: _group(proc.pid) == [], "the workers to end")
     assert os.listdir(tmp_path) == []
+
+
+# ---------------------------------------------------------------------------- issue 30, item 12
+_WAIT_FOR_A_DEATH = """
+import os, signal, sys
+from phrasescore.runners import chunk_pool
+
+chunk_pool.POLL_SECONDS = 3600.0  # no looking around on a timer: a death must wake the parent
+
+def work(x):
+    if x == 5:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+try:
+    with chunk_pool.ChunkPool(work, 2) as pool:
+        list(pool.imap(range(30)))
+except chunk_pool.WorkerDied as exc:
+    print(exc)
+"""
+
+
+def test_the_pool_is_woken_by_a_workers_death_not_by_a_timer():
+    """Before: the parent looked at its workers only after POLL_SECONDS without a result (a
+    dead worker stopped the run in 2.8 s); with that timer set to an hour it would wait an
+    hour. Now a worker's end wakes it at once (the deadline only keeps a broken run from
+    hanging the suite)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _WAIT_FOR_A_DEATH], capture_output=True, text=True, timeout=DEADLINE
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert re.fullmatch(
+        r"worker [12] died \(signal 9; out of memory\?\) at chunk 5\n", proc.stdout
+    ), proc.stdout

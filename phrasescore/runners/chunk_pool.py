@@ -28,8 +28,9 @@ How (:class:`ChunkPool`):
   (same message, path and line) when that chunk's turn comes, so the first bad chunk in input
   order is the one reported, as in one process; any other exception becomes
   :class:`WorkerError` with the worker's traceback; a worker that dies (killed, out of memory)
-  is noticed within ``POLL_SECONDS`` and raises :class:`WorkerDied` (which worker, how, at which
-  chunk) instead of waiting for ever. Workers ignore SIGINT and take SIGTERM's default: Ctrl-C
+  is noticed at once (the parent waits on the workers' ends as on their results, so the other
+  workers' results do not hold it up) and raises :class:`WorkerDied` (which worker, how, at
+  which chunk) instead of waiting for ever. Workers ignore SIGINT and take SIGTERM's default: Ctrl-C
   (or SIGTERM, which the command takes as Ctrl-C) interrupts the parent, which stops them.
   SIGINT and SIGTERM are blocked while the parent forks and until the worker has set them so
   (the first thing it does): a worker stopped at once, during its start (the parent found an
@@ -55,6 +56,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable, Iterable, Iterator
+from multiprocessing import connection
 from typing import Any
 
 import torch
@@ -67,7 +69,8 @@ IN_FLIGHT_PER_WORKER = 2
 """Chunks per worker queued or being scored: one to work on, one waiting, so no worker idles
 while the parent writes."""
 POLL_SECONDS = 1.0
-"""How often the parent, waiting for a result, checks that every worker is still alive."""
+"""How long the parent waits for a result or a worker's end before it looks again (a safety
+net: either wakes it at once)."""
 
 
 class WorkerError(RuntimeError):
@@ -282,11 +285,23 @@ class ChunkPool:
             next_out += 1
 
     def _next_result(self) -> tuple[int, bool, Any]:
+        """The next result to come, or :class:`WorkerDied` as soon as a worker has ended.
+
+        Before, the parent looked at the workers only when no result had come for
+        ``POLL_SECONDS``: while the other workers finished their chunks a death went unseen
+        (2.8 s to stop, measured). Now it waits on each worker's sentinel (readable once the
+        process has ended) as on the result queue, and a worker's end comes first."""
+        ends = {process.sentinel: process for process in self.processes}
+        reader = self.results._reader  # the queue's receiving end, what its get() polls
         while True:
-            try:
-                return self.results.get(timeout=POLL_SECONDS)
-            except queue.Empty:
-                self._check_alive()
+            ready = connection.wait([*ends, reader], timeout=POLL_SECONDS)
+            for sentinel in ready:
+                if sentinel in ends:
+                    ends[sentinel].join(timeout=POLL_SECONDS)  # its exit code, once reaped
+            self._check_alive()
+            if reader in ready:
+                with contextlib.suppress(queue.Empty):  # another reader took it: wait again
+                    return self.results.get(timeout=POLL_SECONDS)
 
     def _check_alive(self) -> None:
         for slot, process in enumerate(self.processes):
