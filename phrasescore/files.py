@@ -18,6 +18,7 @@ import io
 import logging
 import os
 import re
+import signal
 import stat
 import sys
 import tempfile
@@ -291,21 +292,38 @@ def _temporary_beside(path: str) -> tuple[int, str]:
 
 
 @contextmanager
+def _stop_signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held back while the block runs (in this thread), delivered after it.
+
+    Around the creation of a temporary file and the recording of its name: Ctrl-C or SIGTERM
+    (which every command takes as Ctrl-C) can then never come between the two and leave a file
+    nobody knows to remove (a loaded machine made that window wide enough to hit)."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+@contextmanager
 def atomic_path(path: str) -> Iterator[str]:
     """Yield a temporary file name beside ``path`` for a writer that wants a name (safetensors,
     ``torch.save``); it is renamed to ``path`` when the block completes and removed otherwise.
 
     The one atomic-write rule of the package, as :class:`AtomicOutput` for streams.
     """
-    fd, tmp = _temporary_beside(path)
-    os.close(fd)
+    tmp = None
     try:
+        with _stop_signals_held():
+            fd, tmp = _temporary_beside(path)
+            os.close(fd)
         yield tmp
         # the writer may have made its own file (safetensors writes 0600): follow the umask
         os.chmod(tmp, default_file_mode())
         os.replace(tmp, path)
     finally:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
 
 
@@ -339,10 +357,20 @@ class AtomicOutput:
 
     def __enter__(self):
         if self.path == "-":
-            raw: BinaryIO = sys.stdout.buffer
-        else:
-            fd, self._tmp = _temporary_beside(self.path)
-            raw = os.fdopen(fd, "wb", buffering=_READ_BUFFER)
+            return self._wrap(sys.stdout.buffer)
+        fd = -1
+        try:  # __exit__ does not run when __enter__ fails: the temporary file is removed here
+            with _stop_signals_held():  # made and named together
+                fd, self._tmp = _temporary_beside(self.path)
+            self._raw = os.fdopen(fd, "wb", buffering=_READ_BUFFER)
+            return self._wrap(self._raw)
+        except BaseException:
+            if self._raw is None and fd >= 0:
+                os.close(fd)
+            self._discard()
+            raise
+
+    def _wrap(self, raw: BinaryIO):
         self._raw = raw
         stream: BinaryIO = raw
         if self.compress:
@@ -379,13 +407,13 @@ class AtomicOutput:
                 raise stopped from None
             return False
         if self._tmp is not None:
-            if self.before_rename is not None:
-                try:
+            try:  # an interrupt up to the rename leaves nothing behind
+                if self.before_rename is not None:
                     self.before_rename(self._tmp)
-                except BaseException:
-                    self._discard()
-                    raise
-            os.replace(self._tmp, self.path)
+                os.replace(self._tmp, self.path)
+            except BaseException:
+                self._discard()
+                raise
             self._tmp = None
         return False
 
@@ -408,8 +436,10 @@ class StagedFile:
 
     def __init__(self, path: str, text: str):
         self.path = path
-        fd, self._tmp = _temporary_beside(path)
+        self._tmp = ""
         try:
+            with _stop_signals_held():  # made and named together
+                fd, self._tmp = _temporary_beside(path)
             with disk_errors(path), os.fdopen(fd, "wb") as out:
                 out.write(text.encode("utf-8"))
                 out.flush()
@@ -422,7 +452,7 @@ class StagedFile:
         os.replace(self._tmp, self.path)
 
     def discard(self) -> None:
-        if os.path.exists(self._tmp):
+        if self._tmp and os.path.exists(self._tmp):
             os.unlink(self._tmp)
 
 
