@@ -476,8 +476,8 @@ def output_lock(output: str) -> Iterator[None]:
     resuming from the first one's live partial output. The kernel releases the lock when the
     process ends, however it ends (``kill -9`` included): a lock file left by a dead run holds
     nothing. The file stays empty and is removed when the block ends, while still locked; a run
-    that locked a file just removed so tries again on the new one. On a file system without locks the run goes
-    on unlocked, with a warning. ``-`` (standard output) needs no lock.
+    that locked a file just removed so tries again on the new one. On a file system without
+    locks the run goes on unlocked, with a warning. ``-`` (standard output) needs no lock.
     """
     if output == "-":
         yield
