@@ -4,6 +4,7 @@ is a log, not a terminal; ``train --no-progress``; ``train --resume`` with nothi
 from __future__ import annotations
 
 import io
+import sys
 
 from phrasescore import progress
 from phrasescore.progress import progress_bar
@@ -78,12 +79,11 @@ def test_train_into_a_log_writes_a_line_per_log_interval_not_per_second(
 
     import tqdm.std
 
+    from phrasescore.jobs import train
+
     from .conftest import train_tiny
 
-    try:
-        from phrasescore.training import trainer
-    except ImportError:  # the training loop before it became phrasescore/training
-        from phrasescore.jobs import trainer
+    trainer = sys.modules[train.Trainer.__module__]  # the training loop's module, wherever it is
 
     log = io.StringIO()  # not a terminal
     monkeypatch.setattr(progress.sys, "stderr", log)
