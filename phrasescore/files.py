@@ -22,6 +22,7 @@ import signal
 import stat
 import sys
 import tempfile
+import threading
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
@@ -293,17 +294,31 @@ def _temporary_beside(path: str) -> tuple[int, str]:
 
 @contextmanager
 def _stop_signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM held back while the block runs (in this thread), delivered after it.
+    """SIGINT and SIGTERM held back while the block runs, their handlers run after it.
 
     Around the creation of a temporary file and the recording of its name: Ctrl-C or SIGTERM
     (which every command takes as Ctrl-C) can then never come between the two and leave a file
-    nobody knows to remove (a loaded machine made that window wide enough to hit)."""
-    held = {signal.SIGINT, signal.SIGTERM}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    nobody knows to remove (a loaded machine made that window wide enough to hit). The Python
+    handlers are swapped for ones that only note the signal (a signal mask would not do: the
+    kernel gives a process's signal to any thread that does not block it, PyTorch's included,
+    and Python runs the handler in the main thread all the same). Only the main thread can set
+    handlers; elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[int] = []
+    held = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(signum)
+        if callable(handler):  # a Python handler: what raises in the middle of the work
+            held[signum] = signal.signal(signum, lambda number, frame: came.append(number))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for signum, handler in held.items():
+            signal.signal(signum, handler)
+        for signum in dict.fromkeys(came):
+            signal.raise_signal(signum)  # now, to the handler put back
 
 
 @contextmanager

@@ -16,6 +16,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -255,6 +256,11 @@ def test_a_sigterm_as_the_temporary_file_is_made_leaves_nothing(tmp_path, monkey
 
     monkeypatch.setattr(files, "_temporary_beside", made_then_signalled)
     previous = signal.signal(signal.SIGTERM, _raise_stop)
+    # another thread, as a command has (PyTorch's): the kernel may hand it the signal, and
+    # Python runs the handler in the main thread all the same
+    other_thread_ends = threading.Event()
+    other = threading.Thread(target=other_thread_ends.wait)
+    other.start()
     try:
         with pytest.raises(_Stop):
             if writer == "AtomicOutput":
@@ -267,6 +273,8 @@ def test_a_sigterm_as_the_temporary_file_is_made_leaves_nothing(tmp_path, monkey
                 files.StagedFile(str(tmp_path / "moses.ini"), "never\n")
     finally:
         signal.signal(signal.SIGTERM, previous)
+        other_thread_ends.set()
+        other.join()
     assert os.listdir(tmp_path) == []
 
 
