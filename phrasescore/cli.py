@@ -794,6 +794,13 @@ def nbest(
 @click.option("--no-unk", is_flag=True, help="Never output the unknown-word symbol.")
 @click.option("--detokenize", is_flag=True, help="Detokenise the output (sacremoses).")
 @click.option("--reference", help="Reference translations: print BLEU and chrF (sacrebleu).")
+@click.option(
+    "--bleu-tokenize",
+    default="13a",
+    show_default=True,
+    help="sacrebleu tokenizer of --reference's BLEU (none: the text is tokenised already, as "
+    "ab and multi-bleu.perl score it).",
+)
 @click.option("--name", default="RNNEncDec0", show_default=True, help="n-best feature name.")
 @click.option(
     "--batch-size", type=POSITIVE, default=32, show_default=True, help="Sentences per batch."
@@ -813,6 +820,7 @@ def translate(
     no_unk,
     detokenize,
     reference,
+    bleu_tokenize,
     name,
     batch_size,
     device,
@@ -839,6 +847,7 @@ def translate(
         reference=reference,
         device=device,
         progress=not no_progress,
+        bleu_tokenize=bleu_tokenize,
     )
     _echo(result, err=True)
 

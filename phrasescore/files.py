@@ -12,18 +12,25 @@
 from __future__ import annotations
 
 import errno
+import fcntl
 import gzip
 import io
+import logging
 import os
+import re
+import signal
 import stat
 import sys
 import tempfile
+import threading
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from typing import BinaryIO
 
 from phrasescore.errors import InputError, RunStopped
+
+log = logging.getLogger(__name__)
 
 GZIP_MAGIC = b"\x1f\x8b"
 GZIP_LEVEL = 6
@@ -286,21 +293,52 @@ def _temporary_beside(path: str) -> tuple[int, str]:
 
 
 @contextmanager
+def _stop_signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held back while the block runs, their handlers run after it.
+
+    Around the creation of a temporary file and the recording of its name: Ctrl-C or SIGTERM
+    (which every command takes as Ctrl-C) can then never come between the two and leave a file
+    nobody knows to remove (a loaded machine made that window wide enough to hit). The Python
+    handlers are swapped for ones that only note the signal (a signal mask would not do: the
+    kernel gives a process's signal to any thread that does not block it, PyTorch's included,
+    and Python runs the handler in the main thread all the same). Only the main thread can set
+    handlers; elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[int] = []
+    held = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(signum)
+        if callable(handler):  # a Python handler: what raises in the middle of the work
+            held[signum] = signal.signal(signum, lambda number, frame: came.append(number))
+    try:
+        yield
+    finally:
+        for signum, handler in held.items():
+            signal.signal(signum, handler)
+        for signum in dict.fromkeys(came):
+            signal.raise_signal(signum)  # now, to the handler put back
+
+
+@contextmanager
 def atomic_path(path: str) -> Iterator[str]:
     """Yield a temporary file name beside ``path`` for a writer that wants a name (safetensors,
     ``torch.save``); it is renamed to ``path`` when the block completes and removed otherwise.
 
     The one atomic-write rule of the package, as :class:`AtomicOutput` for streams.
     """
-    fd, tmp = _temporary_beside(path)
-    os.close(fd)
+    tmp = None
     try:
+        with _stop_signals_held():
+            fd, tmp = _temporary_beside(path)
+            os.close(fd)
         yield tmp
         # the writer may have made its own file (safetensors writes 0600): follow the umask
         os.chmod(tmp, default_file_mode())
         os.replace(tmp, path)
     finally:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
 
 
@@ -334,10 +372,20 @@ class AtomicOutput:
 
     def __enter__(self):
         if self.path == "-":
-            raw: BinaryIO = sys.stdout.buffer
-        else:
-            fd, self._tmp = _temporary_beside(self.path)
-            raw = os.fdopen(fd, "wb", buffering=_READ_BUFFER)
+            return self._wrap(sys.stdout.buffer)
+        fd = -1
+        try:  # __exit__ does not run when __enter__ fails: the temporary file is removed here
+            with _stop_signals_held():  # made and named together
+                fd, self._tmp = _temporary_beside(self.path)
+            self._raw = os.fdopen(fd, "wb", buffering=_READ_BUFFER)
+            return self._wrap(self._raw)
+        except BaseException:
+            if self._raw is None and fd >= 0:
+                os.close(fd)
+            self._discard()
+            raise
+
+    def _wrap(self, raw: BinaryIO):
         self._raw = raw
         stream: BinaryIO = raw
         if self.compress:
@@ -374,13 +422,13 @@ class AtomicOutput:
                 raise stopped from None
             return False
         if self._tmp is not None:
-            if self.before_rename is not None:
-                try:
+            try:  # an interrupt up to the rename leaves nothing behind
+                if self.before_rename is not None:
                     self.before_rename(self._tmp)
-                except BaseException:
-                    self._discard()
-                    raise
-            os.replace(self._tmp, self.path)
+                os.replace(self._tmp, self.path)
+            except BaseException:
+                self._discard()
+                raise
             self._tmp = None
         return False
 
@@ -403,8 +451,10 @@ class StagedFile:
 
     def __init__(self, path: str, text: str):
         self.path = path
-        fd, self._tmp = _temporary_beside(path)
+        self._tmp = ""
         try:
+            with _stop_signals_held():  # made and named together
+                fd, self._tmp = _temporary_beside(path)
             with disk_errors(path), os.fdopen(fd, "wb") as out:
                 out.write(text.encode("utf-8"))
                 out.flush()
@@ -417,5 +467,116 @@ class StagedFile:
         os.replace(self._tmp, self.path)
 
     def discard(self) -> None:
-        if os.path.exists(self._tmp):
+        if self._tmp and os.path.exists(self._tmp):
             os.unlink(self._tmp)
+
+
+# ---------------------------------------------------------------------------- one writer per output
+def lock_path(output: str) -> str:
+    """The lock file of ``output`` (``.NAME.lock`` beside it)."""
+    directory, name = os.path.split(os.path.abspath(output))
+    return os.path.join(directory, f".{name}.lock")
+
+
+_NO_LOCKS = frozenset({errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL})
+"""flock errors of a file system without locks (Lustre mounted without ``flock``, some NFS)."""
+
+
+@contextmanager
+def output_lock(output: str) -> Iterator[None]:
+    """Be the only run writing ``output`` while the block runs, or refuse in one line.
+
+    An exclusive ``flock`` on ``.NAME.lock`` beside the output: a second run of the same
+    command (a Slurm array task launched twice) is refused with an :class:`InputError` instead of
+    resuming from the first one's live partial output. The kernel releases the lock when the
+    process ends, however it ends (``kill -9`` included): a lock file left by a dead run holds
+    nothing. The file stays empty and is removed when the block ends, while still locked; a run
+    that locked a file just removed so tries again on the new one. On a file system without
+    locks the run goes on unlocked, with a warning. ``-`` (standard output) needs no lock.
+    """
+    if output == "-":
+        yield
+        return
+    path = lock_path(output)
+    fd = _take_lock(path, output)
+    try:
+        yield
+    finally:
+        if fd is not None:
+            with suppress(OSError):
+                os.unlink(path)
+            os.close(fd)
+
+
+def _take_lock(path: str, output: str) -> int | None:
+    """The locked descriptor of ``path`` (None on a file system without locks)."""
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        except OSError as exc:
+            raise InputError(
+                f"cannot create the output's lock file ({exc.strerror})", path
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = _lock_holder(os.fstat(fd))
+            os.close(fd)
+            if exc.errno in _NO_LOCKS:
+                log.warning(
+                    "%s: the file system takes no locks (%s): a second run on this output at "
+                    "the same time would not be refused",
+                    display_name(output),
+                    exc.strerror,
+                )
+                return None
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            raise InputError(
+                f"another run is writing this output ({holder}holds its lock "
+                f"{os.path.basename(path)}): wait for it to end, or stop it",
+                output,
+            ) from None
+        try:
+            same = os.path.samestat(os.fstat(fd), os.stat(path))
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)  # the run that held it has removed it since: lock the new one
+
+
+def _lock_holder(st: os.stat_result) -> str:
+    """``process N `` that holds the flock of the file ``st`` (Linux's ``/proc/locks``; the
+    lock file stays empty, not to take a block of a full disk), or nothing."""
+    device = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    with suppress(OSError, ValueError, IndexError):
+        with open("/proc/locks", encoding="ascii") as fh:
+            for line in fh:
+                fields = line.split()
+                if fields[1] == "FLOCK" and fields[5] == device:
+                    return f"process {int(fields[4])} "
+    return ""
+
+
+def remove_stale_temporaries(path: str) -> list[str]:
+    """Remove the temporary files an earlier, killed run left beside ``path`` (the
+    ``.NAME.XXXXXXXX.tmp`` of :func:`atomic_path`, :class:`AtomicOutput` and
+    :class:`StagedFile`, and nothing else); the names removed. Call it only while holding
+    :func:`output_lock`: then no live run is writing them."""
+    directory, name = os.path.split(os.path.abspath(path))
+    pattern = re.compile(rf"\.{re.escape(name)}\.[a-z0-9_]{{8}}\.tmp")
+    removed = []
+    with suppress(OSError):
+        for entry in os.scandir(directory):
+            if pattern.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+                with suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+                    removed.append(entry.name)
+    if removed:
+        log.info(
+            "removed %d temporary file(s) of an earlier run that was killed: %s",
+            len(removed),
+            ", ".join(sorted(removed)),
+        )
+    return removed

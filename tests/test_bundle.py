@@ -55,3 +55,43 @@ def test_save_and_load_round_trip(tmp_path, tiny_model_path):
     assert again.signature == model.signature and again.src_vocab == model.src_vocab
     with pytest.raises(ModelFileError, match="not a CSLM language model"):
         bundle.load_lm(copy)
+
+
+# ---------------------------------------------------------------------------- issue 30, item 10
+def test_two_identical_trainings_write_byte_identical_model_files(tmp_path, corpus_files):
+    """Before: safetensors wrote the metadata in hash-map order, a new order each time, so the
+    files differed in bytes and ``ab``'s cache keyed on a model file's hash missed."""
+    import hashlib
+
+    from .conftest import train_tiny
+
+    paths = []
+    for folder in ("first", "second-run"):  # different directories, same data, seed, threads
+        (tmp_path / folder).mkdir()
+        path = tmp_path / folder / "model.safetensors"
+        train_tiny(path, *corpus_files, max_steps=4, valid_every=2, seed=7)
+        paths.append(path)
+    first, second = (p.read_bytes() for p in paths)
+    assert hashlib.sha256(first).hexdigest() == hashlib.sha256(second).hexdigest()
+    model = bundle.load_model(str(paths[0]))
+    with safe_open(str(paths[0]), framework="pt") as handle:
+        metadata = handle.metadata()
+    assert metadata["signature"] == model.signature and metadata["format"] == bundle.FORMAT
+    header_size = int.from_bytes(first[:8], "little")
+    header = json.loads(first[8 : 8 + header_size])
+    assert list(header["__metadata__"]) == sorted(metadata)  # sorted, not hash-map order
+
+
+def test_a_model_file_written_by_safetensors_itself_still_loads(tmp_path, tiny_model_path):
+    """Files written before (by safetensors' own writer) load as before, same signature."""
+    model = bundle.load_model(tiny_model_path)
+    with safe_open(tiny_model_path, framework="pt") as handle:
+        metadata = dict(handle.metadata())
+    old = str(tmp_path / "old.safetensors")
+    save_file(read_tensors(tiny_model_path), old, metadata=metadata)
+    again = bundle.load_model(old)
+    assert again.signature == model.signature
+    for (name, a), (_, b) in zip(
+        model.network.state_dict().items(), again.network.state_dict().items(), strict=True
+    ):
+        assert a.equal(b), name

@@ -204,6 +204,20 @@ BAD_TABLES = [
     pytest.param(b"a ||| b ||| 0.5 nan\n", 1, "score 2 is not a finite number: 'nan'", id="nan"),
     pytest.param(b"a ||| b ||| inf 0.5\n", 1, "score 1 is not a finite number: 'inf'", id="inf"),
     pytest.param(
+        b"a ||| b ||| 0.5 0.5\nc ||| d ||| 0.5 1e999\n",
+        2,
+        "score 2 is 1e999: beyond the largest number a float holds (1.8e308), it would be "
+        "infinity; phrase-table scores must be finite",
+        id="overflow-to-inf",
+    ),
+    pytest.param(
+        b"a ||| b ||| 0.5 -1E400\n",
+        1,
+        "score 2 is -1E400: beyond the largest number a float holds (1.8e308), it would be "
+        "infinity; phrase-table scores must be finite",
+        id="overflow-to-minus-inf",
+    ),
+    pytest.param(
         b"a ||| b ||| 0.5 0.5\nc ||| d ||| 0.5 0\n",
         2,
         "score 2 is 0: Moses takes ln of every score, so 0 becomes -100 (ln 0, floored); "

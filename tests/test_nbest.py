@@ -252,3 +252,48 @@ def test_bad_input_is_one_line_and_no_output(tmp_path, tiny_model_path, case, me
     assert "Traceback" not in result.output
     assert not out.exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.nbest")]
+
+
+# ---------------------------------------------------------------------------- issue 30, item 6
+def test_a_later_run_removes_the_temporaries_a_killed_run_left(tmp_path, tiny_model_path, caplog):
+    """After a SIGKILL, nbest's ``.out.gz.XXXXXXXX.tmp`` stayed for ever: the next run on the
+    same output removes it (its own naming pattern only), unless a live run holds the lock."""
+    import os
+    import subprocess
+    import sys
+
+    from phrasescore.files import _temporary_beside
+
+    out = tmp_path / "out.gz"
+    fd, stale = _temporary_beside(str(out))  # the very name a killed run leaves
+    os.write(fd, b"half a list")
+    os.close(fd)
+    others = [".out.gz.abc.tmp", ".other.gz.abcd1234.tmp", ".out.gz.abcd1234.tmp.keep", "out.gz.x"]
+    for name in others:
+        (tmp_path / name).write_text("not ours")
+    args = ["nbest", str(MULTI30K_LIST), "--source", str(MULTI30K_SRC), "-m", tiny_model_path]
+    args += ["-o", str(out), "--no-progress"]
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from phrasescore.files import output_lock\n"
+         "with output_lock(sys.argv[1]):\n    print('locked', flush=True); sys.stdin.read()",
+         str(out)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        refused = CliRunner().invoke(cli, args)
+        assert refused.exit_code == 1
+        assert refused.stderr.splitlines() == [
+            f"phrasescore: error: {out}: another run is writing this output (process "
+            f"{holder.pid} holds its lock .out.gz.lock): wait for it to end, or stop it"
+        ]
+        assert os.path.exists(stale)  # a live run's temporary is never touched
+    finally:
+        holder.communicate("")
+    with caplog.at_level("INFO", logger="phrasescore.files"):
+        result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert caplog.messages == [
+        "removed 1 temporary file(s) of an earlier run that was killed: " + os.path.basename(stale)
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out.gz", *others])

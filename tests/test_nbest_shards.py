@@ -225,3 +225,22 @@ def test_torchrun_nbest_is_byte_identical_to_one_process(tiny_model_path, tmp_pa
     assert sorted(os.listdir(tmp_path)) == ["one.gz", "torchrun.gz"]  # parts removed
     summary = [line for line in result.stderr.splitlines() if "-> " in line]
     assert len(summary) == 1 and "324 hypotheses of 5 sentences" in summary[0], result.stderr
+
+
+def test_merge_refuses_an_output_onto_a_parts_manifest(parts, tmp_path):
+    """Before issue 30: exit 0, and the part's manifest overwritten by the merged list."""
+    manifest = f"{parts[1]}.manifest.json"
+    before = Path(manifest).read_bytes()
+    for flag in ("-o", "--ini-out"):
+        args = ["merge-shards", *parts, "-o", manifest]
+        if flag == "--ini-out":
+            args = ["merge-shards", *parts, "-o", tmp_path / "all.gz", "--moses-ini",
+                    DATA / "moses" / "multi30k.moses.ini", "--ini-out", manifest]  # fmt: skip
+        line = one_line_error(invoke(*args))
+        what = "output" if flag == "-o" else "moses.ini"
+        assert line == (
+            f"phrasescore: error: {manifest}: the {what} would overwrite the manifest of the "
+            f"part {parts[1]}"
+        )
+        assert Path(manifest).read_bytes() == before
+    assert not (tmp_path / "all.gz").exists()

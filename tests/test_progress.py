@@ -4,6 +4,7 @@ is a log, not a terminal; ``train --no-progress``; ``train --resume`` with nothi
 from __future__ import annotations
 
 import io
+import sys
 
 from phrasescore import progress
 from phrasescore.progress import progress_bar
@@ -64,3 +65,32 @@ def test_train_no_progress_and_resume_with_nothing_to_resume(corpus_files, tmp_p
     assert again.returncode == 0, again.stderr
     assert "resuming from" in again.stderr
     assert len(_bar_lines(again.stderr, "step/s")) == 2 and "\r" not in again.stderr
+
+
+def test_train_into_a_log_writes_a_line_per_log_interval_not_per_second(
+    corpus_files, tmp_path, monkeypatch
+):
+    """Before issue 30: the postfix (loss, tok/s), set every second, redrew the bar each time
+    (tqdm's set_postfix refreshes unless told not to): one line per second in a log. Here every
+    step is 2 s apart on the trainer's clock and tqdm's clock stands still, so only a forced
+    redraw can add a line: the first draw and the complete bar are all there is."""
+    import itertools
+    from types import SimpleNamespace
+
+    import tqdm.std
+
+    from phrasescore.jobs import train
+
+    from .conftest import train_tiny
+
+    trainer = sys.modules[train.Trainer.__module__]  # the training loop's module, wherever it is
+
+    log = io.StringIO()  # not a terminal
+    monkeypatch.setattr(progress.sys, "stderr", log)
+    clock = itertools.count(0.0, 2.0)
+    monkeypatch.setattr(trainer, "time", SimpleNamespace(monotonic=lambda: next(clock)))
+    monkeypatch.setattr(tqdm.std, "time", lambda: 0.0)
+    train_tiny(tmp_path / "m.safetensors", *corpus_files, max_steps=8, valid_every=4, seed=3)
+    bars = _bar_lines(log.getvalue(), "step")
+    assert len(bars) == 2, log.getvalue()
+    assert bars[0].startswith("  0%") and "8/8" in bars[-1] and "loss=" in bars[-1]

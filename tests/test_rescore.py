@@ -502,3 +502,22 @@ def test_the_summary_counts_long_pairs_of_the_whole_table_after_resume(tiny_mode
     assert out.read_bytes() == full
     proc = run_cli("rescore", table, *flags[:-1], "0")
     assert proc.returncode == 2 and "Invalid value for '--max-phrase-length'" in proc.stderr
+
+
+# ---------------------------------------------------------------------------- issue 30, item 9
+@pytest.mark.parametrize("name", ["empty.phrase-table", "empty.phrase-table.gz"])
+def test_an_empty_table_is_said_in_a_warning_and_in_the_summary(tiny_model_path, tmp_path, name):
+    """Before: an empty output and a summary of 0 lines, with no word that the table was empty."""
+    table = tmp_path / name
+    table.write_bytes(gzip.compress(b"", mtime=0) if name.endswith(".gz") else b"")
+    out = tmp_path / "out.gz"
+    proc = run_cli("rescore", table, "-m", tiny_model_path, "-o", out, "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert f"phrasescore: {table} is empty: no line to rescore, the output {out} is empty too" in (
+        lines
+    )
+    assert lines[-1].startswith("phrasescore: rescored 0 lines, 0 distinct sources")
+    assert lines[-1].endswith("; the table is empty: so is the output")
+    assert gzip.decompress(out.read_bytes()) == b""
+    assert sorted(os.listdir(tmp_path)) == sorted([name, "out.gz"])

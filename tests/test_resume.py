@@ -7,6 +7,8 @@ import gzip
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -173,7 +175,8 @@ def test_a_partial_ending_inside_a_chunk_is_refused(interrupted, tiny_model_path
     out, partial, state = interrupted
     saved = json.loads(state.read_text())
     state.write_text(json.dumps({**saved, "lines": 79}))
-    with pytest.raises(InputError, match="ends after line 79, within a chunk of 40 lines"):
+    # the kept prefix is counted first (issue 30): its 80 lines are not the state's 79
+    with pytest.raises(InputError, match="has 80 lines, its state .out.gz.partial.json records 79"):
         _resume(tiny_model_path, out)
 
 
@@ -243,3 +246,170 @@ def test_torchrun_refuses_a_directory_at_a_ranks_partial_path_before_any_work(
         f"phrasescore: error: {blocker}: is a directory where the partial output goes: remove it"
     }, result.stderr
     assert os.listdir(tmp_path) == [blocker.name]  # rank 0 wrote nothing either
+
+
+# ---------------------------------------------------------------------------- issue 30, items 1-3
+def _member_sizes(data: bytes) -> list[int]:
+    """The sizes of the gzip members of ``data``, in order."""
+    import zlib
+
+    sizes = []
+    while data:
+        decomp = zlib.decompressobj(wbits=31)
+        decomp.decompress(data)
+        used = len(data) - len(decomp.unused_data)
+        sizes.append(used)
+        data = decomp.unused_data
+    return sizes
+
+
+def test_a_partial_damaged_in_its_middle_is_refused_never_published(interrupted, tiny_model_path):
+    out, partial, state = interrupted
+    data = bytearray(partial.read_bytes())
+    first = _member_sizes(bytes(data))[0]
+    assert first < len(data) // 2 + 200  # two chunks: the damage is well before the last one
+    for i in (first // 2, first // 2 + 1, first // 2 + 2):
+        data[i] ^= 0x55
+    partial.write_bytes(bytes(data))
+    with pytest.raises(InputError) as caught:
+        _resume(tiny_model_path, out)
+    assert str(caught.value) == (
+        f"{partial}: partial output does not match its state (the CRC-32 of its first "
+        f"{len(data)} bytes differs): damaged since it was written; run without --resume to "
+        "start again"
+    )
+    assert not out.exists() and partial.read_bytes() == bytes(data)
+
+
+def test_cli_refuses_a_plain_partial_damaged_in_its_middle_in_one_line(
+    tiny_model_path, tmp_path, monkeypatch
+):
+    out = tmp_path / "out.txt"
+    _interrupted_run(monkeypatch, tiny_model_path, out, progress=False)
+    partial = tmp_path / ".out.txt.partial"
+    text = partial.read_bytes()
+    assert text.count(b"\n") == 80
+    damaged = text.replace(b" ||| ", b" ||x ", 1)  # line 1, the first chunk
+    assert len(damaged) == len(text) and damaged != text
+    partial.write_bytes(damaged)
+    proc = run_cli("rescore", TABLE, "-m", tiny_model_path, "--chunk-lines", "40", "-o", out,
+                   "--dtype", "float32", "--resume", "--no-progress", "--threads", "1")  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.splitlines()[-1] == (
+        f"phrasescore: error: {partial}: partial output does not match its state (the CRC-32 of "
+        f"its first {len(text)} bytes differs): damaged since it was written; run without "
+        "--resume to start again"
+    )
+    assert "Traceback" not in proc.stderr and not out.exists()
+
+
+@pytest.mark.parametrize("lines", [120, 40])
+def test_a_state_whose_lines_disagree_with_the_partial_is_refused(
+    interrupted, tiny_model_path, lines
+):
+    """15000 edited to 16000 in a valid state: the output would be 1,000 lines short."""
+    out, partial, state = interrupted
+    state.write_text(json.dumps({**json.loads(state.read_text()), "lines": lines}))
+    with pytest.raises(InputError) as caught:
+        _resume(tiny_model_path, out)
+    assert str(caught.value) == (
+        f"{partial}: partial output has 80 lines, its state .out.gz.partial.json records "
+        f"{lines}: changed since it was written; run without --resume to start again"
+    )
+    assert not out.exists()
+
+
+def test_a_state_of_an_earlier_version_without_a_crc_starts_again_with_a_warning(
+    interrupted, tiny_model_path, tmp_path, caplog
+):
+    out, partial, state = interrupted
+    saved = json.loads(state.read_text())
+    del saved["crc32"]
+    state.write_text(json.dumps(saved))
+    with caplog.at_level("WARNING"):
+        result = _resume(tiny_model_path, out)
+    assert result.resumed_from_line == 0 and result.lines == 300
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [
+        f"{partial}: its resume state records no CRC-32 of the whole partial output (an "
+        "earlier phrasescore wrote it), so its 80 lines cannot be checked: starting again from "
+        "the beginning"
+    ]
+    whole = rescore_table(str(TABLE), [tiny_model_path], str(tmp_path / "whole.gz"),
+                          RescoreOptions(chunk_lines=40), progress=False)  # fmt: skip
+    assert whole.lines == 300
+    assert out.read_bytes() == (tmp_path / "whole.gz").read_bytes()
+    assert not partial.exists() and not state.exists()
+
+
+def test_an_intact_partial_still_resumes_to_the_same_bytes(interrupted, tiny_model_path, tmp_path):
+    out, partial, state = interrupted
+    result = _resume(tiny_model_path, out)
+    assert result.resumed_from_line == 80
+    rescore_table(str(TABLE), [tiny_model_path], str(tmp_path / "whole.gz"),
+                  RescoreOptions(chunk_lines=40), progress=False)  # fmt: skip
+    assert out.read_bytes() == (tmp_path / "whole.gz").read_bytes()
+
+
+_HOLDER = """
+import sys
+from phrasescore.files import output_lock
+with output_lock(sys.argv[1]):
+    print("locked", flush=True)
+    sys.stdin.read()  # held until the test closes stdin or kills this process
+"""
+
+
+def _hold_lock(output) -> subprocess.Popen:
+    """A live process holding the lock of ``output`` (as a run writing it does)."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(output)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout.readline() == "locked\n"  # blocks until it holds the lock
+    return holder
+
+
+def test_a_second_run_on_a_live_runs_output_is_refused_in_one_line(interrupted, tiny_model_path):
+    """A Slurm array task launched twice: the second must not resume from the first one's live
+    partial output (before: a FileNotFoundError traceback and a stale state left behind)."""
+    out, partial, state = interrupted
+    before = {p: p.read_bytes() for p in (partial, state)}
+    flags = ["-m", tiny_model_path, "--chunk-lines", "40", "--dtype", "float32", "--threads", "1"]
+    holder = _hold_lock(out)
+    try:
+        proc = run_cli("rescore", TABLE, *flags, "--resume", "--no-progress", "-o", out)
+        assert proc.returncode == 1, proc.stderr
+        assert proc.stderr.splitlines() == [
+            f"phrasescore: error: {out}: another run is writing this output (process "
+            f"{holder.pid} holds its lock .out.gz.lock): wait for it to end, or stop it"
+        ]
+        assert {p: p.read_bytes() for p in (partial, state)} == before and not out.exists()
+    finally:
+        holder.kill()  # like kill -9: the kernel releases its lock, its lock file stays
+        holder.wait()
+    assert (out.parent / ".out.gz.lock").exists()
+    proc = run_cli("rescore", TABLE, *flags, "--resume", "--no-progress", "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    assert "resuming after line 80" in proc.stderr
+    assert sorted(os.listdir(out.parent)) == ["out.gz"]
+
+
+def test_a_lock_is_released_when_the_block_ends_however_it_ends(tmp_path):
+    from phrasescore.files import output_lock
+
+    out = tmp_path / "out.gz"
+    with pytest.raises(KeyboardInterrupt), output_lock(str(out)):
+        assert (tmp_path / ".out.gz.lock").read_bytes() == b""  # no block of a full disk
+        message = f"another run is writing this output \\(process {os.getpid()} holds its lock"
+        with pytest.raises(InputError, match=message):
+            with output_lock(str(out)):
+                pass
+        raise KeyboardInterrupt
+    assert os.listdir(tmp_path) == []
+    with output_lock(str(out)):
+        pass
+    with output_lock("-"):
+        assert os.listdir(tmp_path) == []

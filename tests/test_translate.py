@@ -212,3 +212,44 @@ def test_sample_from_stdin_with_beam_and_phrase_table(tmp_path, tiny_model_path)
 def test_sample_needs_something_to_do(tiny_model_path):
     result = invoke("sample", "a man", "-m", tiny_model_path, "-n", "0")
     assert result.exit_code == 1 and "-n 0 without --beam" in result.stderr
+
+
+# ---------------------------------------------------------------------------- issue 30, item 13
+def test_translate_reference_scores_tokenised_text_with_bleu_tokenize_none(
+    tiny_model_path, source, tmp_path
+):
+    """Before: translate --reference scored with 13a only (tokenising tokenised text again);
+    ``ab`` scores such text with tokenize none, and so can translate now, saying so."""
+    from .conftest import run_cli
+
+    path, lines = source
+    reference = write_lines(tmp_path / "ref.fr", ["un homme regarde la mer ."] * len(lines))
+    out = tmp_path / "out.fr"
+    proc = run_cli("-q", "translate", path, "-m", tiny_model_path, *WORDY, "-o", out,
+                   "--reference", reference, "--bleu-tokenize", "none")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    printed = proc.stderr.splitlines()
+    assert printed[-2].startswith("BLEU signature: nrefs:1|case:mixed|eff:no|tok:none|")
+    same = run_cli("evaluate", out, reference, "--tokenize", "none")
+    assert same.returncode == 0, same.stderr
+    assert printed[-4:] == same.stdout.splitlines()  # BLEU, chrF and both signatures
+
+
+def test_tokenised_text_scored_with_13a_gets_one_line_naming_the_flag(tmp_path):
+    from .conftest import run_cli
+
+    _, french = sample_pairs()  # 171 tokenised, lowercased Multi30k sentences
+    assert sum(line.endswith(" .") for line in french) >= 100
+    reference = write_lines(tmp_path / "ref.fr", french)
+    hypotheses = write_lines(tmp_path / "hyp.fr", french[1:] + french[:1])
+    proc = run_cli("evaluate", hypotheses, reference)
+    assert proc.returncode == 0, proc.stderr
+    ends = sum(line.endswith(" .") for line in french)
+    assert proc.stderr.splitlines() == [
+        f"phrasescore: {ends} of {len(french)} hypotheses end in a tokenised period (' .'): "
+        "BLEU with tokenize 13a tokenises tokenised text again; --tokenize none scores its "
+        "tokens as they are (as ab and multi-bleu.perl do)"
+    ]  # and not sacrebleu's three lines
+    none = run_cli("evaluate", hypotheses, reference, "--tokenize", "none")
+    assert none.returncode == 0 and none.stderr == ""
+    assert "tok:none" in none.stdout and "tok:13a" in proc.stdout

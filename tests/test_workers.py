@@ -187,3 +187,86 @@ def test_nbest_workers_write_the_bytes_of_one_process(tiny_model_path, tmp_path)
     proc = run_cli("nbest", NBEST_LIST, "-o", out, *args)
     assert proc.returncode == 1 and "out of range" in proc.stderr
     assert "Traceback" not in proc.stderr and not out.exists()
+
+
+# ---------------------------------------------------------------------------- issue 30, item 4
+def _one_table_line_broken(tmp_path, how: str):
+    """The real table with a problem the parent finds early: cut inside line 123 (a truncated
+    gzip file) or line 123 with two fields."""
+    lines = gzip.open(TABLE_GZ, "rb").read().splitlines(True)
+    if how == "two-fields":
+        lines[122] = b"only ||| two fields\n"
+        data = gzip.compress(b"".join(lines), mtime=0)
+    else:
+        whole = gzip.compress(b"".join(lines), mtime=0)
+        data = whole[: len(whole) * 40 // 100]
+    path = tmp_path / "broken.gz"
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize("how", ["truncated", "two-fields"])
+def test_an_early_input_error_with_workers_is_exactly_one_line(tiny_model_path, tmp_path, how):
+    """Before: 18-49 lines of 'Process phrasescore-worker-N: Traceback ... Terminated' came
+    first (the workers were stopped while they still ran the parent's SIGTERM handler)."""
+    table = _one_table_line_broken(tmp_path, how)
+    out = tmp_path / "out.gz"
+    proc = run_cli("-q", "rescore", table, "-m", tiny_model_path, "-o", out, "--workers", "2",
+                   "--no-progress")  # fmt: skip
+    assert proc.returncode == 1
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith(f"phrasescore: error: {table}:")
+    assert sorted(os.listdir(tmp_path)) == ["broken.gz"]
+
+
+def test_nbest_an_early_input_error_with_workers_is_exactly_one_line(tiny_model_path, tmp_path):
+    lines = gzip.open(NBEST_LIST, "rb").read().splitlines(True)
+    lines[40] = b"0 ||| two fields\n"
+    listing = tmp_path / "bad.nbest"
+    listing.write_bytes(b"".join(lines))
+    out = tmp_path / "out.gz"
+    proc = run_cli("-q", "nbest", listing, "--source", NBEST_SOURCE, "-m", tiny_model_path,
+                   "-o", out, "--workers", "2", "--no-progress")  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [
+        f"phrasescore: error: {listing}:41: expected at least 4 fields separated by '|||' "
+        "(id ||| hypothesis ||| features ||| total), found 2"
+    ], proc.stderr
+
+
+def _block_in_setup(parent, parent_alive) -> None:
+    """A worker's start held up (the slow library lookup of before): says it got here, then
+    waits until it is stopped."""
+    os.write(_READY[1], b"!")
+    time.sleep(3600)
+
+
+_READY: tuple[int, int] = (-1, -1)
+
+
+def test_workers_stopped_during_their_start_die_quietly(monkeypatch, capfd):
+    """The parent's SIGTERM handler (every command's: it raises) must never run in a worker:
+    workers stopped in the middle of their start end by the signal, printing nothing."""
+    from phrasescore.runners import chunk_pool
+
+    class Stop(BaseException):
+        pass
+
+    def parents_handler(signum, frame):
+        raise Stop
+
+    global _READY
+    _READY = os.pipe()
+    monkeypatch.setattr(chunk_pool, "_die_with_parent", _block_in_setup)
+    previous = signal.signal(signal.SIGTERM, parents_handler)
+    try:
+        pool = ChunkPool(_slow_square, 2)
+        assert os.read(_READY[0], 1) + os.read(_READY[0], 1) == b"!!"  # both are in their start
+        pool.terminate()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for fd in _READY:
+            os.close(fd)
+    assert [p.exitcode for p in pool.processes] == [-signal.SIGTERM] * 2
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "phrasescore-worker" not in err, err

@@ -5,10 +5,17 @@ which say exactly how the figures were computed.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from phrasescore.errors import InputError
+
+log = logging.getLogger(__name__)
+
+TOKENISED_LINES = 100
+"""Hypotheses ending in a tokenised period (`` .``) from which text is taken to be tokenised
+(sacrebleu's own threshold for its warning)."""
 
 
 @dataclass
@@ -39,30 +46,51 @@ def require_sacrebleu():
     return sacrebleu
 
 
-def bleu_metric(tokenize: str = "13a", lowercase: bool = False):
+def bleu_metric(tokenize: str = "13a", lowercase: bool = False, force: bool | None = None):
     """sacrebleu's BLEU with ``tokenize``: for ``none`` (text tokenised already, as
     multi-bleu.perl scores it) with ``force=True``, so that sacrebleu does not warn that the lines
-    end in a tokenised period; the signature is the same either way."""
+    end in a tokenised period (``force`` True: never); the signature is the same either way."""
     sacrebleu = require_sacrebleu()
     try:
         return sacrebleu.metrics.BLEU(
-            tokenize=tokenize, lowercase=lowercase, force=tokenize == "none"
+            tokenize=tokenize,
+            lowercase=lowercase,
+            force=tokenize == "none" if force is None else force,
         )
     except Exception as exc:  # sacrebleu raises various types for an unknown tokenizer
         raise InputError(f"sacrebleu refuses --tokenize {tokenize!r}: {exc}") from None
 
 
 def evaluate(
-    hypotheses: Sequence[str], references: Sequence[str], tokenize: str = "13a", lowercase=False
+    hypotheses: Sequence[str],
+    references: Sequence[str],
+    tokenize: str = "13a",
+    lowercase=False,
+    flag: str = "--tokenize",
 ) -> Evaluation:
-    """BLEU and chrF of ``hypotheses`` against ``references`` (one reference per sentence)."""
+    """BLEU and chrF of ``hypotheses`` against ``references`` (one reference per sentence).
+
+    Tokenised text scored with a tokenizer other than ``none`` gets one warning of ours, naming
+    the command's ``flag`` that scores it as it is, instead of sacrebleu's three lines."""
     sacrebleu = require_sacrebleu()
     if len(hypotheses) != len(references):
         raise InputError(
             f"{len(hypotheses)} hypotheses but {len(references)} references: "
             "they must be line-aligned"
         )
-    bleu = bleu_metric(tokenize, lowercase)
+    tokenised = sum(hypothesis.endswith(" .") for hypothesis in hypotheses)
+    hint = tokenize != "none" and tokenised >= TOKENISED_LINES
+    if hint:
+        log.warning(
+            "%d of %d hypotheses end in a tokenised period (' .'): BLEU with tokenize %s "
+            "tokenises tokenised text again; %s none scores its tokens as they are (as ab and "
+            "multi-bleu.perl do)",
+            tokenised,
+            len(hypotheses),
+            tokenize,
+            flag,
+        )
+    bleu = bleu_metric(tokenize, lowercase, force=True if hint else None)
     chrf = sacrebleu.metrics.CHRF(lowercase=lowercase)
     refs = [list(references)]
     bleu_score = bleu.corpus_score(list(hypotheses), refs)

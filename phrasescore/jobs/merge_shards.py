@@ -11,7 +11,13 @@ from dataclasses import dataclass
 from phrasescore.errors import InputError
 from phrasescore.files import check_output_paths
 from phrasescore.jobs.ini_update import IniUpdate, default_ini_out, ini_report_lines
-from phrasescore.runners.shards import NBEST, PHRASE_TABLE, check_parts, merge_shards
+from phrasescore.runners.shards import (
+    NBEST,
+    PHRASE_TABLE,
+    check_not_a_part,
+    check_parts,
+    merge_shards,
+)
 
 
 @dataclass
@@ -51,6 +57,8 @@ def run_merge(
             raise InputError("--moses-ini needs an output file, not standard output")
         ini_out = ini_out or default_ini_out(moses_ini)
     check_output_paths({"output table": output, "moses.ini": ini_out if moses_ini else None})
+    check_not_a_part(output, parts)
+    check_not_a_part(ini_out if moses_ini else None, parts, "moses.ini")
     if moses_ini:
         manifest = check_parts(parts)[0][1]
         if manifest["kind"] != PHRASE_TABLE:

@@ -65,6 +65,8 @@ from phrasescore.files import (
     display_name,
     is_pipe,
     iter_lines,
+    output_lock,
+    remove_stale_temporaries,
 )
 from phrasescore.hardware import resolve_device
 from phrasescore.jobs.common import model_for
@@ -81,7 +83,14 @@ from phrasescore.moses.nbest import (
 )
 from phrasescore.progress import progress_bar
 from phrasescore.runners import distributed
-from phrasescore.runners.shards import NBEST, Shard, chunk_record, run_on_ranks, write_manifest
+from phrasescore.runners.shards import (
+    NBEST,
+    Shard,
+    chunk_record,
+    manifest_path,
+    run_on_ranks,
+    write_manifest,
+)
 from phrasescore.runners.workers import (
     ChunkScoring,
     check_torchrun_options,
@@ -209,43 +218,48 @@ def rescore_nbest(
     if shard is not None:
         _check_shard(nbest, output, options)
     check_output_path(output)
-    weights = _read_weights(options.weights, names) if options.weights else None
-    sources = read_source(source)
-    dev = resolve_device(device)
-    check_workers_device(workers, dev)
-    with loading_for_workers(workers):  # loaded at one thread, to fork from
-        loaded = model_for(model, model_path, dev) if with_model else None
-        features, signatures, scorer = _features(options, dev, loaded, model_path)
-    if shard is not None:
-        log.info(
-            "shard %s: blocks i of about %d hypotheses with i %% %d == %d",
-            shard,
-            options.block_hypotheses,
-            shard.count,
-            shard.index - 1,
-        )
-    writer = _Writer(options, weights, len(sources), [name for name, _ in features])
-    reader = _BlockReader(nbest, sources, source, options.block_hypotheses, shard)
-    manifest = None
-    if shard is not None:
-        job = _manifest_job(names, signatures, options, weights, sources)
-        manifest = _PartManifest(output, shard, nbest, options, job, dev.type, reader, writer)
-    started = time.monotonic()
-    bar = progress_bar(progress, unit=" hyps", unit_scale=True)
-    warm_up = scorer.warm_up if scorer is not None else None
-    try:
-        with (
-            ChunkScoring(BlockScorer(features, scorer), workers, warm_up) as scoring,
-            AtomicOutput(output, before_rename=manifest) as out,
-        ):
-            clamped = _write_blocks(scoring.results(reader.pairs()), reader, writer, out, bar)
-            scoring.finish()
-            writer.finish(out, nbest)
-    finally:
-        bar.close()
-    result = _result(output, writer, time.monotonic() - started, weights is not None, clamped)
-    result.scoring = options.scoring if with_model else None
-    return result
+    # one run at a time on an output: a second is refused before it loads anything
+    with output_lock(output):
+        if output != "-":
+            remove_stale_temporaries(output)  # of a run killed before (kill -9)
+            remove_stale_temporaries(manifest_path(output))
+        weights = _read_weights(options.weights, names) if options.weights else None
+        sources = read_source(source)
+        dev = resolve_device(device)
+        check_workers_device(workers, dev)
+        with loading_for_workers(workers):  # loaded at one thread, to fork from
+            loaded = model_for(model, model_path, dev) if with_model else None
+            features, signatures, scorer = _features(options, dev, loaded, model_path)
+        if shard is not None:
+            log.info(
+                "shard %s: blocks i of about %d hypotheses with i %% %d == %d",
+                shard,
+                options.block_hypotheses,
+                shard.count,
+                shard.index - 1,
+            )
+        writer = _Writer(options, weights, len(sources), [name for name, _ in features])
+        reader = _BlockReader(nbest, sources, source, options.block_hypotheses, shard)
+        manifest = None
+        if shard is not None:
+            job = _manifest_job(names, signatures, options, weights, sources)
+            manifest = _PartManifest(output, shard, nbest, options, job, dev.type, reader, writer)
+        started = time.monotonic()
+        bar = progress_bar(progress, unit=" hyps", unit_scale=True)
+        warm_up = scorer.warm_up if scorer is not None else None
+        try:
+            with (
+                ChunkScoring(BlockScorer(features, scorer), workers, warm_up) as scoring,
+                AtomicOutput(output, before_rename=manifest) as out,
+            ):
+                clamped = _write_blocks(scoring.results(reader.pairs()), reader, writer, out, bar)
+                scoring.finish()
+                writer.finish(out, nbest)
+        finally:
+            bar.close()
+        result = _result(output, writer, time.monotonic() - started, weights is not None, clamped)
+        result.scoring = options.scoring if with_model else None
+        return result
 
 
 class _BlockReader:

@@ -28,6 +28,8 @@ from phrasescore.files import (
     check_output_paths,
     display_name,
     is_pipe,
+    output_lock,
+    remove_stale_temporaries,
 )
 from phrasescore.hardware import resolve_device, resolve_dtype
 from phrasescore.jobs.ini_update import IniUpdate, default_ini_out, ini_report_lines
@@ -44,6 +46,7 @@ from phrasescore.jobs.rescore_partial import (
     PartialOutput,
     StdoutOutput,
     check_work_paths,
+    partial_paths,
 )
 from phrasescore.runners import distributed
 from phrasescore.runners.shards import (
@@ -87,6 +90,8 @@ class RescoreResult:
     clamped: int = 0
     """Self-normalized scoring: model scores of this run above log p = 0, clamped to p = 1
     (summed over the model columns; lines done before a ``--resume`` are not counted)."""
+    empty_input: bool = False
+    """The table has no line at all: the output is empty too."""
 
     @property
     def pairs_per_second(self) -> float:
@@ -110,6 +115,7 @@ class RescoreResult:
             f"+{self.new_columns} column(s) -> {output}, {self.scoring} scoring"
             + (f" ({self.clamped} score(s) clamped at p = 1)" if self.clamped else "")
             + (f", {self.too_long} over --max-phrase-length (floor value)" if self.too_long else "")
+            + ("; the table is empty: so is the output" if self.empty_input else "")
         ]
 
 
@@ -231,17 +237,22 @@ def score_table(
     """:func:`rescore_table` of a :class:`RescoreRun`."""
     output = output or default_output_path(run.table, run.shard)
     _check_request(run.table, output, run.options, run.resume, run.shard)
-    # Load everything before writing anything: a bad model leaves no output behind.
-    columns, device = _load_columns(run)
-    identity = _run_identity(run, columns)
-    if run.resume and run.shard is not None:
-        done = _complete_part(run.table, output, run.shard, run.options, columns)
-        if done is not None:
-            return done
-    sink = StdoutOutput() if output == "-" else PartialOutput(output, identity)
-    start_line = sink.open(run.resume)
-    result = _write_table(run, columns, sink, start_line, device, before_publish)
-    _log_warnings(result, run.options)
+    # one run at a time on an output: a second is refused before it loads anything
+    with output_lock(output):
+        if output != "-":
+            for path in (output, *partial_paths(output), manifest_path(output)):
+                remove_stale_temporaries(path)
+        # Load everything before writing anything: a bad model leaves no output behind.
+        columns, device = _load_columns(run)
+        identity = _run_identity(run, columns)
+        if run.resume and run.shard is not None:
+            done = _complete_part(run.table, output, run.shard, run.options, columns)
+            if done is not None:
+                return done
+        sink = StdoutOutput() if output == "-" else PartialOutput(output, identity)
+        start_line = sink.open(run.resume)
+        result = _write_table(run, columns, sink, start_line, device, before_publish)
+    _log_warnings(result, run.options, run.table)
     _log_result(result)
     return result
 
@@ -324,6 +335,7 @@ def _write_table(run: RescoreRun, columns, sink, start_line: int, device, before
             too_long=counter.too_long,
             scoring=options.scoring,
             clamped=clamped,
+            empty_input=reader.lineno == 0,
         )
         if before_publish is not None:
             before_publish(result)
@@ -353,8 +365,14 @@ def _write_chunks(done, sink, counter: Progress, shard: Shard | None, records: l
     return clamped
 
 
-def _log_warnings(result: RescoreResult, options: RescoreOptions) -> None:
-    """Pairs given the floor value unscored, model scores clamped."""
+def _log_warnings(result: RescoreResult, options: RescoreOptions, table: str) -> None:
+    """An empty table, pairs given the floor value unscored, model scores clamped."""
+    if result.empty_input:
+        log.warning(
+            "%s is empty: no line to rescore, the output %s is empty too",
+            display_name(table),
+            "<stdout>" if result.output == "-" else result.output,
+        )
     if result.too_long:
         log.warning(
             "%d pairs have a phrase of more than %d tokens (--max-phrase-length): given the "
@@ -569,6 +587,7 @@ def _run_torchrun(launch, run: RescoreRun, output: str) -> RescoreResult:
         too_long=too_long,
         scoring=merged.manifest["job"]["options"].get("scoring", "exact"),
         clamped=clamped,
+        empty_input=merged.lines == 0,
     )
     log.info(
         "torchrun: %d ranks rescored %d lines in %.1f s, %.0f pairs/s",

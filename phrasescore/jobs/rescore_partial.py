@@ -8,12 +8,19 @@ encoded once, targets batched by length: ``phrasescore.engine.scoring``), format
 partial file next to the output (``.NAME.partial``; for a ``.gz`` output every chunk is one
 complete gzip member, and a file of several members is a valid gzip file that zlib, Moses and
 ``zcat`` read as one stream). After each chunk the partial file is synced and a small JSON state
-file (``.NAME.partial.json``) records the lines and bytes done and the size and CRC-32 of the last
-chunk. Only when the whole table was written is the partial file renamed to the output name.
-``resume`` checks the partial file against its state (at least as many bytes, the last chunk's
-CRC-32), truncates it to the last recorded chunk and goes on from the next input line, so the
-result is byte-identical to an uninterrupted run with the same flags. With nothing to resume it
-starts from the beginning; a ``--shard`` part that is complete with its manifest is left as it is.
+file (``.NAME.partial.json``) records the lines and bytes done, the size and CRC-32 of the last
+chunk and the CRC-32 of all the bytes done. Only when the whole table was written is the partial
+file renamed to the output name.
+
+``resume`` proves the partial file against its state before it keeps a byte of it: at least as
+many bytes, the last chunk's CRC-32, then a read of the whole kept prefix whose CRC-32 must be the
+state's and whose lines (decompressed, for a ``.gz`` output) must be the state's count. Anything
+else is refused in one line, never resumed into a corrupt table; a state of an earlier version,
+without the CRC-32 of the whole prefix, cannot be proven and the run starts again from the
+beginning (with a warning saying why). It then truncates the file to the last recorded chunk and
+goes on from the next input line, so the result is byte-identical to an uninterrupted run with
+the same flags. With nothing to resume it starts from the beginning; a ``--shard`` part that is
+complete with its manifest is left as it is.
 """
 
 from __future__ import annotations
@@ -39,6 +46,9 @@ from phrasescore.runners.shards import (
 )
 
 log = logging.getLogger(__name__)
+
+_BLOCK = 1 << 20
+"""Bytes read at a time when a resume checks the partial file."""
 
 
 def chunk_bytes(text: str, compress: bool) -> bytes:
@@ -99,6 +109,8 @@ class PartialOutput:
         self.bytes_done = 0
         self.last_chunk: list[int] | None = None
         """[size, CRC-32] of the last chunk written: checked against the file on resume."""
+        self.crc = 0
+        """CRC-32 of all the bytes written: the whole kept prefix is checked against it."""
         self.handle = None
 
     @contextlib.contextmanager
@@ -122,16 +134,17 @@ class PartialOutput:
     def open(self, resume: bool) -> int:
         if resume:
             here = [os.path.exists(p) for p in (self.path, self.state_path)]
-            if all(here):
-                self._resume()
+            if all(here) and self._resume():
                 return self.lines_done
-            log.info(
-                "nothing to resume for %s (%s): starting from the beginning",
-                self.output,
-                "no partial output of an earlier run"
-                if not any(here)
-                else f"{os.path.basename(self.state_path if here[0] else self.path)} is missing",
-            )
+            if not all(here):
+                log.info(
+                    "nothing to resume for %s (%s): starting from the beginning",
+                    self.output,
+                    "no partial output of an earlier run"
+                    if not any(here)
+                    else f"{os.path.basename(self.state_path if here[0] else self.path)} is "
+                    "missing",
+                )
         if os.path.exists(self.state_path):
             log.info("starting again: %s held an earlier partial run", self.path)
         try:
@@ -143,8 +156,9 @@ class PartialOutput:
         self._write_state()
         return 0
 
-    def _resume(self) -> None:
-        """Go on with the partial file after checking it against its state."""
+    def _resume(self) -> bool:
+        """Go on with the partial file after proving it against its state (True), or start
+        again (False) when the state cannot prove it (one written by an earlier version)."""
         again = "; run without --resume to start again"
         try:
             with open(self.state_path, encoding="utf-8") as fh:
@@ -179,18 +193,82 @@ class PartialOutput:
             raise InputError(
                 f"cannot resume the partial output ({exc.strerror})", self.path
             ) from None
-        if last is not None:
-            self.handle.seek(size - last[0])
-            if zlib.crc32(self.handle.read(last[0])) != last[1]:
-                self.handle.close()
-                raise InputError(
-                    "partial output does not match its state (the CRC-32 of its last chunk "
-                    f"differs): changed since it was written{again}",
+        try:
+            if last is not None:
+                self.handle.seek(size - last[0])
+                if zlib.crc32(self.handle.read(last[0])) != last[1]:
+                    raise InputError(
+                        "partial output does not match its state (the CRC-32 of its last chunk "
+                        f"differs): changed since it was written{again}",
+                        self.path,
+                    )
+            if "crc32" not in state:
+                log.warning(
+                    "%s: its resume state records no CRC-32 of the whole partial output (an "
+                    "earlier phrasescore wrote it), so its %d lines cannot be checked: starting "
+                    "again from the beginning",
                     self.path,
+                    lines,
                 )
+                self.handle.close()
+                return False
+            self._check_prefix(size, lines, state["crc32"], again)
+        except BaseException:
+            self.handle.close()
+            raise
         self.lines_done, self.bytes_done, self.last_chunk = lines, size, last
+        self.crc = state["crc32"]
         self.handle.truncate(size)
         self.handle.seek(size)
+        return True
+
+    def _check_prefix(self, size: int, lines: int, crc: int, again: str) -> None:
+        """Read the first ``size`` bytes of the partial file: their CRC-32 must be ``crc`` and
+        their lines (decompressed, gzip member after member, for a ``.gz`` output) ``lines``."""
+        self.handle.seek(0)
+        actual_crc, newlines, whole = 0, 0, True
+        decomp = zlib.decompressobj(wbits=31) if self.compress else None
+        remaining = size
+        while remaining:
+            block = self.handle.read(min(_BLOCK, remaining))
+            if not block:
+                break
+            remaining -= len(block)
+            actual_crc = zlib.crc32(block, actual_crc)
+            if decomp is None:
+                newlines += block.count(b"\n")
+                continue
+            while block and whole is not None:
+                try:
+                    newlines += decomp.decompress(block).count(b"\n")
+                except zlib.error:
+                    whole = None  # not gzip
+                    break
+                whole = decomp.eof
+                if decomp.eof:  # a member ends: the next one starts with what is left
+                    block = decomp.unused_data
+                    decomp = zlib.decompressobj(wbits=31)
+                else:
+                    block = b""
+        if actual_crc != crc or remaining:
+            raise InputError(
+                f"partial output does not match its state (the CRC-32 of its first {size} "
+                f"bytes differs): damaged since it was written{again}",
+                self.path,
+            )
+        if not whole:
+            raise InputError(
+                f"partial output is not whole gzip members in its first {size} bytes: damaged "
+                f"since it was written{again}",
+                self.path,
+            )
+        if newlines != lines:
+            raise InputError(
+                f"partial output has {newlines} lines, its state "
+                f"{os.path.basename(self.state_path)} records {lines}: changed since it was "
+                f"written{again}",
+                self.path,
+            )
 
     def append_chunk(self, data: bytes, n_lines: int) -> None:
         """Append a chunk's bytes (:func:`chunk_bytes`: one gzip member for a ``.gz`` output)."""
@@ -201,6 +279,7 @@ class PartialOutput:
         self.lines_done += n_lines
         self.bytes_done += len(data)
         self.last_chunk = [len(data), zlib.crc32(data)] if data else self.last_chunk
+        self.crc = zlib.crc32(data, self.crc)
         with self._writing():
             self._write_state()
 
@@ -212,6 +291,7 @@ class PartialOutput:
                     "lines": self.lines_done,
                     "bytes": self.bytes_done,
                     "last_chunk": self.last_chunk,
+                    "crc32": self.crc,
                 },
                 fh,
             )
@@ -251,6 +331,8 @@ def _valid_state(state: dict) -> bool:
         return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
     if not (count(lines) and count(size)) or (lines == 0) != (size == 0):
+        return False
+    if "crc32" in state and not (count(state["crc32"]) and state["crc32"] < 1 << 32):
         return False
     if last is None:
         return size == 0

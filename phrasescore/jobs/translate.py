@@ -184,8 +184,11 @@ def translate_file(
     device: str = "cpu",
     progress: bool = True,
     model: TrainedModel | None = None,
+    bleu_tokenize: str = "13a",
 ) -> TranslateResult:
-    """Translate every line of ``input_path`` into ``output`` (see the module docstring)."""
+    """Translate every line of ``input_path`` into ``output`` (see the module docstring);
+    ``bleu_tokenize`` is sacrebleu's tokenizer of the BLEU against ``reference`` (``none`` for
+    tokenised text, as ``ab`` scores it)."""
     options = options or TranslateOptions()
     _check_options(options, input_path, reference)
     check_output_path(output)
@@ -227,7 +230,7 @@ def translate_file(
         model.signature,
     )
     if refs is not None:
-        result.evaluation = evaluate(firsts, refs)
+        result.evaluation = evaluate(firsts, refs, bleu_tokenize, flag="--bleu-tokenize")
     return result
 
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import struct
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -39,13 +41,64 @@ MAX_DEPTH = 64
 """Largest number of layers and largest n-gram order."""
 
 
+_DTYPES = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+"""safetensors' names of the dtypes a model file may hold."""
+
+
 def write_safetensors(
     path: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str]
 ) -> None:
-    """Write a safetensors file atomically (its directory is created if needed)."""
+    """Write a safetensors file atomically (its directory is created if needed), the same
+    bytes for the same tensors and metadata.
+
+    safetensors' own writer puts the metadata in hash-map order, a new order in every run, so
+    two identical trainings gave different files (and a cache keyed on a file's hash missed).
+    Here the header is JSON with sorted keys and the tensors are laid out in name order; any
+    safetensors reader reads it (the format: an 8-byte little-endian header size, the header
+    padded with spaces to a multiple of 8, then the tensors' bytes, little-endian, C order).
+    """
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with atomic_path(path) as tmp:
-        save_file(tensors, tmp, metadata=metadata)
+    if sys.byteorder != "little":  # pragma: no cover - the tensors' bytes are not the format's
+        with atomic_path(path) as tmp:
+            save_file(tensors, tmp, metadata=metadata)
+        return
+    names = sorted(tensors)
+    header: dict[str, object] = {"__metadata__": dict(metadata)} if metadata else {}
+    offset = 0
+    for name in names:
+        tensor = tensors[name]
+        if tensor.dtype not in _DTYPES:
+            raise TypeError(f"cannot write {name} of dtype {tensor.dtype} in a model file")
+        size = tensor.numel() * tensor.element_size()
+        header[name] = {
+            "dtype": _DTYPES[tensor.dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    text = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    head = text.encode("utf-8")
+    head += b" " * (-len(head) % 8)
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        fh.write(struct.pack("<Q", len(head)))
+        fh.write(head)
+        for name in names:
+            data = tensors[name].detach().to("cpu").contiguous().reshape(-1)
+            if data.numel():
+                fh.write(data.view(torch.uint8).numpy().data)  # no copy of the bytes
+        fh.flush()
+        os.fsync(fh.fileno())
 
 
 def read_header(path: str, what: str = "model") -> dict[str, str]:

@@ -174,12 +174,14 @@ def parse_phrase_table_lines(
 def _check_scores(text: str, scores: list[str], name: str, lineno: int) -> None:
     """Raise InputError unless every score is a finite number > 0, as Moses needs.
 
-    The fast path parses all tokens at once; ``nan``/``inf`` (which contain an ``n``) and ``1_0``
-    (which Python's float() accepts and Moses does not) take the slow path that names the token.
+    The fast path parses all tokens at once; ``nan``/``inf`` (which contain an ``n``), ``1_0``
+    (which Python's float() accepts and Moses does not) and a number beyond the float range
+    (``1e999``, which float() makes infinity) take the slow path that names the token.
     """
     if "n" not in text and "N" not in text and "_" not in text:
         try:
-            if min(map(float, scores)) > 0.0:
+            values = list(map(float, scores))
+            if min(values) > 0.0 and max(values) < math.inf:
                 return
         except ValueError:
             pass
@@ -190,6 +192,13 @@ def _check_scores(text: str, scores: list[str], name: str, lineno: int) -> None:
             value = float(token)
         except ValueError:
             raise InputError(f"score {index} is not a number: {token!r}", name, lineno) from None
+        if math.isinf(value) and "n" not in token.lower():
+            raise InputError(
+                f"score {index} is {token}: beyond the largest number a float holds "
+                "(1.8e308), it would be infinity; phrase-table scores must be finite",
+                name,
+                lineno,
+            )
         if not math.isfinite(value):
             raise InputError(
                 f"score {index} is not a finite number: {token!r}", name, lineno

@@ -49,7 +49,13 @@ import torch
 
 from phrasescore import __version__
 from phrasescore.errors import InputError
-from phrasescore.files import AtomicOutput, display_name, gzip_writer
+from phrasescore.files import (
+    AtomicOutput,
+    display_name,
+    gzip_writer,
+    output_lock,
+    remove_stale_temporaries,
+)
 from phrasescore.runners import distributed
 
 log = logging.getLogger(__name__)
@@ -567,6 +573,20 @@ def _merged_groups(ordered: list[tuple[str, dict]], sizes: list[int]) -> int | N
     return joined_runs(records)
 
 
+def check_not_a_part(output: str | None, parts: list[str], what: str = "output") -> None:
+    """Refuse an output (of ``merge-shards``) onto one of its input parts or their manifests."""
+    if not output or output == "-":
+        return
+    target = os.path.abspath(output)
+    for part in parts:
+        if target == os.path.abspath(part):
+            raise InputError(f"the {what} would overwrite a part", output)
+        if target == os.path.abspath(manifest_path(part)):
+            raise InputError(
+                f"the {what} would overwrite the manifest of the part {display_name(part)}", output
+            )
+
+
 def merge_shards(parts: list[str], output: str) -> MergeResult:
     """Check ``parts`` and write their chunks in plan order to ``output`` (atomically).
 
@@ -579,19 +599,20 @@ def merge_shards(parts: list[str], output: str) -> MergeResult:
     total = manifest["input"]["lines"]
     sizes = chunk_sizes(manifest)
     chunks = len(sizes)
-    for part, _ in ordered:
-        if output != "-" and os.path.abspath(part) == os.path.abspath(output):
-            raise InputError("the output would overwrite a part", output)
+    check_not_a_part(output, [part for part, _ in ordered])
     groups = _merged_groups(ordered, sizes)
-    readers = [_PartReader(part, m) for part, m in ordered]
-    try:
-        if part_kind(manifest) == PHRASE_TABLE:
-            _merge_table(readers, sizes, output)
-        else:
-            _merge_text(readers, sizes, output)
-    finally:
-        for reader in readers:
-            reader.close()
+    with output_lock(output):  # one merge at a time on an output
+        if output != "-":
+            remove_stale_temporaries(output)  # of a merge killed before (kill -9)
+        readers = [_PartReader(part, m) for part, m in ordered]
+        try:
+            if part_kind(manifest) == PHRASE_TABLE:
+                _merge_table(readers, sizes, output)
+            else:
+                _merge_text(readers, sizes, output)
+        finally:
+            for reader in readers:
+                reader.close()
     log.info(
         "merged %d parts (%d chunks, %d lines) into %s",
         count,

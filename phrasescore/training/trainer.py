@@ -589,6 +589,7 @@ class Trainer:
                 epoch=position["epoch"] + 1,
                 loss=f"{run.window_nll / max(run.window_tokens, 1):.3f}",
                 tok_s=f"{run.tokens_since / (now - run.tick):.0f}",
+                refresh=False,  # drawn by the bar's own clock: a line per 30 s into a log
             )
             run.tick, run.tokens_since = now, 0
         bar.update(1)
