@@ -174,7 +174,7 @@ def unigram_perplexity(train: ParallelDataset, valid: ParallelDataset, vocab_siz
         for tok in list(valid.tgt(i).tolist()) + [EOS_ID]:
             nll -= math.log((counts.get(tok, 0) + 1) / total)
             n += 1
-    return math.exp(nll / max(n, 1))
+    return perplexity(nll / max(n, 1))
 
 
 def perplexity(mean_nll: float) -> float:
