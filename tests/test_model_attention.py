@@ -151,7 +151,9 @@ def test_pair_scorer_gives_the_same_scores_alone_and_in_padded_batches(overfit_a
             for s, t in zip(src, tgt, strict=True)
         ]
     )
-    assert np.abs(together - alone).max() < 1e-4
+    # float32 sums over whole sentences (down to -1,300 nats for pairs the overfit model never
+    # saw): batch-size-dependent kernels agree to ~1e-7 relative, not to a fixed 1e-4 nats
+    np.testing.assert_allclose(together, alone, rtol=2e-6, atol=1e-4)
 
 
 def test_attention_save_load_gives_identical_scores(overfit_attention, tmp_path):

@@ -152,7 +152,7 @@ def test_beam_1_is_greedy_decoding(trained, alpha):
     beam = beam_search(model.network, ids, options)
     for g, (b,) in zip(greedy, beam, strict=True):
         assert b.ids == g.ids
-        assert b.logprob == pytest.approx(g.logprob, abs=1e-4)
+        assert b.logprob == pytest.approx(g.logprob, rel=1e-6, abs=1e-4)
 
 
 @pytest.mark.parametrize("alpha", [0.0, 1.0])

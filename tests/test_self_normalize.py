@@ -267,13 +267,13 @@ def test_self_normalized_scores_are_exact_log_p_plus_log_z_clamped_at_0(arch):
         target_logits = logits[torch.arange(len(gold)), gold].numpy()
         # the engine's exact log p + log Z from the full logits = the target logit alone
         np.testing.assert_allclose(
-            approx.token_logprobs[i], exact.token_logprobs[i] + log_z, atol=1e-5
+            approx.token_logprobs[i], exact.token_logprobs[i] + log_z, rtol=1e-6, atol=1e-5
         )
-        np.testing.assert_allclose(approx.token_logprobs[i], target_logits, atol=1e-5)
+        np.testing.assert_allclose(approx.token_logprobs[i], target_logits, rtol=1e-6, atol=1e-5)
         sums.append(float((exact.token_logprobs[i] + log_z).sum()))
     sums = np.array(sums)
     assert np.abs(sums).min() > 1e-3  # no pair at the clamp's edge
-    np.testing.assert_allclose(approx.logprob, np.minimum(sums, 0.0), atol=1e-5)
+    np.testing.assert_allclose(approx.logprob, np.minimum(sums, 0.0), rtol=1e-6, atol=1e-5)
     assert (approx.logprob <= 0.0).all()
     clamped = int((approx.logprob == 0.0).sum())
     assert approx_scorer.clamped == clamped == int((sums > 0).sum())
