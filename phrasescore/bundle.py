@@ -26,7 +26,7 @@ unless the two agree, so that neither layer needs to import the other.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -91,6 +91,11 @@ class TrainedModel:
     @property
     def config(self) -> ModelConfig:
         return self.network.config
+
+    def target_words(self, ids: Sequence[int]) -> list[str]:
+        """The target words of decoder output ``ids``, in their natural order (a right-to-left
+        model's are turned round: :meth:`ModelConfig.target_order`)."""
+        return self.config.target_order(self.tgt_vocab.decode(ids))
 
     def core(self) -> dict[str, str]:
         """The metadata the signature covers besides the weights."""

@@ -382,6 +382,13 @@ def _no_progress_monitor_thread() -> None:
     "--no-reverse", is_flag=True, help="lstm: read the source in its own order, not reversed."
 )
 @click.option(
+    "--reverse-target",
+    is_flag=True,
+    help="Right-to-left model: predict the target words last to first (a second re-ranking "
+    "feature beside the left-to-right model). Stored in the model: every command gives and "
+    "gets words in their natural order.",
+)
+@click.option(
     "--self-normalize",
     "self_normalize",
     type=click.FloatRange(min=0.0),
@@ -437,6 +444,7 @@ def train(
     arch,
     layers,
     no_reverse,
+    reverse_target,
     self_normalize,
     init,
     src_lang,
@@ -475,6 +483,7 @@ def train(
         model_overrides=dict(
             layers=layers,
             reverse_source=False if no_reverse else None,
+            reverse_target=True if reverse_target else None,
             self_normalize=self_normalize,
             **initialisation_overrides(init, arch),
         ),
@@ -703,6 +712,11 @@ def merge_shards(parts, output, moses_ini, ini_out, ini_table, weight):
 @click.option("--source", required=True, help="Decoder input, one sentence per id (tokenised).")
 @click.option("-m", "--model", "model_path", help="Model file (optional with --lm).")
 @click.option("--name", default="RNNEncDec0", show_default=True, help="Feature name (no '_').")
+@click.option(
+    "--inverse",
+    is_flag=True,
+    help="-m is a target->source model: add log p(source | hypothesis) instead.",
+)
 @click.option("--lm", help="CSLM (train-lm): also add CSLM0= log p(hypothesis).")
 @click.option("--lm-name", default="CSLM0", show_default=True, help="Name of the --lm feature.")
 @click.option("-o", "--output", default="-", show_default=True, help="Output (.gz: gzip).")
@@ -729,6 +743,7 @@ def nbest(
     source,
     model_path,
     name,
+    inverse,
     lm,
     lm_name,
     output,
@@ -760,6 +775,7 @@ def nbest(
         lm=lm,
         lm_name=lm_name,
         scoring=scoring,
+        inverse=inverse,
     )
     result = run_nbest(
         nbest_path,
@@ -1147,6 +1163,13 @@ def copy_table(table, output):
     "extractor and mert: one more system per system, SYSTEM+rerank; repeatable.",
 )
 @click.option(
+    "--rerank-inverse",
+    multiple=True,
+    metavar="[NAME=]MODEL",
+    help="As --rerank, with a target->source model: the feature is log p(source | hypothesis) "
+    "(default name RNNEncDecInv0, 1, ...); repeatable, together with --rerank.",
+)
+@click.option(
     "--rerank-system",
     "rerank_systems",
     multiple=True,
@@ -1218,7 +1241,17 @@ def copy_table(table, output):
 )
 @_fail_cleanly
 def ab(
-    baseline, candidates, rerank, rerank_systems, dev, tests, workdir, moses_home, seeds, **settings
+    baseline,
+    candidates,
+    rerank,
+    rerank_inverse,
+    rerank_systems,
+    dev,
+    tests,
+    workdir,
+    moses_home,
+    seeds,
+    **settings,
 ):
     """Does a new phrase-table column move BLEU? MERT A/B of a baseline against candidates.
 
@@ -1244,6 +1277,7 @@ def ab(
             seeds=seed_list, rerank_systems=tuple(rerank_systems) or None, **settings
         ),
         rerank=list(rerank),
+        rerank_inverse=list(rerank_inverse),
     )
     _echo(report)
 

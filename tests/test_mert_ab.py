@@ -112,7 +112,7 @@ def test_without_moses_one_line_says_what_is_missing(monkeypatch, tmp_path):
         MosesInstall.find(str(tmp_path))
     with pytest.raises(InputError, match="Moses not found"):
         compare_systems("base.ini", ["c.ini"], ("d.en", "d.fr"), [], str(tmp_path / "w"))
-    with pytest.raises(InputError, match="nothing to compare: give --candidate INI or --rerank"):
+    with pytest.raises(InputError, match="nothing to compare: give --candidate INI, --rerank"):
         compare_systems("base.ini", [], ("d.en", "d.fr"), [], str(tmp_path / "w"))
     with pytest.raises(InputError, match="--rerank-system needs --rerank MODEL"):
         options = ComparisonOptions(rerank_systems=("rnn",))
@@ -121,9 +121,19 @@ def test_without_moses_one_line_says_what_is_missing(monkeypatch, tmp_path):
 
 def test_rerank_models_are_named_checked_and_distinct(tmp_path, tiny_model_path):
     assert rerank_models([tiny_model_path, f"Att={tiny_model_path}"]) == (
-        ("RNNEncDec0", tiny_model_path),
-        ("Att", tiny_model_path),
+        ("RNNEncDec0", tiny_model_path, False),
+        ("Att", tiny_model_path, False),
     )
+    # target->source models: their own default names, the same name space as --rerank's
+    assert rerank_models(
+        [f"L2R={tiny_model_path}"], [tiny_model_path, f"Inv={tiny_model_path}"]
+    ) == (
+        ("L2R", tiny_model_path, False),
+        ("RNNEncDecInv0", tiny_model_path, True),
+        ("Inv", tiny_model_path, True),
+    )
+    with pytest.raises(InputError, match="--rerank-inverse L2R=.*: feature name L2R given twice"):
+        rerank_models([f"L2R={tiny_model_path}"], [f"L2R={tiny_model_path}"])
     with pytest.raises(InputError, match="contains '_'"):
         rerank_models([f"Sent_0={tiny_model_path}"])
     with pytest.raises(InputError, match="feature name Att given twice"):

@@ -150,10 +150,13 @@ class PairScorer:
         tgt_tokens: Sequence[list[str]],
         per_token: bool = False,
     ) -> ScoredPairs:
-        """Score pairs given as token lists (words; subword models split them here)."""
+        """Score pairs given as token lists (words; subword models split them here). The
+        targets come in their natural order; a right-to-left model reads them reversed
+        (``reverse_target``), and its ``per_token`` values are in that order."""
         src_vocab, tgt_vocab = self.model.src_vocab, self.model.tgt_vocab
         src_ids = src_vocab.encode_batch(list(src_tokens))
-        tgt_ids = tgt_vocab.encode_batch(list(tgt_tokens))
+        order = self.model.config.target_order
+        tgt_ids = tgt_vocab.encode_batch([order(list(t)) for t in tgt_tokens])
         src_unk = np.array([src_vocab.count_unknown(t) for t in src_tokens], dtype=np.int64)
         tgt_unk = np.array([tgt_vocab.count_unknown(t) for t in tgt_tokens], dtype=np.int64)
         logprob, per_tok = self.score_ids(src_ids, tgt_ids, per_token=per_token)

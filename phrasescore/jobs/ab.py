@@ -40,6 +40,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from phrasescore.errors import InputError
 from phrasescore.files import AtomicOutput, iter_lines
@@ -130,8 +131,8 @@ class ComparisonOptions:
     mert_flags: str = ""
     bleu_tokenize: str = "none"
     bootstrap_samples: int = 1000
-    rerank: tuple[tuple[str, str], ...] = ()
-    """(feature name, model file) of each n-best re-ranking model; empty: no re-ranking."""
+    rerank: tuple[RerankModel, ...] = ()
+    """The n-best re-ranking models, one feature each (:func:`rerank_models`); empty: none."""
     nbest_size: int = 100
     rerank_restarts: int = 20
     rerank_systems: tuple[str, ...] | None = None
@@ -391,7 +392,7 @@ class Comparison:
         """``nbest`` with every re-ranking model's feature added (``phrasescore nbest``, one
         model after the other); with ``weights_file``, the re-ranked 1-best texts instead."""
         current = nbest
-        for index, (name, model) in enumerate(self.options.rerank):
+        for index, (name, model, inverse) in enumerate(self.options.rerank):
             rerank = weights_file is not None and index == len(self.options.rerank) - 1
             if rerank:
                 target = work / f"{test.name}.rerank.out"
@@ -400,6 +401,7 @@ class Comparison:
             if not target.exists():
                 command = [sys.executable, "-m", "phrasescore", "nbest", str(current)]
                 command += ["--source", str(test.source), "-m", model, "--name", name]
+                command += ["--inverse"] if inverse else []
                 command += ["-o", str(target), "--no-progress"]
                 command += ["--threads", str(self.options.decoder_threads)]
                 if rerank:
@@ -434,7 +436,10 @@ class Comparison:
     @functools.cached_property
     def rerank_label(self) -> str:
         """The folder of one set of re-ranking models: their names and file digests."""
-        parts = [f"{name}-{_file_digest(model)}" for name, model in self.options.rerank]
+        parts = [
+            f"{name}-{'inverse-' if inverse else ''}{_file_digest(model)}"
+            for name, model, inverse in self.options.rerank
+        ]
         return "rerank-" + "+".join(parts)
 
     def rerank_one(self, system: System, run: RunResult) -> RunResult:
@@ -574,19 +579,23 @@ def compare_systems(
     moses_home: str | None = None,
     options: ComparisonOptions | None = None,
     rerank: list[str] | None = None,
+    rerank_inverse: list[str] | None = None,
 ) -> list[SystemResult]:
     """The ``ab`` job: tune, decode and compare ``candidates`` against ``baseline``.
 
     ``candidates`` are ``NAME=INI`` or plain paths (named after the file), ``tests`` are
     ``(name, source, reference)``, ``rerank`` are ``NAME=MODEL`` or plain model paths (feature
-    ``RNNEncDec0``, ``RNNEncDec1``, ...). Returns one :class:`SystemResult` per system, baseline
+    ``RNNEncDec0``, ``RNNEncDec1``, ...), ``rerank_inverse`` the same for target->source models
+    (feature log p(source | hypothesis), ``RNNEncDecInv0``, ...). Returns one :class:`SystemResult` per system, baseline
     first, then with ``rerank`` each system's re-ranked runs (``NAME+rerank``).
     """
     options = options or ComparisonOptions()
-    if rerank:
-        options.rerank = rerank_models(rerank)
+    if rerank or rerank_inverse:
+        options.rerank = rerank_models(rerank or [], rerank_inverse or [])
     if not candidates and not options.rerank:
-        raise InputError("nothing to compare: give --candidate INI or --rerank MODEL")
+        raise InputError(
+            "nothing to compare: give --candidate INI, --rerank MODEL or --rerank-inverse MODEL"
+        )
     if options.rerank_systems is not None and not options.rerank:
         raise InputError("--rerank-system needs --rerank MODEL")
     moses = MosesInstall.find(moses_home)
@@ -625,17 +634,32 @@ def compare_systems(
     return comparison.run()
 
 
-def rerank_models(specs: list[str]) -> tuple[tuple[str, str], ...]:
-    """``[NAME=]MODEL`` specs as (feature name, model path); unnamed ones ``RNNEncDec<i>``."""
-    models = []
-    for index, spec in enumerate(specs):
-        name, sep, path = spec.partition("=")
-        if not sep:
-            name, path = f"RNNEncDec{index}", spec
-        check_feature_name(name)
-        if name in {known for known, _ in models}:
-            raise InputError(f"--rerank {spec}: feature name {name} given twice")
-        models.append((name, str(_check_input(Path(path), f"--rerank {name} model"))))
+class RerankModel(NamedTuple):
+    """One re-ranking feature: its name, its model file and its direction."""
+
+    name: str
+    path: str
+    inverse: bool = False
+    """A target->source model: the feature is log p(source | hypothesis) (``nbest --inverse``)."""
+
+
+def rerank_models(specs: list[str], inverse_specs: list[str] = ()) -> tuple[RerankModel, ...]:
+    """``[NAME=]MODEL`` specs of ``--rerank`` and ``--rerank-inverse`` as features; unnamed ones
+    ``RNNEncDec<i>`` and ``RNNEncDecInv<i>``."""
+    models: list[RerankModel] = []
+    for inverse, option, default, given in (
+        (False, "--rerank", "RNNEncDec", specs),
+        (True, "--rerank-inverse", "RNNEncDecInv", inverse_specs),
+    ):
+        for index, spec in enumerate(given):
+            name, sep, path = spec.partition("=")
+            if not sep:
+                name, path = f"{default}{index}", spec
+            check_feature_name(name)
+            if name in {known.name for known in models}:
+                raise InputError(f"{option} {spec}: feature name {name} given twice")
+            checked = str(_check_input(Path(path), f"{option} {name} model"))
+            models.append(RerankModel(name, checked, inverse))
     return tuple(models)
 
 
@@ -660,6 +684,7 @@ def run_ab(
     moses_home: str | None = None,
     options: ComparisonOptions | None = None,
     rerank: list[str] | None = None,
+    rerank_inverse: list[str] | None = None,
 ) -> ABReport:
     """``phrasescore ab``: :func:`compare_systems`, with the test sets' names for the report."""
     systems = compare_systems(
@@ -671,6 +696,7 @@ def run_ab(
         moses_home=moses_home,
         options=options,
         rerank=rerank,
+        rerank_inverse=rerank_inverse,
     )
     return ABReport(systems, [test[0] for test in tests])
 

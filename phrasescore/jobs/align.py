@@ -192,6 +192,12 @@ def align_files(
             f"align needs an attention model (train --arch attention); this is a {arch!r} model",
             model_path,
         )
+    if model.config.reverse_target:
+        raise InputError(
+            "align needs a left-to-right model; this one predicts the target right to left "
+            "(train --reverse-target)",
+            model_path,
+        )
     check_files_exist([src_path, tgt_path])
     if src_path == "-" and tgt_path == "-":
         raise InputError("the source and the target cannot both be standard input")

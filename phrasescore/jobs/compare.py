@@ -326,7 +326,7 @@ def propose(
     )
     out = []
     for hyp in hyps:
-        text = " ".join(model.tgt_vocab.decode(hyp.ids))
+        text = " ".join(model.target_words(hyp.ids))
         if text:  # an empty sample (EOS first) is no phrase
             out.append(Proposal(text, hyp.logprob, text in known))
     return out

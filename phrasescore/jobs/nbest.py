@@ -23,6 +23,12 @@ then not written at all): an id beyond the last source line; an id whose source 
 a list whose last id is not the last source line (the list and the source do not match: give the
 source lines that were decoded); the malformed lines :func:`read_nbest` refuses.
 
+Inverse direction: with ``inverse`` (``--inverse``) the model is a target->source model (trained
+on the corpus with its two sides swapped) and the feature is log p(source | hypothesis), the
+inverse-direction re-ranking feature of Sennrich et al. (2016) (with ``normalize``: per source
+token). A right-to-left model (``train --reverse-target``) needs no flag: it carries its order
+and reads each hypothesis reversed (:meth:`~phrasescore.model.config.ModelConfig.target_order`).
+
 CSLM: with ``lm`` (``--lm``), the feature ``CSLM0= log p(hypothesis </s> | <s>)`` of a target
 language model (:mod:`phrasescore.engine.lm_scoring`, SPEC §3.6) is added too, before the model's
 feature; re-ranking then needs a weight for it as well.
@@ -117,6 +123,8 @@ class NBestOptions:
     lm_name: str = "CSLM0"
     scoring: str = "exact"
     """``exact`` or ``self-normalized`` (:mod:`phrasescore.engine.scoring`; the model's feature only)."""
+    inverse: bool = False
+    """The model is target->source: its feature is log p(source | hypothesis)."""
 
 
 @dataclass
@@ -326,6 +334,7 @@ def _manifest_job(names, signatures, options: NBestOptions, weights, sources) ->
             "batch_tokens": options.batch_tokens,
             "scoring": options.scoring,
             "weights": weights,
+            **({"inverse": True} if options.inverse else {}),
         },
         "source": {
             "lines": len(sources),
@@ -497,6 +506,8 @@ def _check_options(nbest: str, source: str, options: NBestOptions, with_model: b
     """The names of the features to add, in order, after checking the options."""
     if with_model:
         check_feature_name(options.name)
+    elif options.inverse:
+        raise InputError("--inverse needs -m MODEL (a target->source model)")
     if nbest == "-" and source == "-":
         raise InputError("the n-best list and --source cannot both be standard input")
     if options.one_best and not options.weights:
@@ -551,12 +562,13 @@ def _features(options: NBestOptions, device, model: TrainedModel | None, model_p
             model_path=model_path,
         )
         log.info(
-            "n-best rescoring with model %s, feature %s, %s scoring",
+            "n-best rescoring with model %s, feature %s = log p(%s), %s scoring",
             model.signature,
             options.name,
+            "source | hypothesis" if options.inverse else "hypothesis | source",
             options.scoring,
         )
-        features.append((options.name, _ModelFeature(scorer, options.normalize)))
+        features.append((options.name, _ModelFeature(scorer, options.normalize, options.inverse)))
     return features, signatures, scorer
 
 
@@ -572,13 +584,18 @@ class _LMFeature:
 
 @dataclass
 class _ModelFeature:
-    """The model's feature: log p(hypothesis | source), or per token with ``normalize``."""
+    """The model's feature: log p(hypothesis | source), or per token with ``normalize``; with
+    ``inverse`` (a target->source model) log p(source | hypothesis)."""
 
     scorer: PairScorer
     normalize: bool
+    inverse: bool = False
 
     def __call__(self, srcs: list[str], hyps: list[str]) -> np.ndarray:
-        scored = self.scorer.score_phrases(srcs, hyps)
+        if self.inverse:
+            scored = self.scorer.score_phrases(hyps, srcs)
+        else:
+            scored = self.scorer.score_phrases(srcs, hyps)
         return scored.logprob / scored.n_tokens if self.normalize else scored.logprob
 
 

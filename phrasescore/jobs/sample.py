@@ -168,7 +168,7 @@ def sample_phrases(
             lists.append(beam_search(network, [ids], search, dev)[0])
         targets = []
         for hyp in merge_candidates(*lists, top=options.top):
-            text = " ".join(model.tgt_vocab.decode(hyp.ids))
+            text = " ".join(model.target_words(hyp.ids))
             in_table = None if table is None else text in table[key]
             targets.append(SampledTarget(text, hyp.logprob, in_table))
         results.append((phrase, targets))

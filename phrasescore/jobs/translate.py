@@ -122,7 +122,7 @@ class Translator:
 
     def text(self, hyp: Hypothesis) -> str:
         """The words of a hypothesis, joined by spaces or detokenised."""
-        words = self.model.tgt_vocab.decode(hyp.ids)
+        words = self.model.target_words(hyp.ids)
         if self._detok is not None:
             return self._detok.detokenize(words, unescape=True)
         return " ".join(words)

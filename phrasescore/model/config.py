@@ -66,6 +66,12 @@ class ModelConfig:
     init: str = "cho"
     layers: int = 1  # lstm: stacked layers in encoder and decoder
     reverse_source: bool = True  # lstm: read the source words in reverse order
+    # right-to-left model (``train --reverse-target``, any architecture): the decoder predicts the
+    # target words last to first, p(y) = prod_t p(y_t | y_>t, x), the R2L re-ranker of Sennrich et
+    # al. (2016) and Liu et al. (2016). Commands give and get words in their natural order;
+    # :meth:`target_order` turns them round at the word level (subwords stay in order within a
+    # word). Model files written before it load as False.
+    reverse_target: bool = False
     init_uniform: float | None = None  # lstm: weights U(-a, a) instead of N(0, init_std²)
     # alpha of the self-normalisation penalty alpha (log Z)² per target token (Devlin et al.
     # 2014, §2.1; ``train --self-normalize``); 0: off. Model files written before it load as 0.
@@ -73,6 +79,11 @@ class ModelConfig:
     self_normalize: float = 0.0
     src_vocab_size: int = 0
     tgt_vocab_size: int = 0
+
+    def target_order(self, words: list[str]) -> list[str]:
+        """Target words in the order the decoder predicts them (its own inverse): reversed for
+        a right-to-left model, as given otherwise."""
+        return words[::-1] if self.reverse_target else words
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

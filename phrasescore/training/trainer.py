@@ -37,6 +37,7 @@ import math
 import os
 import time
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +58,7 @@ from phrasescore.runners import distributed
 from phrasescore.text.corpus import (
     ParallelDataset,
     TokenBudgetBatcher,
+    TokenPair,
     collate,
     read_parallel,
     read_phrase_pairs,
@@ -132,8 +134,19 @@ def _build_vocab(sentences, tcfg: TrainConfig):
     return WordVocabulary.build(sentences, tcfg.vocab_size)
 
 
-def prepare_data(data: TrainingData, tcfg: TrainConfig, vocab_states=None):
-    """Vocabularies (built on the training text unless given) and encoded datasets."""
+def _in_model_order(pairs: Iterable[TokenPair], mcfg: ModelConfig) -> Iterator[TokenPair]:
+    """Each pair with its target words in the order the decoder predicts them
+    (:meth:`~phrasescore.model.config.ModelConfig.target_order`)."""
+    for src, tgt in pairs:
+        yield src, mcfg.target_order(tgt)
+
+
+def prepare_data(
+    data: TrainingData, tcfg: TrainConfig, vocab_states=None, mcfg: ModelConfig | None = None
+):
+    """Vocabularies (built on the training text unless given) and encoded datasets, the targets
+    in ``mcfg``'s order (right to left for ``reverse_target``)."""
+    mcfg = mcfg or ModelConfig()
     src_text = TextNormalizer(data.src_lang, tokenize=data.tokenize, lowercase=data.lowercase)
     tgt_text = TextNormalizer(data.tgt_lang, tokenize=data.tokenize, lowercase=data.lowercase)
     pairs = _pair_source(data, src_text, tgt_text, tcfg.max_length)
@@ -145,12 +158,14 @@ def prepare_data(data: TrainingData, tcfg: TrainConfig, vocab_states=None):
         src_vocab = vocabulary_from_state(vocab_states[0])
         tgt_vocab = vocabulary_from_state(vocab_states[1])
     log.info("vocabularies: source %d, target %d entries", len(src_vocab), len(tgt_vocab))
-    train = ParallelDataset.from_pairs(pairs(), src_vocab, tgt_vocab)
+    train = ParallelDataset.from_pairs(_in_model_order(pairs(), mcfg), src_vocab, tgt_vocab)
     if len(train) == 0:
         raise InputError("no training pairs left after filtering (empty input or --max-length)")
     if data.valid_src and data.valid_tgt:
         valid = ParallelDataset.from_pairs(
-            read_parallel(data.valid_src, data.valid_tgt, src_text, tgt_text, None),
+            _in_model_order(
+                read_parallel(data.valid_src, data.valid_tgt, src_text, tgt_text, None), mcfg
+            ),
             src_vocab,
             tgt_vocab,
         )
@@ -304,7 +319,7 @@ class Trainer:
 
     def prepare(self, tcfg: TrainConfig, vocab_states):
         """(src_text, tgt_text, src_vocab, tgt_vocab, train, valid); see :func:`prepare_data`."""
-        return prepare_data(self.data, tcfg, vocab_states)
+        return prepare_data(self.data, tcfg, vocab_states, self.mcfg)
 
     def new_network(self, src_vocab, tgt_vocab) -> torch.nn.Module:
         self.mcfg.src_vocab_size = len(src_vocab)
