@@ -1192,6 +1192,14 @@ def copy_table(table, output):
     help="--rerank: mert's random restarts (mert-moses.pl's default).",
 )
 @click.option(
+    "--rerank-tuner",
+    type=click.Choice(["mert", "kbmira"]),
+    default="mert",
+    show_default=True,
+    help="--rerank: tune the weights on the dev lists with mert or kbmira (batch MIRA); "
+    "kbmira's systems are named SYSTEM+rerank-kbmira.",
+)
+@click.option(
     "--dev", nargs=2, required=True, metavar="SRC REF", help="Tuning set (tokenised as the system)."
 )
 @click.option(

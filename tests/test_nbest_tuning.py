@@ -10,6 +10,7 @@ from sacrebleu.metrics import BLEU
 from phrasescore.errors import InputError
 from phrasescore.jobs.ab_rerank import (
     dense_feature_names,
+    read_kbmira_weights,
     read_tuned_weights,
     weight_vector,
     weights_by_feature,
@@ -68,6 +69,38 @@ def test_mert_weights_rerank_the_list_to_merts_own_bleu(tmp_path):
     # the weights file phrasescore writes reads back as the same weights
     write_weights_file(tmp_path / "w.ini", weights)
     assert read_weights((tmp_path / "w.ini").read_text(encoding="utf-8")) == weights
+
+
+def test_kbmira_weights_rerank_the_list_to_kbmiras_own_bleu():
+    """kbmira names its dense weights F0 .. in feature order; phrasescore maps them back to the
+    features (L1-normalised as mert's) and re-ranks the list to the BLEU kbmira reports."""
+    names = dense_feature_names(MERT / "features.dat")
+    weights = read_kbmira_weights(MERT / "kbmira.out", names)
+    assert list(weights) == list(read_tuned_weights(MERT / "weights.txt", names))
+    flat = [w for values in weights.values() for w in values]
+    assert sum(abs(w) for w in flat) == pytest.approx(1.0)
+    assert weights["WordPenalty0"][0] == pytest.approx(-1.0288 / 5.191627, rel=1e-5)
+    best = []
+    for group in iter_nbest_groups(read_nbest(str(NBEST))):
+        totals = [total_score(entry.parsed_features(), weights) for entry in group]
+        best.append(group[max(range(len(group)), key=lambda i: (totals[i], -i))].hypothesis)
+    references = REFERENCE.read_text(encoding="utf-8").splitlines()
+    bleu = BLEU(tokenize="none").corpus_score(best, [references]).score
+    reported = float((MERT / "kbmira.best-bleu.txt").read_text().split("=")[1])
+    assert bleu == pytest.approx(100 * reported, abs=1e-4)  # 67.1359, below mert's 76.8998
+
+
+def test_malformed_kbmira_output_is_a_one_line_error(tmp_path):
+    out = tmp_path / "mira.out"
+    out.write_text("F0 0.5\nF1 x\n")
+    with pytest.raises(InputError, match="not a number"):
+        read_kbmira_weights(out, ["LM0_0", "WordPenalty0_0"])
+    out.write_text("F0 0.5\n")
+    with pytest.raises(InputError, match="kbmira gave 1 of 2 weights"):
+        read_kbmira_weights(out, ["LM0_0", "WordPenalty0_0"])
+    out.write_text("F0 0.5\nF7 1\n")
+    with pytest.raises(InputError, match="not a dense kbmira weight"):
+        read_kbmira_weights(out, ["LM0_0", "WordPenalty0_0"])
 
 
 def test_malformed_files_are_one_line_errors(tmp_path):

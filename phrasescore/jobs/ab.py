@@ -12,7 +12,7 @@ wrote), this job
    of every tuned run, adds each model's log p(hypothesis | source) (``phrasescore nbest``),
    tunes the weights on the fixed dev lists with Moses' extractor and mert
    (:mod:`phrasescore.jobs.ab_rerank`) and re-ranks the test lists: one more system per system,
-   ``NAME+rerank``;
+   ``NAME+rerank`` (``NAME+rerank-kbmira`` when tuned with kbmira);
 5. reports BLEU per system and test set as mean and standard deviation over the K runs, the
    tuned weight of each feature the candidate adds, and the paired bootstrap p-value of each
    candidate against the baseline on the run closest to each system's mean (MultEval's advice:
@@ -46,6 +46,7 @@ from phrasescore.errors import InputError
 from phrasescore.files import AtomicOutput, iter_lines
 from phrasescore.jobs.ab_rerank import (
     dense_feature_names,
+    read_kbmira_weights,
     read_tuned_weights,
     weight_vector,
     write_start_point,
@@ -65,6 +66,9 @@ MOSES_PROGRAMS = {
     "mert-moses.pl": "scripts/training/mert-moses.pl",
     "filter-model-given-input.pl": "scripts/training/filter-model-given-input.pl",
 }
+RERANK_TUNERS = {"mert": "bin/mert", "kbmira": "bin/kbmira"}
+"""The tuners of ``--rerank-tuner``: Och's MERT (line search with random restarts) or batch
+k-best MIRA (Cherry & Foster 2012), each run on the fixed dev lists."""
 
 
 @dataclass(frozen=True)
@@ -89,7 +93,12 @@ class MosesInstall:
         return install
 
     def program(self, name: str) -> str:
-        return str(self.home / MOSES_PROGRAMS[name])
+        return str(self.home / {**MOSES_PROGRAMS, **RERANK_TUNERS}[name])
+
+    def check_has(self, name: str) -> None:
+        """Refuse an install without ``name`` (a program only some commands need)."""
+        if not Path(self.program(name)).is_file():
+            raise InputError(f"Moses at {self.home} lacks {RERANK_TUNERS.get(name, name)}")
 
 
 @dataclass(frozen=True)
@@ -135,6 +144,8 @@ class ComparisonOptions:
     """The n-best re-ranking models, one feature each (:func:`rerank_models`); empty: none."""
     nbest_size: int = 100
     rerank_restarts: int = 20
+    rerank_tuner: str = "mert"
+    """``mert`` or ``kbmira`` (:data:`RERANK_TUNERS`)."""
     rerank_systems: tuple[str, ...] | None = None
     """The systems whose runs are re-ranked (None: every system)."""
 
@@ -395,7 +406,10 @@ class Comparison:
         for index, (name, model, inverse) in enumerate(self.options.rerank):
             rerank = weights_file is not None and index == len(self.options.rerank) - 1
             if rerank:
-                target = work / f"{test.name}.rerank.out"
+                tuner = (
+                    "" if self.options.rerank_tuner == "mert" else f"-{self.options.rerank_tuner}"
+                )
+                target = work / f"{test.name}.rerank{tuner}.out"
             else:
                 target = work / f"{test.name}.scored.{index}.nbest"
             if not target.exists():
@@ -412,9 +426,9 @@ class Comparison:
 
     def tune_rerank(self, system: System, run: RunResult, run_dir: Path) -> Path:
         """``Name= w`` lines: the run's features and the models' tuned on the fixed dev n-best
-        lists with Moses' extractor and mert (seeded like the run)."""
+        lists with Moses' extractor and mert or kbmira (seeded like the run)."""
         work = run_dir / self.rerank_label
-        tuned = work / "weights.txt.ini"
+        tuned = work / self.tuned_weights_name
         if tuned.exists():
             return tuned
         work.mkdir(parents=True, exist_ok=True)
@@ -426,12 +440,24 @@ class Comparison:
         self.programs.run(extract, work, "extract.log")
         names = dense_feature_names(work / "features.dat")
         write_start_point(work / "init.opt", weight_vector(names, run.weights, 0.0))
+        if self.options.rerank_tuner == "kbmira":
+            mira = [self.moses.program("kbmira"), *bleu, "-r", str(run.seed)]
+            mira += ["-S", "scores.dat", "-F", "features.dat", "-d", "init.opt", "-o", "mira.out"]
+            self.programs.run(mira, work, "kbmira.log")
+            write_weights_file(tuned, read_kbmira_weights(work / "mira.out", names))
+            return tuned
         mert = [self.moses.program("mert"), "-d", str(len(names)), *bleu]
         mert += ["-n", str(self.options.rerank_restarts), "-r", str(run.seed)]
         mert += ["--scfile", "scores.dat", "--ffile", "features.dat", "--ifile", "init.opt"]
         self.programs.run(mert, work, "mert.log")
         write_weights_file(tuned, read_tuned_weights(work / "weights.txt", names))
         return tuned
+
+    @property
+    def tuned_weights_name(self) -> str:
+        """The tuned weights' file in the re-ranking folder (mert's name kept from before
+        kbmira was offered, so that an earlier workdir resumes)."""
+        return "weights.txt.ini" if self.options.rerank_tuner == "mert" else "weights.kbmira.ini"
 
     @functools.cached_property
     def rerank_label(self) -> str:
@@ -491,6 +517,7 @@ class Comparison:
             for system in self.systems
         ]
         if self.options.rerank:
+            label = "rerank" if self.options.rerank_tuner == "mert" else "rerank-kbmira"
             reranked = [
                 (
                     result.system,
@@ -503,7 +530,7 @@ class Comparison:
             for system, run_futures in reranked:
                 runs_here = [future.result() for future in run_futures]
                 results.append(
-                    SystemResult(System(f"{system.name}+rerank", system.ini), runs_here, {})
+                    SystemResult(System(f"{system.name}+{label}", system.ini), runs_here, {})
                 )
         return results
 
@@ -599,6 +626,10 @@ def compare_systems(
     if options.rerank_systems is not None and not options.rerank:
         raise InputError("--rerank-system needs --rerank MODEL")
     moses = MosesInstall.find(moses_home)
+    if options.rerank_tuner not in RERANK_TUNERS:
+        raise InputError(f"--rerank-tuner {options.rerank_tuner}: give mert or kbmira")
+    if options.rerank:
+        moses.check_has(options.rerank_tuner)
     systems = [System("baseline", _check_input(Path(baseline), "baseline moses.ini"))]
     for spec in candidates:
         name, sep, path = spec.partition("=")

@@ -8,6 +8,8 @@ One tuning is three steps in one working directory:
 2. ``mert`` (Och's line search with random restarts, seeded) finds the weights that maximise
    dev BLEU over those fixed lists, starting from the decoder's tuned weights with the new
    features at 0; it prints ``Best point: w1 ... wn => BLEU`` and writes ``weights.txt``;
+   (or ``kbmira``, batch k-best MIRA, ``--rerank-tuner kbmira``: its ``-o`` file names the
+   dense weights ``F0 ..`` in feature order, :func:`read_kbmira_weights`);
 3. :func:`read_tuned_weights` maps the weight vector back to feature names (the extractor's
    header names each dense value ``Name_i``) and writes them as ``Name= w ...`` lines, the
    file ``phrasescore nbest --weights`` reads to re-rank the test lists.
@@ -97,6 +99,34 @@ def read_tuned_weights(weights_txt: Path, names: list[str]) -> dict[str, list[fl
     if len(vector) != len(names):
         raise InputError(f"{len(vector)} weights for {len(names)} features", path=str(weights_txt))
     return weights_by_feature(names, vector)
+
+
+def read_kbmira_weights(output: Path, names: list[str]) -> dict[str, list[float]]:
+    """kbmira's ``-o`` file by feature name, L1-normalised as mert's ``weights.txt`` is.
+
+    Started from a legacy ``init.opt`` (:func:`write_start_point`), kbmira names the dense
+    weights ``F0 .. F(n-1)`` in the order of the extractor's features (``mert/kbmira.cpp``);
+    lines of sparse features (other names) are not expected from dense feature files.
+    """
+    vector: list[float | None] = [None] * len(names)
+    for lineno, line in enumerate(output.read_text(encoding="utf-8").splitlines(), 1):
+        fields = line.split()
+        if not fields:
+            continue
+        match = re.fullmatch(r"F(\d+)", fields[0])
+        if len(fields) != 2 or not match or int(match.group(1)) >= len(names):
+            raise InputError(f"not a dense kbmira weight: {line!r}", path=str(output), line=lineno)
+        try:
+            vector[int(match.group(1))] = float(fields[1])
+        except ValueError:
+            raise InputError(
+                f"not a number: {fields[1]!r}", path=str(output), line=lineno
+            ) from None
+    if any(value is None for value in vector):
+        raise InputError(f"kbmira gave {sum(v is not None for v in vector)} of {len(names)} weights",
+                         path=str(output))  # fmt: skip
+    total = sum(abs(value) for value in vector) or 1.0
+    return weights_by_feature(names, [value / total for value in vector])
 
 
 def write_weights_file(path: Path, weights: dict[str, list[float]]) -> None:
