@@ -1109,6 +1109,24 @@ def align(source, target, model_path, output, plot_dir, batch_size, device):
 
 
 # ---------------------------------------------------------------------------- Moses files
+@cli.command("rerank-weights", short_help="Named weights <-> mert/kbmira files, by hand.")
+@click.argument("features_dat", metavar="FEATURES_DAT")
+@click.option("--start", metavar="INI", help="Write mert's init.opt from this moses.ini's weights.")
+@click.option(
+    "--tuned", metavar="WEIGHTS", help="Write Name= w lines from mert's weights.txt or kbmira's -o."
+)
+@click.option("-o", "--output", required=True, help="The file to write.")
+@_fail_cleanly
+def rerank_weights(features_dat, start, tuned, output):
+    """Between the extractor's FEATURES_DAT (its header names the dense values) and named
+    weights: --start INI writes mert's init.opt (a feature INI lacks starts at 0); --tuned
+    WEIGHTS writes the Name= w lines that nbest --weights reads. docs/moses.md: re-ranking by hand.
+    """
+    from phrasescore.jobs.ab_rerank import rerank_weights as run_rerank_weights
+
+    _echo(run_rerank_weights(features_dat, output, start=start, tuned=tuned), err=True)
+
+
 @cli.command("ini-tables", short_help="List the phrase tables of a moses.ini.")
 @click.argument("moses_ini")
 @click.option("--factors", is_flag=True, help="Add INPUT_FACTORS and OUTPUT_FACTORS columns.")

@@ -95,3 +95,13 @@ def tiny_model_path(tmp_path_factory, corpus_files) -> str:
     path = tmp_path_factory.mktemp("model") / "tiny.safetensors"
     train_tiny(path, *corpus_files, max_steps=60, valid_every=30, learning_rate=3e-3, seed=3)
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_inverse_model_path(tmp_path_factory, corpus_files) -> str:
+    """A tiny French->English model (the sample pairs with their sides swapped): the
+    target->source model of ``nbest --inverse`` and ``ab --rerank-inverse``."""
+    path = tmp_path_factory.mktemp("inverse") / "fr-en.safetensors"
+    src, tgt = corpus_files
+    train_tiny(path, tgt, src, src_lang="fr", tgt_lang="en", max_steps=60, learning_rate=3e-3)
+    return str(path)

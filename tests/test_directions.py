@@ -43,12 +43,8 @@ def r2l_model_path(tmp_path_factory, corpus_files) -> str:
 
 
 @pytest.fixture(scope="module")
-def inverse_model_path(tmp_path_factory, corpus_files) -> str:
-    """A French->English model: the corpus with its sides swapped."""
-    path = tmp_path_factory.mktemp("inverse") / "fr-en.safetensors"
-    src, tgt = corpus_files
-    train_tiny(path, tgt, src, src_lang="fr", tgt_lang="en", max_steps=60, learning_rate=3e-3)
-    return str(path)
+def inverse_model_path(tiny_inverse_model_path) -> str:
+    return tiny_inverse_model_path
 
 
 def test_target_order_turns_words_round_only_for_a_right_to_left_model():

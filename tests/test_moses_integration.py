@@ -205,3 +205,40 @@ def test_ab_rerank_tunes_the_nbest_feature_on_dev_and_reranks_the_tests(
         assert line in groups[index]
     assert 0.0 <= reranked.p_values["test20"] <= 1.0
     assert format_report(results, ["test20"])[2].startswith("baseline+rerank")
+
+
+def test_ab_rerank_with_an_inverse_model_and_kbmira_reuses_the_scored_lists(
+    moses_system, tiny_model_path, tiny_inverse_model_path, tmp_path
+):
+    """Two sets of re-ranking models in one workdir, the second adding a target->source model
+    and tuned with kbmira: the lists scored by the first model are not scored again."""
+    from phrasescore.jobs.ab import ComparisonOptions, compare_systems
+
+    def compare(tuner, rerank, rerank_inverse):
+        options = ComparisonOptions(runs=1, jobs=1, max_iterations=1, nbest_size=10)
+        options.bootstrap_samples = 100
+        options.rerank_tuner = tuner
+        return compare_systems(
+            baseline=str(moses_system["baseline"]),
+            candidates=[],
+            dev=(str(SYSTEM / "dev50.en"), str(SYSTEM / "dev50.fr")),
+            tests=[("test20", str(SYSTEM / "test20.en"), str(SYSTEM / "test20.fr"))],
+            workdir=str(tmp_path / "ab"),
+            moses_home=MOSES_HOME,
+            options=options,
+            rerank=rerank,
+            rerank_inverse=rerank_inverse,
+        )
+
+    compare("mert", [f"Sent0={tiny_model_path}"], [])
+    scored = tmp_path / "ab" / "baseline" / "mert-1234" / "scored"
+    first = {p.name: p.stat().st_mtime_ns for p in scored.iterdir()}
+    assert len(first) == 1  # dev scored by Sent0 (the test list is scored in the re-ranking)
+    results = compare("kbmira", [f"Sent0={tiny_model_path}"], [f"Inv={tiny_inverse_model_path}"])
+    assert [r.system.name for r in results] == ["baseline", "baseline+rerank-kbmira"]
+    now = {p.name: p.stat().st_mtime_ns for p in scored.iterdir()}
+    assert {k: now[k] for k in first} == first and len(now) == 3  # + test by Sent0, dev by both
+    (run,) = results[1].runs
+    assert list(results[1].new_weights) == ["Sent0[0]", "Inv[0]"]
+    assert abs(sum(abs(w) for ws in run.weights.values() for w in ws) - 1.0) < 1e-4
+    assert len(run.outputs["test20"].read_text(encoding="utf-8").splitlines()) == 20

@@ -116,3 +116,65 @@ def test_malformed_files_are_one_line_errors(tmp_path):
         read_tuned_weights(tmp_path / "w.txt", ["LM0_0"])
     with pytest.raises(InputError, match="out of order"):
         weights_by_feature(["LM0_1", "LM0_0"], [1.0, 2.0])
+
+
+def _cli(*args: str):
+    from click.testing import CliRunner
+
+    from phrasescore.cli import cli
+
+    return CliRunner().invoke(cli, ["-q", *args])
+
+
+def test_rerank_weights_command_bridges_the_moses_files_by_hand(tmp_path):
+    """The by-hand recipe of docs/moses.md: init.opt from a moses.ini, named weights from mert's
+    or kbmira's output, then nbest --weights (no -m) re-ranks the list to the tuner's BLEU."""
+    ini = str(DATA / "moses" / "multi30k.moses.ini")
+    features = str(MERT / "features.dat")
+    start = tmp_path / "init.opt"
+    assert _cli("rerank-weights", features, "--start", ini, "-o", str(start)).exit_code == 0
+    assert start.read_bytes() == (MERT / "init.opt").read_bytes()
+    references = REFERENCE.read_text(encoding="utf-8").splitlines()
+    source = str(DATA / "nbest" / "multi30k.test2016.head5.tok.lc.en")
+    for tuned, reported in (
+        ("weights.txt", float((MERT / "mert.best-point.txt").read_text().split("=>")[1])),
+        ("kbmira.out", float((MERT / "kbmira.best-bleu.txt").read_text().split("=")[1])),
+    ):
+        named = tmp_path / f"{tuned}.ini"
+        result = _cli("rerank-weights", features, "--tuned", str(MERT / tuned), "-o", str(named))
+        assert result.exit_code == 0, result.output
+        names = dense_feature_names(MERT / "features.dat")
+        assert read_weights(named.read_text(encoding="utf-8")) == (
+            read_kbmira_weights(MERT / tuned, names)
+            if tuned == "kbmira.out"
+            else read_tuned_weights(MERT / tuned, names)
+        )
+        best = tmp_path / f"{tuned}.best"
+        args = ["nbest", str(NBEST), "--source", source, "--weights", str(named), "--one-best"]
+        result = _cli(*args, "-o", str(best), "--no-progress")
+        assert result.exit_code == 0, result.output
+        output = best.read_text(encoding="utf-8").splitlines()
+        bleu = BLEU(tokenize="none").corpus_score(output, [references]).score
+        assert bleu == pytest.approx(100 * reported, abs=1e-4)
+    assert _cli("rerank-weights", features, "-o", str(tmp_path / "x")).exit_code == 1
+
+
+def test_nbest_weights_without_a_model_warns_of_a_weighed_feature_the_list_lacks(tmp_path, caplog):
+    ini = str(DATA / "moses" / "multi30k.moses.ini")
+    source = str(DATA / "nbest" / "multi30k.test2016.head5.tok.lc.en")
+    extra = tmp_path / "w.ini"
+    extra.write_text(Path(ini).read_text(encoding="utf-8") + "RNNEncDec0= 0.3\n")
+    args = ["nbest", str(NBEST), "--source", source, "--weights", str(extra), "--one-best"]
+    from phrasescore.jobs.nbest import NBestOptions, rescore_nbest
+
+    options = NBestOptions(weights=str(extra), one_best=True)
+    with caplog.at_level("WARNING"):
+        rescore_nbest(
+            str(NBEST), source, output=str(tmp_path / "o"), options=options, progress=False
+        )
+    assert "RNNEncDec0, which this list lacks" in caplog.text
+    # the re-ranking itself is the ini's: the list's own best (its totals are the ini's)
+    assert _cli(*args, "-o", str(tmp_path / "o2"), "--no-progress").exit_code == 0
+    lines = (tmp_path / "o2").read_text(encoding="utf-8").splitlines()
+    firsts = [group[0].hypothesis for group in iter_nbest_groups(read_nbest(str(NBEST)))]
+    assert lines == firsts

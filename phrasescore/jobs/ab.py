@@ -401,7 +401,12 @@ class Comparison:
         self, nbest: Path, test: TestSet, work: Path, weights_file: Path | None = None
     ) -> Path:
         """``nbest`` with every re-ranking model's feature added (``phrasescore nbest``, one
-        model after the other); with ``weights_file``, the re-ranked 1-best texts instead."""
+        model after the other); with ``weights_file``, the re-ranked 1-best texts instead.
+
+        The list scored by the first k models is kept in the run's ``scored/`` folder under a
+        digest of those k models (names, directions, file digests), so that another set of
+        models with the same first k (an ablation: L2R, then L2R + R2L, ...) scores only the
+        rest."""
         current = nbest
         for index, (name, model, inverse) in enumerate(self.options.rerank):
             rerank = weights_file is not None and index == len(self.options.rerank) - 1
@@ -411,7 +416,10 @@ class Comparison:
                 )
                 target = work / f"{test.name}.rerank{tuner}.out"
             else:
-                target = work / f"{test.name}.scored.{index}.nbest"
+                prefix = "+".join(self.model_labels[: index + 1])
+                digest = hashlib.sha256(prefix.encode("utf-8")).hexdigest()[:10]
+                target = work.parent / "scored" / f"{test.name}.{digest}.nbest"
+                target.parent.mkdir(exist_ok=True)
             if not target.exists():
                 command = [sys.executable, "-m", "phrasescore", "nbest", str(current)]
                 command += ["--source", str(test.source), "-m", model, "--name", name]
@@ -462,11 +470,15 @@ class Comparison:
     @functools.cached_property
     def rerank_label(self) -> str:
         """The folder of one set of re-ranking models: their names and file digests."""
-        parts = [
+        return "rerank-" + "+".join(self.model_labels)
+
+    @functools.cached_property
+    def model_labels(self) -> list[str]:
+        """``NAME-[inverse-]DIGEST`` of each re-ranking model, in order."""
+        return [
             f"{name}-{'inverse-' if inverse else ''}{_file_digest(model)}"
             for name, model, inverse in self.options.rerank
         ]
-        return "rerank-" + "+".join(parts)
 
     def rerank_one(self, system: System, run: RunResult) -> RunResult:
         """One tuned run's test sets, re-ranked with the models' features."""

@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import logging
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from phrasescore.errors import InputError
 from phrasescore.files import AtomicOutput
+from phrasescore.moses.ini import read_weights
 
 log = logging.getLogger(__name__)
 
@@ -135,3 +137,43 @@ def write_weights_file(path: Path, weights: dict[str, list[float]]) -> None:
     with AtomicOutput(str(path)) as out:
         for name, values in weights.items():
             out.write(f"{name}= " + " ".join(repr(v) for v in values) + "\n")
+
+
+def read_tuner_output(path: Path, names: list[str]) -> dict[str, list[float]]:
+    """mert's ``weights.txt`` or kbmira's ``-o`` file (``F0 w`` lines), told apart by their
+    first field, by feature name."""
+    first = path.read_text(encoding="utf-8").split(maxsplit=1)[:1]
+    if first and re.fullmatch(r"F\d+", first[0]):
+        return read_kbmira_weights(path, names)
+    return read_tuned_weights(path, names)
+
+
+@dataclass
+class RerankWeights:
+    """What ``phrasescore rerank-weights`` wrote."""
+
+    output: str
+    what: str
+    features: int
+
+    def lines(self) -> list[str]:
+        return [f"phrasescore: {self.what} for {self.features} dense values -> {self.output}"]
+
+
+def rerank_weights(
+    features_dat: str, output: str, start: str | None = None, tuned: str | None = None
+) -> RerankWeights:
+    """``phrasescore rerank-weights``: the bridge between an extractor's ``features.dat`` and
+    named weights, for re-ranking by hand (docs/moses.md). With ``start`` (a moses.ini or
+    ``Name= w`` file): mert's ``init.opt`` (:func:`write_start_point`; a feature the file does
+    not weigh, e.g. a model's, starts at 0). With ``tuned`` (mert's ``weights.txt`` or kbmira's
+    output): ``Name= w ...`` lines (:func:`write_weights_file`)."""
+    if (start is None) == (tuned is None):
+        raise InputError("give one of --start INI (mert's init.opt) or --tuned WEIGHTS")
+    names = dense_feature_names(Path(features_dat))
+    if start is not None:
+        weights = read_weights(Path(start).read_text(encoding="utf-8"), start)
+        write_start_point(Path(output), weight_vector(names, weights, 0.0))
+        return RerankWeights(output, "mert start point (init.opt)", len(names))
+    write_weights_file(Path(output), read_tuner_output(Path(tuned), names))
+    return RerankWeights(output, "tuned weights (Name= w lines)", len(names))

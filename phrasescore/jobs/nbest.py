@@ -221,7 +221,7 @@ def rescore_nbest(
     (CPU): the blocks are scored in that many forked single-threaded processes
     (:mod:`phrasescore.runners.chunk_pool`), with the bytes of one process."""
     options = options or NBestOptions()
-    with_model = model is not None or model_path is not None or not options.lm
+    with_model = _with_model(options, model is not None or model_path is not None)
     names = _check_options(nbest, source, options, with_model)
     if shard is not None:
         _check_shard(nbest, output, options)
@@ -247,6 +247,7 @@ def rescore_nbest(
                 shard.index - 1,
             )
         writer = _Writer(options, weights, len(sources), [name for name, _ in features])
+        writer.check_weighed = not features  # re-ranking alone: every weight must be in the list
         reader = _BlockReader(nbest, sources, source, options.block_hypotheses, shard)
         manifest = None
         if shard is not None:
@@ -441,7 +442,7 @@ def run_nbest(
         merged.lines,
         time.monotonic() - started,
         changed if options.weights else None,
-        scoring=options.scoring if model_path is not None or not options.lm else None,
+        scoring=options.scoring if _with_model(options, model_path is not None) else None,
     )
     log.info(
         "torchrun: %d ranks scored %d hypotheses in %.1f s (%.0f hypotheses/s)",
@@ -500,6 +501,13 @@ def _check_shard(nbest: str, output: str, options: NBestOptions) -> None:
         )
     if os.path.abspath(output) == os.path.abspath(nbest):
         raise InputError("the output would overwrite the n-best list", output)
+
+
+def _with_model(options: NBestOptions, model_given: bool) -> bool:
+    """Whether a model's feature is added: with ``-m``, or whenever neither ``--lm`` nor
+    ``--weights`` alone says what to do (then ``-m`` is missing). ``--weights`` without ``-m``
+    and ``--lm`` re-ranks a list that holds every feature already."""
+    return model_given or not (options.lm or options.weights)
 
 
 def _check_options(nbest: str, source: str, options: NBestOptions, with_model: bool) -> list[str]:
@@ -646,6 +654,9 @@ class _Writer:
         self.best_texts: list[str] | None = [""] * n_sources if options.one_best else None
         self.sentences = self.hypotheses = self.changed = 0
         self.last_id = -1
+        self.check_weighed = False
+        """Warn of weights for a feature the list lacks (re-ranking without a model: a feature
+        weighed but missing may be the ``-m`` forgotten)."""
 
     def write_block(self, groups: list[list[NBestEntry]], out) -> None:
         for group in groups:
@@ -655,12 +666,26 @@ class _Writer:
             if self.weights is None:
                 out.writelines(e.line() for e in group)
                 continue
+            if self.check_weighed:
+                self._check_weighed(group[0])
             lines, best, was_best = _rerank(group, self.weights, self.options)
             self.changed += best.hypothesis != was_best.hypothesis
             if self.best_texts is not None:
                 self.best_texts[group[0].id] = best.hypothesis
             else:
                 out.writelines(lines)
+
+    def _check_weighed(self, entry: NBestEntry) -> None:
+        listed = {name for name, _ in parse_features(entry.features, entry.path, entry.lineno)}
+        missing = [name for name in self.weights if name not in listed and "_" not in name]
+        if missing:  # moses.ini weighs features Moses leaves out of lists (UnknownWordPenalty0)
+            log.warning(
+                "%s: --weights gives %s, which this list lacks (0 in every total): add a model "
+                "feature first (nbest -m MODEL --name NAME) if one was meant",
+                display_name(entry.path),
+                ", ".join(missing),
+            )
+        self.check_weighed = False  # one entry is enough: every line of a list has the same
 
     def skip(self, groups: list[list[NBestEntry]]) -> None:
         """Groups another shard writes (only their ids count, for :meth:`finish`)."""
