@@ -167,24 +167,34 @@ def test_ab_runs_a_short_mert_per_system_and_resumes(moses_system, tmp_path):
     assert (tmp_path / "ab" / "rnn" / "mert-1234" / "test20.out").stat().st_mtime_ns == stamp
 
 
-def test_ab_rerank_tunes_the_nbest_feature_on_dev_and_reranks_the_tests(
-    moses_system, tiny_model_path, tmp_path
-):
-    from phrasescore.jobs.ab import ComparisonOptions, compare_systems, format_report
-    from phrasescore.moses.nbest import read_nbest
+def rerank_baseline(moses_system, workdir, rerank, rerank_inverse=(), tuner="mert"):
+    """``ab --rerank`` of the test system's baseline alone: 1 MERT run of 1 iteration on 50 dev
+    sentences, 10-best lists, one test set of 20 sentences."""
+    from phrasescore.jobs.ab import ComparisonOptions, compare_systems
 
     options = ComparisonOptions(runs=1, jobs=1, max_iterations=1, nbest_size=10)
     options.bootstrap_samples = 100
-    results = compare_systems(
+    options.rerank_tuner = tuner
+    return compare_systems(
         baseline=str(moses_system["baseline"]),
         candidates=[],
         dev=(str(SYSTEM / "dev50.en"), str(SYSTEM / "dev50.fr")),
         tests=[("test20", str(SYSTEM / "test20.en"), str(SYSTEM / "test20.fr"))],
-        workdir=str(tmp_path / "ab"),
+        workdir=str(workdir),
         moses_home=MOSES_HOME,
         options=options,
-        rerank=[f"Sent0={tiny_model_path}"],
+        rerank=rerank,
+        rerank_inverse=list(rerank_inverse),
     )
+
+
+def test_ab_rerank_tunes_the_nbest_feature_on_dev_and_reranks_the_tests(
+    moses_system, tiny_model_path, tmp_path
+):
+    from phrasescore.jobs.ab import format_report
+    from phrasescore.moses.nbest import read_nbest
+
+    results = rerank_baseline(moses_system, tmp_path / "ab", [f"Sent0={tiny_model_path}"])
     assert [r.system.name for r in results] == ["baseline", "baseline+rerank"]
     reranked = results[1]
     (run,) = reranked.runs
@@ -212,29 +222,17 @@ def test_ab_rerank_with_an_inverse_model_and_kbmira_reuses_the_scored_lists(
 ):
     """Two sets of re-ranking models in one workdir, the second adding a target->source model
     and tuned with kbmira: the lists scored by the first model are not scored again."""
-    from phrasescore.jobs.ab import ComparisonOptions, compare_systems
-
-    def compare(tuner, rerank, rerank_inverse):
-        options = ComparisonOptions(runs=1, jobs=1, max_iterations=1, nbest_size=10)
-        options.bootstrap_samples = 100
-        options.rerank_tuner = tuner
-        return compare_systems(
-            baseline=str(moses_system["baseline"]),
-            candidates=[],
-            dev=(str(SYSTEM / "dev50.en"), str(SYSTEM / "dev50.fr")),
-            tests=[("test20", str(SYSTEM / "test20.en"), str(SYSTEM / "test20.fr"))],
-            workdir=str(tmp_path / "ab"),
-            moses_home=MOSES_HOME,
-            options=options,
-            rerank=rerank,
-            rerank_inverse=rerank_inverse,
-        )
-
-    compare("mert", [f"Sent0={tiny_model_path}"], [])
+    rerank_baseline(moses_system, tmp_path / "ab", [f"Sent0={tiny_model_path}"])
     scored = tmp_path / "ab" / "baseline" / "mert-1234" / "scored"
     first = {p.name: p.stat().st_mtime_ns for p in scored.iterdir()}
     assert len(first) == 1  # dev scored by Sent0 (the test list is scored in the re-ranking)
-    results = compare("kbmira", [f"Sent0={tiny_model_path}"], [f"Inv={tiny_inverse_model_path}"])
+    results = rerank_baseline(
+        moses_system,
+        tmp_path / "ab",
+        [f"Sent0={tiny_model_path}"],
+        [f"Inv={tiny_inverse_model_path}"],
+        tuner="kbmira",
+    )
     assert [r.system.name for r in results] == ["baseline", "baseline+rerank-kbmira"]
     now = {p.name: p.stat().st_mtime_ns for p in scored.iterdir()}
     assert {k: now[k] for k in first} == first and len(now) == 3  # + test by Sent0, dev by both

@@ -26,6 +26,16 @@ REFERENCE = DATA / "nbest" / "multi30k.test2016.head5.tok.lc.fr"
 MERT = DATA / "nbest" / "mert"
 
 
+def reranked_bleu(weights: dict[str, list[float]]) -> float:
+    """BLEU of the list's best hypotheses under ``weights`` (ties: the first listed)."""
+    best = []
+    for group in iter_nbest_groups(read_nbest(str(NBEST))):
+        totals = [total_score(entry.parsed_features(), weights) for entry in group]
+        best.append(group[max(range(len(group)), key=lambda i: (totals[i], -i))].hypothesis)
+    references = REFERENCE.read_text(encoding="utf-8").splitlines()
+    return BLEU(tokenize="none").corpus_score(best, [references]).score
+
+
 def test_dense_names_are_the_lists_features_in_order():
     names = dense_feature_names(MERT / "features.dat")
     first = next(read_nbest(str(NBEST)))
@@ -58,12 +68,7 @@ def test_mert_weights_rerank_the_list_to_merts_own_bleu(tmp_path):
         "TranslationModel0",
     ]
     assert len(weights["TranslationModel0"]) == 4
-    best = []
-    for group in iter_nbest_groups(read_nbest(str(NBEST))):
-        totals = [total_score(entry.parsed_features(), weights) for entry in group]
-        best.append(group[max(range(len(group)), key=lambda i: (totals[i], -i))].hypothesis)
-    references = REFERENCE.read_text(encoding="utf-8").splitlines()
-    bleu = BLEU(tokenize="none").corpus_score(best, [references]).score
+    bleu = reranked_bleu(weights)
     merts = float((MERT / "mert.best-point.txt").read_text().split("=>")[1])
     assert bleu == pytest.approx(100 * merts, abs=1e-4)  # 76.8998
     # the weights file phrasescore writes reads back as the same weights
@@ -80,12 +85,7 @@ def test_kbmira_weights_rerank_the_list_to_kbmiras_own_bleu():
     flat = [w for values in weights.values() for w in values]
     assert sum(abs(w) for w in flat) == pytest.approx(1.0)
     assert weights["WordPenalty0"][0] == pytest.approx(-1.0288 / 5.191627, rel=1e-5)
-    best = []
-    for group in iter_nbest_groups(read_nbest(str(NBEST))):
-        totals = [total_score(entry.parsed_features(), weights) for entry in group]
-        best.append(group[max(range(len(group)), key=lambda i: (totals[i], -i))].hypothesis)
-    references = REFERENCE.read_text(encoding="utf-8").splitlines()
-    bleu = BLEU(tokenize="none").corpus_score(best, [references]).score
+    bleu = reranked_bleu(weights)
     reported = float((MERT / "kbmira.best-bleu.txt").read_text().split("=")[1])
     assert bleu == pytest.approx(100 * reported, abs=1e-4)  # 67.1359, below mert's 76.8998
 
