@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import gzip
+import os
+import re
 import subprocess
 from pathlib import Path
 
 from phrasescore.moses.ini import count_features_and_weights, list_phrase_tables
+from phrasescore.moses.nbest import read_nbest
 from phrasescore.moses.phrase_table import format_entry, read_phrase_table
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -14,11 +17,13 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 def test_example_run_quick(tmp_path):
     before = sorted(p.relative_to(EXAMPLES) for p in EXAMPLES.rglob("*"))
+    env = {k: v for k, v in os.environ.items() if k not in ("MOSES_HOME", "MOSES")}
     proc = subprocess.run(
         ["bash", str(EXAMPLES / "run.sh"), "--quick", "--out", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=900,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "mert-moses.pl" in proc.stdout and "phrase-table.rescored.gz" in proc.stdout
@@ -44,3 +49,16 @@ def test_example_run_quick(tmp_path):
     for name, (features, weights) in counts.items():
         if features is not None:
             assert features == weights, name
+    # step 3: the shipped n-best lists with one feature per re-ranking model, every other byte kept
+    for name in ("dev", "test"):
+        shipped = list(read_nbest(str(EXAMPLES / "nbest" / f"{name}.100best.nbest.gz")))
+        scored = list(read_nbest(str(tmp_path / "rerank" / f"{name}.scored.nbest")))
+        assert len(scored) == len(shipped) > 14000
+        for old, new in zip(shipped, scored, strict=True):
+            added = re.fullmatch(r"(.*) L2R= (\S+) R2L= (\S+) Inv= (\S+)", new.features)
+            assert added and added.group(1) == old.features.rstrip()
+            assert new.hypothesis == old.hypothesis and new.total == old.total
+            assert all(float(added.group(k)) < 0 for k in (2, 3, 4))
+    moses_best = (tmp_path / "rerank" / "test.moses.fr").read_text(encoding="utf-8").splitlines()
+    assert len(moses_best) == 200
+    assert "Moses 1-best" in proc.stdout and "MOSES_HOME" in proc.stdout  # no Moses here
