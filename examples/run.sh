@@ -62,10 +62,10 @@ echo "== 3/3 re-ranking n-best lists with three attention models (L2R, R2L, inve
 nb="$out/rerank"
 mkdir -p "$nb"
 corpus="$here/corpus"
-zcat "$corpus/val.tok.lc.en.gz" | head -n "$sentences" > "$nb/dev.en"
-zcat "$corpus/val.tok.lc.fr.gz" | head -n "$sentences" > "$nb/dev.fr"
-zcat "$corpus/test_2016_flickr.tok.lc.en.gz" | head -n "$sentences" > "$nb/test.en"
-zcat "$corpus/test_2016_flickr.tok.lc.fr.gz" | head -n "$sentences" > "$nb/test.fr"
+zcat "$corpus/val.tok.lc.en.gz" | sed -n "1,${sentences}p" > "$nb/dev.en"
+zcat "$corpus/val.tok.lc.fr.gz" | sed -n "1,${sentences}p" > "$nb/dev.fr"
+zcat "$corpus/test_2016_flickr.tok.lc.en.gz" | sed -n "1,${sentences}p" > "$nb/test.en"
+zcat "$corpus/test_2016_flickr.tok.lc.fr.gz" | sed -n "1,${sentences}p" > "$nb/test.fr"
 for set in dev test; do  # the hypotheses of sentence ids 0 .. sentences-1
   zcat "$here/nbest/$set.100best.nbest.gz" | awk -F' [|][|][|] ' -v n="$sentences" '$1 < n' \
     > "$nb/$set.100best.nbest"
