@@ -56,7 +56,7 @@ def test_example_run_quick(tmp_path):
         scored = list(read_nbest(str(tmp_path / "rerank" / f"{name}.scored.nbest")))
         assert len(scored) == len(shipped) > 3000
         for old, new in zip(shipped, scored, strict=True):
-            added = re.fullmatch(r"(.*) L2R= (\S+) R2L= (\S+) Inv= (\S+)", new.features)
+            added = re.fullmatch(r"(.*) L2R= (\S+) R2L= (\S+) Inv= (\S+) ?", new.features)
             assert added and added.group(1) == old.features.rstrip()
             assert new.hypothesis == old.hypothesis and new.total == old.total
             assert all(float(added.group(k)) < 0 for k in (2, 3, 4))
