@@ -411,10 +411,7 @@ class Comparison:
         for index, (name, model, inverse) in enumerate(self.options.rerank):
             rerank = weights_file is not None and index == len(self.options.rerank) - 1
             if rerank:
-                tuner = (
-                    "" if self.options.rerank_tuner == "mert" else f"-{self.options.rerank_tuner}"
-                )
-                target = work / f"{test.name}.rerank{tuner}.out"
+                target = work / f"{test.name}.{self.rerank_name}.out"
             else:
                 prefix = "+".join(self.model_labels[: index + 1])
                 digest = hashlib.sha256(prefix.encode("utf-8")).hexdigest()[:10]
@@ -462,10 +459,17 @@ class Comparison:
         return tuned
 
     @property
+    def rerank_name(self) -> str:
+        """``rerank`` (mert, the name from before kbmira was offered, so that an earlier
+        workdir resumes) or ``rerank-kbmira``: the re-ranked systems' suffix and outputs."""
+        tuner = self.options.rerank_tuner
+        return "rerank" if tuner == "mert" else f"rerank-{tuner}"
+
+    @property
     def tuned_weights_name(self) -> str:
-        """The tuned weights' file in the re-ranking folder (mert's name kept from before
-        kbmira was offered, so that an earlier workdir resumes)."""
-        return "weights.txt.ini" if self.options.rerank_tuner == "mert" else "weights.kbmira.ini"
+        """The tuned weights' file in the re-ranking folder (mert's name as before)."""
+        tuner = self.options.rerank_tuner
+        return "weights.txt.ini" if tuner == "mert" else f"weights.{tuner}.ini"
 
     @functools.cached_property
     def rerank_label(self) -> str:
@@ -529,7 +533,6 @@ class Comparison:
             for system in self.systems
         ]
         if self.options.rerank:
-            label = "rerank" if self.options.rerank_tuner == "mert" else "rerank-kbmira"
             reranked = [
                 (
                     result.system,
@@ -542,7 +545,9 @@ class Comparison:
             for system, run_futures in reranked:
                 runs_here = [future.result() for future in run_futures]
                 results.append(
-                    SystemResult(System(f"{system.name}+{label}", system.ini), runs_here, {})
+                    SystemResult(
+                        System(f"{system.name}+{self.rerank_name}", system.ini), runs_here, {}
+                    )
                 )
         return results
 

@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 FEATURES_HEADER = "FEATURES_TXT_BEGIN_0"
 _VALUE_NAME = re.compile(r"(.+)_(\d+)\Z")
+_KBMIRA_NAME = re.compile(r"F(\d+)\Z")
+"""kbmira's name of dense weight i when started from a legacy ``init.opt``."""
 
 
 def dense_feature_names(features_dat: Path) -> list[str]:
@@ -115,7 +117,7 @@ def read_kbmira_weights(output: Path, names: list[str]) -> dict[str, list[float]
         fields = line.split()
         if not fields:
             continue
-        match = re.fullmatch(r"F(\d+)", fields[0])
+        match = _KBMIRA_NAME.match(fields[0])
         if len(fields) != 2 or not match or int(match.group(1)) >= len(names):
             raise InputError(f"not a dense kbmira weight: {line!r}", path=str(output), line=lineno)
         try:
@@ -143,7 +145,7 @@ def read_tuner_output(path: Path, names: list[str]) -> dict[str, list[float]]:
     """mert's ``weights.txt`` or kbmira's ``-o`` file (``F0 w`` lines), told apart by their
     first field, by feature name."""
     first = path.read_text(encoding="utf-8").split(maxsplit=1)[:1]
-    if first and re.fullmatch(r"F\d+", first[0]):
+    if first and _KBMIRA_NAME.match(first[0]):
         return read_kbmira_weights(path, names)
     return read_tuned_weights(path, names)
 
