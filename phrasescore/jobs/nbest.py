@@ -247,7 +247,6 @@ def rescore_nbest(
                 shard.index - 1,
             )
         writer = _Writer(options, weights, len(sources), [name for name, _ in features])
-        writer.check_weighed = not features  # re-ranking alone: every weight must be in the list
         reader = _BlockReader(nbest, sources, source, options.block_hypotheses, shard)
         manifest = None
         if shard is not None:
@@ -654,7 +653,7 @@ class _Writer:
         self.best_texts: list[str] | None = [""] * n_sources if options.one_best else None
         self.sentences = self.hypotheses = self.changed = 0
         self.last_id = -1
-        self.check_weighed = False
+        self.check_weighed = weights is not None and not names
         """Warn of weights for a feature the list lacks (re-ranking without a model: a feature
         weighed but missing may be the ``-m`` forgotten)."""
 
