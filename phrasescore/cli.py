@@ -710,7 +710,13 @@ def merge_shards(parts, output, moses_ini, ini_out, ini_table, weight):
 @cli.command("nbest", short_help="Add log p(hypothesis | source) to an n-best list.")
 @click.argument("nbest_path", metavar="NBEST")
 @click.option("--source", required=True, help="Decoder input, one sentence per id (tokenised).")
-@click.option("-m", "--model", "model_path", help="Model file (optional with --lm).")
+@click.option(
+    "-m",
+    "--model",
+    "model_path",
+    multiple=True,
+    help="Model file (optional with --lm); several -m: one feature, their ensemble.",
+)
 @click.option("--name", default="RNNEncDec0", show_default=True, help="Feature name (no '_').")
 @click.option(
     "--inverse",
@@ -1175,15 +1181,16 @@ def copy_table(table, output):
 @click.option(
     "--rerank",
     multiple=True,
-    metavar="[NAME=]MODEL",
+    metavar="[NAME=]MODEL[,MODEL]",
     help="Also re-rank every tuned run's n-best lists with this sentence model's log p "
     "(feature NAME, default RNNEncDec0, 1, ...), weights tuned on the dev lists with Moses' "
-    "extractor and mert: one more system per system, SYSTEM+rerank; repeatable.",
+    "extractor and mert: one more system per system, SYSTEM+rerank; repeatable. Several "
+    "comma-separated models: one feature, their ensemble.",
 )
 @click.option(
     "--rerank-inverse",
     multiple=True,
-    metavar="[NAME=]MODEL",
+    metavar="[NAME=]MODEL[,MODEL]",
     help="As --rerank, with a target->source model: the feature is log p(source | hypothesis) "
     "(default name RNNEncDecInv0, 1, ...); repeatable, together with --rerank.",
 )

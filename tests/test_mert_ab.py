@@ -120,18 +120,25 @@ def test_without_moses_one_line_says_what_is_missing(monkeypatch, tmp_path):
 
 
 def test_rerank_models_are_named_checked_and_distinct(tmp_path, tiny_model_path):
+    one = (tiny_model_path,)
     assert rerank_models([tiny_model_path, f"Att={tiny_model_path}"]) == (
-        ("RNNEncDec0", tiny_model_path, False),
-        ("Att", tiny_model_path, False),
+        ("RNNEncDec0", one, False),
+        ("Att", one, False),
     )
     # target->source models: their own default names, the same name space as --rerank's
     assert rerank_models(
         [f"L2R={tiny_model_path}"], [tiny_model_path, f"Inv={tiny_model_path}"]
     ) == (
-        ("L2R", tiny_model_path, False),
-        ("RNNEncDecInv0", tiny_model_path, True),
-        ("Inv", tiny_model_path, True),
+        ("L2R", one, False),
+        ("RNNEncDecInv0", one, True),
+        ("Inv", one, True),
     )
+    # comma-separated models: one feature, their ensemble (each file checked)
+    assert rerank_models([f"Ens={tiny_model_path},{tiny_model_path}"]) == (
+        ("Ens", (tiny_model_path, tiny_model_path), False),
+    )
+    with pytest.raises(InputError, match="--rerank Ens model: no such file"):
+        rerank_models([f"Ens={tiny_model_path},{tmp_path / 'none.safetensors'}"])
     with pytest.raises(InputError, match="--rerank-inverse L2R=.*: feature name L2R given twice"):
         rerank_models([f"L2R={tiny_model_path}"], [f"L2R={tiny_model_path}"])
     with pytest.raises(InputError, match="contains '_'"):

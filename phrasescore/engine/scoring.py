@@ -29,6 +29,10 @@ Scoring modes (``scoring``):
                      the [tokens x vocabulary] product. The sum can be above 0: each pair's log p
                      is clamped at 0 (p ≤ 1) and the clamped pairs are counted
                      (:attr:`PairScorer.clamped`).
+
+Ensembles: :class:`EnsembleScorer` scores the same pairs with several models of one target
+vocabulary and direction and averages their probabilities token by token (teacher-forced, each
+model reads the same target prefix), one score per pair as from one model.
 """
 
 from __future__ import annotations
@@ -270,3 +274,70 @@ class PairScorer:
         if per_tok is not None:
             for row, i in enumerate(idx):
                 per_tok[i] = token_lp[row]
+
+
+def check_ensemble(models: Sequence[TrainedModel], paths: Sequence[str]) -> None:
+    """Refuse models that cannot be averaged token by token: each must score the same target
+    tokens in the same order (equal target vocabularies, text preparation and direction)."""
+    first, first_path = models[0], paths[0]
+    for model, path in zip(models[1:], paths[1:], strict=True):
+        differs = [
+            what
+            for what, same in (
+                ("target vocabulary", model.tgt_vocab == first.tgt_vocab),
+                ("target text preparation", model.tgt_text.to_state() == first.tgt_text.to_state()),
+                ("direction", model.config.reverse_target == first.config.reverse_target),
+            )
+            if not same
+        ]
+        if differs:
+            raise InputError(
+                f"cannot be averaged with {first_path} into one feature: the {' and '.join(differs)}"
+                f" differ (an ensemble needs models trained on the same data with the same "
+                f"--vocab-size/--subwords and direction)",
+                path,
+            )
+
+
+class EnsembleScorer:
+    """Several :class:`PairScorer` as one: log p(y | x) = Σ_t log (1/K Σ_k p_k(y_t | y_<t, x)),
+    the average of the K models' next-token probabilities at each step (the ensemble of
+    Sutskever et al. 2014, §3.6, here teacher-forced: every model reads the same prefix y_<t,
+    so each model's token terms are computed alone and averaged afterwards).
+
+    The models must share the target vocabulary and direction (:func:`check_ensemble`); the
+    sources may have different vocabularies (unknown-word counts are the first model's)."""
+
+    def __init__(self, scorers: Sequence[PairScorer]):
+        if any(scorer.self_normalized for scorer in scorers):
+            raise InputError(
+                "an ensemble scores exactly: --scoring self-normalized needs one model"
+            )
+        self.scorers = list(scorers)
+        self.model = self.scorers[0].model
+        self.clamped = 0
+
+    def warm_up(self) -> None:
+        for scorer in self.scorers:
+            scorer.warm_up()
+
+    def score_phrases(
+        self, sources: Sequence[str], targets: Sequence[str], per_token: bool = False
+    ) -> ScoredPairs:
+        """:meth:`PairScorer.score_phrases` of the ensemble."""
+        scored = [scorer.score_phrases(sources, targets, per_token=True) for scorer in self.scorers]
+        first = scored[0]
+        log_k = np.log(len(scored))
+        per_tok = [
+            np.logaddexp.reduce(np.stack([s.token_logprobs[i] for s in scored]), axis=0) - log_k
+            for i in range(len(first.logprob))
+        ]
+        eos = slice(None) if self.scorers[0].include_eos else slice(None, -1)
+        logprob = np.array([values[eos].sum() for values in per_tok], dtype=np.float64)
+        return ScoredPairs(
+            logprob,
+            first.n_tokens,
+            first.src_unknown,
+            first.tgt_unknown,
+            per_tok if per_token else None,
+        )

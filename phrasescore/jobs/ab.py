@@ -408,7 +408,7 @@ class Comparison:
         models with the same first k (an ablation: L2R, then L2R + R2L, ...) scores only the
         rest."""
         current = nbest
-        for index, (name, model, inverse) in enumerate(self.options.rerank):
+        for index, (name, paths, inverse) in enumerate(self.options.rerank):
             rerank = weights_file is not None and index == len(self.options.rerank) - 1
             if rerank:
                 target = work / f"{test.name}.{self.rerank_name}.out"
@@ -419,7 +419,8 @@ class Comparison:
                 target.parent.mkdir(exist_ok=True)
             if not target.exists():
                 command = [sys.executable, "-m", "phrasescore", "nbest", str(current)]
-                command += ["--source", str(test.source), "-m", model, "--name", name]
+                command += ["--source", str(test.source), "--name", name]
+                command += [arg for path in paths for arg in ("-m", path)]
                 command += ["--inverse"] if inverse else []
                 command += ["-o", str(target), "--no-progress"]
                 command += ["--threads", str(self.options.decoder_threads)]
@@ -478,10 +479,11 @@ class Comparison:
 
     @functools.cached_property
     def model_labels(self) -> list[str]:
-        """``NAME-[inverse-]DIGEST`` of each re-ranking model, in order."""
+        """``NAME-[inverse-]DIGEST[.DIGEST...]`` of each re-ranking feature (the digests of its
+        model files), in order."""
         return [
-            f"{name}-{'inverse-' if inverse else ''}{_file_digest(model)}"
-            for name, model, inverse in self.options.rerank
+            f"{name}-{'inverse-' if inverse else ''}{'.'.join(map(_file_digest, paths))}"
+            for name, paths, inverse in self.options.rerank
         ]
 
     def rerank_one(self, system: System, run: RunResult) -> RunResult:
@@ -683,16 +685,18 @@ def compare_systems(
 
 
 class RerankModel(NamedTuple):
-    """One re-ranking feature: its name, its model file and its direction."""
+    """One re-ranking feature: its name, its model files (several: their ensemble, ``nbest -m A
+    -m B``) and its direction."""
 
     name: str
-    path: str
+    paths: tuple[str, ...]
     inverse: bool = False
     """A target->source model: the feature is log p(source | hypothesis) (``nbest --inverse``)."""
 
 
 def rerank_models(specs: list[str], inverse_specs: list[str] = ()) -> tuple[RerankModel, ...]:
-    """``[NAME=]MODEL`` specs of ``--rerank`` and ``--rerank-inverse`` as features; unnamed ones
+    """``[NAME=]MODEL[,MODEL...]`` specs of ``--rerank`` and ``--rerank-inverse`` as features
+    (several comma-separated models: one feature, their ensemble); unnamed ones
     ``RNNEncDec<i>`` and ``RNNEncDecInv<i>``."""
     models: list[RerankModel] = []
     for inverse, option, default, given in (
@@ -706,7 +710,9 @@ def rerank_models(specs: list[str], inverse_specs: list[str] = ()) -> tuple[Rera
             check_feature_name(name)
             if name in {known.name for known in models}:
                 raise InputError(f"{option} {spec}: feature name {name} given twice")
-            checked = str(_check_input(Path(path), f"{option} {name} model"))
+            checked = tuple(
+                str(_check_input(Path(one), f"{option} {name} model")) for one in path.split(",")
+            )
             models.append(RerankModel(name, checked, inverse))
     return tuple(models)
 

@@ -29,6 +29,11 @@ inverse-direction re-ranking feature of Sennrich et al. (2016) (with ``normalize
 token). A right-to-left model (``train --reverse-target``) needs no flag: it carries its order
 and reads each hypothesis reversed (:meth:`~phrasescore.model.config.ModelConfig.target_order`).
 
+Ensembles: ``-m`` given several times (``model_path`` a sequence) adds one feature, the
+token-level ensemble of the models (:class:`~phrasescore.engine.scoring.EnsembleScorer`: their
+next-token probabilities averaged), for checkpoints or seeds of one model (Sutskever et al. 2014,
+§3.6); the models must share the target vocabulary and direction.
+
 CSLM: with ``lm`` (``--lm``), the feature ``CSLM0= log p(hypothesis </s> | <s>)`` of a target
 language model (:mod:`phrasescore.engine.lm_scoring`, SPEC §3.6) is added too, before the model's
 feature; re-ranking then needs a weight for it as well.
@@ -55,14 +60,14 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from phrasescore.bundle import TrainedModel, load_lm
 from phrasescore.engine.lm_scoring import LMScorer
-from phrasescore.engine.scoring import PairScorer
+from phrasescore.engine.scoring import EnsembleScorer, PairScorer, check_ensemble
 from phrasescore.errors import InputError
 from phrasescore.files import (
     AtomicOutput,
@@ -206,7 +211,7 @@ def _total_field(entry: NBestEntry, total: float) -> str:
 def rescore_nbest(
     nbest: str,
     source: str,
-    model_path: str | None = None,
+    model_path: str | Sequence[str] | None = None,
     output: str = "-",
     options: NBestOptions | None = None,
     device: str = "cpu",
@@ -219,9 +224,13 @@ def rescore_nbest(
     module docstring); with an ``options.lm`` and no model, the CSLM feature alone. With
     ``shard``, only that shard's blocks, and a manifest beside ``output``. ``workers`` > 1
     (CPU): the blocks are scored in that many forked single-threaded processes
-    (:mod:`phrasescore.runners.chunk_pool`), with the bytes of one process."""
+    (:mod:`phrasescore.runners.chunk_pool`), with the bytes of one process.
+
+    Several model files (``model_path`` a sequence) are one feature, their ensemble
+    (:class:`~phrasescore.engine.scoring.EnsembleScorer`)."""
     options = options or NBestOptions()
-    with_model = _with_model(options, model is not None or model_path is not None)
+    paths = model_paths(model_path)
+    with_model = _with_model(options, model is not None or bool(paths))
     names = _check_options(nbest, source, options, with_model)
     if shard is not None:
         _check_shard(nbest, output, options)
@@ -236,8 +245,11 @@ def rescore_nbest(
         dev = resolve_device(device)
         check_workers_device(workers, dev)
         with loading_for_workers(workers):  # loaded at one thread, to fork from
-            loaded = model_for(model, model_path, dev) if with_model else None
-            features, signatures, scorer = _features(options, dev, loaded, model_path)
+            loaded = []
+            if with_model:  # -m given once or several times (an ensemble), or missing: refused
+                loaded = [model_for(model, path, dev) for path in paths or [None]]
+                loaded = loaded[:1] if model is not None else loaded
+            features, signatures, scorer = _features(options, dev, loaded, paths)
         if shard is not None:
             log.info(
                 "shard %s: blocks i of about %d hypotheses with i %% %d == %d",
@@ -400,7 +412,7 @@ def _result(output: str, writer: _Writer, seconds: float, reranked: bool, clampe
 def run_nbest(
     nbest: str,
     source: str,
-    model_path: str | None,
+    model_path: str | Sequence[str] | None,
     output: str,
     options: NBestOptions,
     device: str = "cpu",
@@ -441,7 +453,7 @@ def run_nbest(
         merged.lines,
         time.monotonic() - started,
         changed if options.weights else None,
-        scoring=options.scoring if _with_model(options, model_path is not None) else None,
+        scoring=options.scoring if _with_model(options, bool(model_paths(model_path))) else None,
     )
     log.info(
         "torchrun: %d ranks scored %d hypotheses in %.1f s (%.0f hypotheses/s)",
@@ -459,7 +471,7 @@ class _RankPart:
 
     nbest: str
     source: str
-    model_path: str | None
+    model_path: str | Sequence[str] | None
     options: NBestOptions
     progress: bool
 
@@ -544,10 +556,17 @@ def _read_weights(path: str, names: list[str]) -> dict[str, list[float]]:
     return weights
 
 
-def _features(options: NBestOptions, device, model: TrainedModel | None, model_path=None):
+def model_paths(model_path: str | Sequence[str] | None) -> list[str]:
+    """The model files of ``-m`` (given once, a string; several times, an ensemble)."""
+    if model_path is None:
+        return []
+    return [model_path] if isinstance(model_path, str) else list(model_path)
+
+
+def _features(options: NBestOptions, device, models: list[TrainedModel], paths: list[str]):
     """(name, score(sources, hypotheses) -> values) of each feature to add, in line order:
-    the CSLM's first, then the model's; the signatures of the LM and model; and the model's
-    scorer (None without a model)."""
+    the CSLM's first, then the model's (one model's, or the ensemble of ``models``); the
+    signatures of the LM and models; and the model's scorer (None without a model)."""
     features = []
     signatures: dict[str, list[str]] = {"lms": [], "models": []}
     scorer = None
@@ -559,18 +578,26 @@ def _features(options: NBestOptions, device, model: TrainedModel | None, model_p
             "n-best rescoring with language model %s, feature %s", lm.signature, options.lm_name
         )
         features.append((options.lm_name, _LMFeature(lm_scorer)))
-    if model is not None:
-        signatures["models"].append(model.signature)
-        scorer = PairScorer(
-            model,
-            device=device,
-            batch_tokens=options.batch_tokens,
-            scoring=options.scoring,
-            model_path=model_path,
-        )
+    if models:
+        names = paths or [None] * len(models)
+        if len(models) > 1:
+            check_ensemble(models, names)
+        signatures["models"].extend(model.signature for model in models)
+        scorers = [
+            PairScorer(
+                model,
+                device=device,
+                batch_tokens=options.batch_tokens,
+                scoring=options.scoring,
+                model_path=path,
+            )
+            for model, path in zip(models, names, strict=True)
+        ]
+        scorer = scorers[0] if len(scorers) == 1 else EnsembleScorer(scorers)
         log.info(
-            "n-best rescoring with model %s, feature %s = log p(%s), %s scoring",
-            model.signature,
+            "n-best rescoring with %s %s, feature %s = log p(%s), %s scoring",
+            "model" if len(models) == 1 else f"the ensemble of {len(models)} models",
+            ", ".join(model.signature for model in models),
             options.name,
             "source | hypothesis" if options.inverse else "hypothesis | source",
             options.scoring,
@@ -594,7 +621,7 @@ class _ModelFeature:
     """The model's feature: log p(hypothesis | source), or per token with ``normalize``; with
     ``inverse`` (a target->source model) log p(source | hypothesis)."""
 
-    scorer: PairScorer
+    scorer: PairScorer | EnsembleScorer
     normalize: bool
     inverse: bool = False
 
@@ -606,7 +633,9 @@ class _ModelFeature:
         return scored.logprob / scored.n_tokens if self.normalize else scored.logprob
 
 
-def score_block(features, scorer: PairScorer | None, pairs) -> tuple[list, int] | None:
+def score_block(
+    features, scorer: PairScorer | EnsembleScorer | None, pairs
+) -> tuple[list, int] | None:
     """Each feature's values for one block's ``(sources, hypotheses)`` (None: another shard's
     block), and the model scores it clamped; the same function runs in this process and in
     ``--workers`` processes."""
@@ -624,7 +653,7 @@ class BlockScorer:
     block, here or in a ``--workers`` process (which inherits it by ``fork``)."""
 
     features: list
-    scorer: PairScorer | None
+    scorer: PairScorer | EnsembleScorer | None
 
     def __call__(self, pairs):
         return score_block(self.features, self.scorer, pairs)
