@@ -98,6 +98,15 @@ def tiny_model_path(tmp_path_factory, corpus_files) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_second_seed_model_path(tmp_path_factory, corpus_files) -> str:
+    """The tiny model's recipe with another seed: the same vocabularies, other weights (a
+    member of an ensemble with the tiny model)."""
+    path = tmp_path_factory.mktemp("seed4") / "seed4.safetensors"
+    train_tiny(path, *corpus_files, max_steps=60, valid_every=30, learning_rate=3e-3, seed=4)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
 def tiny_inverse_model_path(tmp_path_factory, corpus_files) -> str:
     """A tiny French->English model (the sample pairs with their sides swapped): the
     target->source model of ``nbest --inverse`` and ``ab --rerank-inverse``."""

@@ -17,11 +17,8 @@ from .test_nbest import MULTI30K_LIST, MULTI30K_SRC, check_one_feature_added, te
 
 
 @pytest.fixture(scope="module")
-def second_seed_path(tmp_path_factory, corpus_files) -> str:
-    """The shared tiny model's recipe with another seed: the same vocabularies, other weights."""
-    path = tmp_path_factory.mktemp("seed4") / "seed4.safetensors"
-    train_tiny(path, *corpus_files, max_steps=60, valid_every=30, learning_rate=3e-3, seed=4)
-    return str(path)
+def second_seed_path(tiny_second_seed_model_path) -> str:
+    return tiny_second_seed_model_path
 
 
 @pytest.fixture(scope="module")

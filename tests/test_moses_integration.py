@@ -240,3 +240,29 @@ def test_ab_rerank_with_an_inverse_model_and_kbmira_reuses_the_scored_lists(
     assert list(results[1].new_weights) == ["Sent0[0]", "Inv[0]"]
     assert abs(sum(abs(w) for ws in run.weights.values() for w in ws) - 1.0) < 1e-4
     assert len(run.outputs["test20"].read_text(encoding="utf-8").splitlines()) == 20
+
+
+def test_ab_rerank_with_an_ensemble_feature_scores_the_lists_with_both_models(
+    moses_system, tiny_model_path, tiny_second_seed_model_path, tmp_path
+):
+    """``--rerank Ens=A,B``: one feature, one tuned weight, its values the ensemble's."""
+    import numpy as np
+
+    from phrasescore.bundle import load_model
+    from phrasescore.engine.scoring import EnsembleScorer, PairScorer
+    from phrasescore.moses.nbest import read_nbest
+
+    models = f"{tiny_model_path},{tiny_second_seed_model_path}"
+    results = rerank_baseline(moses_system, tmp_path / "ab", [f"Ens={models}"])
+    assert list(results[1].new_weights) == ["Ens[0]"]
+    (scored,) = (tmp_path / "ab" / "baseline" / "mert-1234" / "scored").iterdir()
+    entries = list(read_nbest(str(scored)))
+    sources = (SYSTEM / "dev50.en").read_text(encoding="utf-8").splitlines()
+    scorer = EnsembleScorer(
+        [PairScorer(load_model(p)) for p in (tiny_model_path, tiny_second_seed_model_path)]
+    )
+    expected = scorer.score_phrases(
+        [sources[e.id] for e in entries], [e.hypothesis for e in entries]
+    )
+    values = [dict(e.parsed_features())["Ens"][0] for e in entries]
+    np.testing.assert_allclose(values, expected.logprob, rtol=1e-5, atol=1e-4)
