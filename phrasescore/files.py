@@ -26,6 +26,7 @@ import threading
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
+from pathlib import Path
 from typing import BinaryIO
 
 from phrasescore.errors import InputError, RunStopped
@@ -89,6 +90,16 @@ def check_files_exist(paths: Iterable[str | None]) -> None:
             raise InputError("permission denied", path) from None
         if stat.S_ISDIR(mode):
             raise InputError("is a directory, not a file", path)
+
+
+def check_input_file(path: Path, what: str) -> Path:
+    """``path`` resolved, or an :class:`InputError` naming ``what`` (``ab``'s inputs: moses.ini
+    files, dev and test sets, re-ranking models) when it is missing or a directory."""
+    if not path.exists():
+        raise InputError(f"{what}: no such file", path=str(path))
+    if path.is_dir():
+        raise InputError(f"{what}: is a directory", path=str(path))
+    return path.resolve()
 
 
 def is_pipe(path: str) -> bool:

@@ -25,8 +25,6 @@ is interrupted resumes where it stopped (MERT itself with ``mert-moses.pl --cont
 from __future__ import annotations
 
 import contextlib
-import functools
-import hashlib
 import logging
 import os
 import re
@@ -35,26 +33,16 @@ import shutil
 import signal
 import statistics
 import subprocess
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
 
 from phrasescore.errors import InputError
-from phrasescore.files import AtomicOutput, iter_lines
-from phrasescore.jobs.ab_rerank import (
-    dense_feature_names,
-    read_kbmira_weights,
-    read_tuned_weights,
-    weight_vector,
-    write_start_point,
-    write_weights_file,
-)
+from phrasescore.files import AtomicOutput, check_input_file, iter_lines
+from phrasescore.jobs.ab_rerank import RERANK_TUNERS, RerankModel, RerankStep, rerank_models
 from phrasescore.jobs.bleu import bleu_metric
 from phrasescore.moses.ini import read_weights
-from phrasescore.moses.nbest import check_feature_name
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +54,6 @@ MOSES_PROGRAMS = {
     "mert-moses.pl": "scripts/training/mert-moses.pl",
     "filter-model-given-input.pl": "scripts/training/filter-model-given-input.pl",
 }
-RERANK_TUNERS = {"mert": "bin/mert", "kbmira": "bin/kbmira"}
-"""The tuners of ``--rerank-tuner``: Och's MERT (line search with random restarts) or batch
-k-best MIRA (Cherry & Foster 2012), each run on the fixed dev lists."""
 
 
 @dataclass(frozen=True)
@@ -169,23 +154,6 @@ class SystemResult:
         return min(self.runs, key=lambda run: (abs(run.bleu[test] - mean), run.seed))
 
 
-def _check_input(path: Path, what: str) -> Path:
-    if not path.exists():
-        raise InputError(f"{what}: no such file", path=str(path))
-    if path.is_dir():
-        raise InputError(f"{what}: is a directory", path=str(path))
-    return path.resolve()
-
-
-def _file_digest(path: str) -> str:
-    """The first 10 hex digits of a file's SHA-256 (names the work of one model file)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()[:10]
-
-
 def _line_count(path: Path) -> int:
     return sum(1 for _ in iter_lines(str(path)))
 
@@ -267,6 +235,14 @@ class Comparison:
         self.tests = tests
         self.options = options
         self.programs = Programs()
+        self.reranking = RerankStep(
+            options.rerank,
+            options.rerank_tuner,
+            options.rerank_restarts,
+            options.decoder_threads,
+            moses.program,
+            self.programs.run,
+        )
 
     # -- step 1: one filtered model per system -------------------------------------------------
     def filter_input(self) -> Path:
@@ -397,104 +373,22 @@ class Comparison:
         partial.rename(output)
         return output
 
-    def score_nbest(
-        self, nbest: Path, test: TestSet, work: Path, weights_file: Path | None = None
-    ) -> Path:
-        """``nbest`` with every re-ranking model's feature added (``phrasescore nbest``, one
-        model after the other); with ``weights_file``, the re-ranked 1-best texts instead.
-
-        The list scored by the first k models is kept in the run's ``scored/`` folder under a
-        digest of those k models (names, directions, file digests), so that another set of
-        models with the same first k (an ablation: L2R, then L2R + R2L, ...) scores only the
-        rest."""
-        current = nbest
-        for index, (name, paths, inverse) in enumerate(self.options.rerank):
-            rerank = weights_file is not None and index == len(self.options.rerank) - 1
-            if rerank:
-                target = work / f"{test.name}.{self.rerank_name}.out"
-            else:
-                prefix = "+".join(self.model_labels[: index + 1])
-                digest = hashlib.sha256(prefix.encode("utf-8")).hexdigest()[:10]
-                target = work.parent / "scored" / f"{test.name}.{digest}.nbest"
-                target.parent.mkdir(exist_ok=True)
-            if not target.exists():
-                command = [sys.executable, "-m", "phrasescore", "nbest", str(current)]
-                command += ["--source", str(test.source), "--name", name]
-                command += [arg for path in paths for arg in ("-m", path)]
-                command += ["--inverse"] if inverse else []
-                command += ["-o", str(target), "--no-progress"]
-                command += ["--threads", str(self.options.decoder_threads)]
-                if rerank:
-                    command += ["--weights", str(weights_file), "--one-best"]
-                self.programs.run(command, work, f"{target.name}.log")
-            current = target
-        return current
-
-    def tune_rerank(self, system: System, run: RunResult, run_dir: Path) -> Path:
-        """``Name= w`` lines: the run's features and the models' tuned on the fixed dev n-best
-        lists with Moses' extractor and mert or kbmira (seeded like the run)."""
-        work = run_dir / self.rerank_label
-        tuned = work / self.tuned_weights_name
-        if tuned.exists():
-            return tuned
-        work.mkdir(parents=True, exist_ok=True)
-        dev_nbest = self.decode_nbest(system, run_dir, run.weights, self.dev)
-        scored = self.score_nbest(dev_nbest, self.dev, work)
-        bleu = ["--sctype", "BLEU", "--scconfig", "case:true"]
-        extract = [self.moses.program("extractor"), *bleu, "-r", str(self.dev.reference)]
-        extract += ["-n", str(scored), "--scfile", "scores.dat", "--ffile", "features.dat"]
-        self.programs.run(extract, work, "extract.log")
-        names = dense_feature_names(work / "features.dat")
-        write_start_point(work / "init.opt", weight_vector(names, run.weights, 0.0))
-        if self.options.rerank_tuner == "kbmira":
-            mira = [self.moses.program("kbmira"), *bleu, "-r", str(run.seed)]
-            mira += ["-S", "scores.dat", "-F", "features.dat", "-d", "init.opt", "-o", "mira.out"]
-            self.programs.run(mira, work, "kbmira.log")
-            write_weights_file(tuned, read_kbmira_weights(work / "mira.out", names))
-            return tuned
-        mert = [self.moses.program("mert"), "-d", str(len(names)), *bleu]
-        mert += ["-n", str(self.options.rerank_restarts), "-r", str(run.seed)]
-        mert += ["--scfile", "scores.dat", "--ffile", "features.dat", "--ifile", "init.opt"]
-        self.programs.run(mert, work, "mert.log")
-        write_weights_file(tuned, read_tuned_weights(work / "weights.txt", names))
-        return tuned
-
-    @property
-    def rerank_name(self) -> str:
-        """``rerank`` (mert, the name from before kbmira was offered, so that an earlier
-        workdir resumes) or ``rerank-kbmira``: the re-ranked systems' suffix and outputs."""
-        tuner = self.options.rerank_tuner
-        return "rerank" if tuner == "mert" else f"rerank-{tuner}"
-
-    @property
-    def tuned_weights_name(self) -> str:
-        """The tuned weights' file in the re-ranking folder (mert's name as before)."""
-        tuner = self.options.rerank_tuner
-        return "weights.txt.ini" if tuner == "mert" else f"weights.{tuner}.ini"
-
-    @functools.cached_property
-    def rerank_label(self) -> str:
-        """The folder of one set of re-ranking models: their names and file digests."""
-        return "rerank-" + "+".join(self.model_labels)
-
-    @functools.cached_property
-    def model_labels(self) -> list[str]:
-        """``NAME-[inverse-]DIGEST[.DIGEST...]`` of each re-ranking feature (the digests of its
-        model files), in order."""
-        return [
-            f"{name}-{'inverse-' if inverse else ''}{'.'.join(map(_file_digest, paths))}"
-            for name, paths, inverse in self.options.rerank
-        ]
-
     def rerank_one(self, system: System, run: RunResult) -> RunResult:
-        """One tuned run's test sets, re-ranked with the models' features."""
+        """One tuned run's test sets, re-ranked with the models' features
+        (:class:`~phrasescore.jobs.ab_rerank.RerankStep`)."""
         run_dir = self.workdir / system.name / f"mert-{run.seed}"
-        weights_file = self.tune_rerank(system, run, run_dir)
+
+        def dev_nbest() -> Path:
+            return self.decode_nbest(system, run_dir, run.weights, self.dev)
+
+        dev = (self.dev.source, self.dev.reference)
+        weights_file = self.reranking.tune(run_dir, dev_nbest, dev, run.seed, run.weights)
         result = RunResult(seed=run.seed, weights=read_weights(weights_file.read_text("utf-8")))
-        work = run_dir / self.rerank_label
         for test in self.tests:
             nbest = self.decode_nbest(system, run_dir, run.weights, test)
-            result.outputs[test.name] = self.score_nbest(nbest, test, work, weights_file)
+            result.outputs[test.name] = self.reranking.rerank(
+                nbest, test.name, test.source, run_dir, weights_file
+            )
         return result
 
     # -- the whole comparison --------------------------------------------------------------------
@@ -548,7 +442,7 @@ class Comparison:
                 runs_here = [future.result() for future in run_futures]
                 results.append(
                     SystemResult(
-                        System(f"{system.name}+{self.rerank_name}", system.ini), runs_here, {}
+                        System(f"{system.name}+{self.reranking.name}", system.ini), runs_here, {}
                     )
                 )
         return results
@@ -649,22 +543,24 @@ def compare_systems(
         raise InputError(f"--rerank-tuner {options.rerank_tuner}: give mert or kbmira")
     if options.rerank:
         moses.check_has(options.rerank_tuner)
-    systems = [System("baseline", _check_input(Path(baseline), "baseline moses.ini"))]
+    systems = [System("baseline", check_input_file(Path(baseline), "baseline moses.ini"))]
     for spec in candidates:
         name, sep, path = spec.partition("=")
         if not sep:
             name, path = Path(spec).name.removesuffix(".ini"), spec
         if name in {s.name for s in systems} or not re.fullmatch(r"[\w.-]+", name):
             raise InputError(f"candidate name {name!r}: give each a distinct NAME=INI")
-        systems.append(System(name, _check_input(Path(path), f"candidate {name} moses.ini")))
+        systems.append(System(name, check_input_file(Path(path), f"candidate {name} moses.ini")))
     dev_set = TestSet(
-        "dev", _check_input(Path(dev[0]), "dev source"), _check_input(Path(dev[1]), "dev reference")
+        "dev",
+        check_input_file(Path(dev[0]), "dev source"),
+        check_input_file(Path(dev[1]), "dev reference"),
     )
     test_sets = [
         TestSet(
             name,
-            _check_input(Path(src), f"test {name} source"),
-            _check_input(Path(ref), f"test {name} reference"),
+            check_input_file(Path(src), f"test {name} source"),
+            check_input_file(Path(ref), f"test {name} reference"),
         )
         for name, src, ref in tests
     ]
@@ -682,39 +578,6 @@ def compare_systems(
         )
     comparison = Comparison(moses, Path(workdir), systems, dev_set, test_sets, options)
     return comparison.run()
-
-
-class RerankModel(NamedTuple):
-    """One re-ranking feature: its name, its model files (several: their ensemble, ``nbest -m A
-    -m B``) and its direction."""
-
-    name: str
-    paths: tuple[str, ...]
-    inverse: bool = False
-    """A target->source model: the feature is log p(source | hypothesis) (``nbest --inverse``)."""
-
-
-def rerank_models(specs: list[str], inverse_specs: list[str] = ()) -> tuple[RerankModel, ...]:
-    """``[NAME=]MODEL[,MODEL...]`` specs of ``--rerank`` and ``--rerank-inverse`` as features
-    (several comma-separated models: one feature, their ensemble); unnamed ones
-    ``RNNEncDec<i>`` and ``RNNEncDecInv<i>``."""
-    models: list[RerankModel] = []
-    for inverse, option, default, given in (
-        (False, "--rerank", "RNNEncDec", specs),
-        (True, "--rerank-inverse", "RNNEncDecInv", inverse_specs),
-    ):
-        for index, spec in enumerate(given):
-            name, sep, path = spec.partition("=")
-            if not sep:
-                name, path = f"{default}{index}", spec
-            check_feature_name(name)
-            if name in {known.name for known in models}:
-                raise InputError(f"{option} {spec}: feature name {name} given twice")
-            checked = tuple(
-                str(_check_input(Path(one), f"{option} {name} model")) for one in path.split(",")
-            )
-            models.append(RerankModel(name, checked, inverse))
-    return tuple(models)
 
 
 @dataclass

@@ -14,6 +14,10 @@ One tuning is three steps in one working directory:
    header names each dense value ``Name_i``) and writes them as ``Name= w ...`` lines, the
    file ``phrasescore nbest --weights`` reads to re-rank the test lists.
 
+:class:`RerankStep` runs these for ``ab``: it scores each tuned run's dev and test n-best lists
+with every model (``phrasescore nbest``, one feature per :class:`RerankModel`), tunes on dev and
+re-ranks the tests.
+
 The Moses facts used: the extractor's feature header is ``FEATURES_TXT_BEGIN_0 ID N DIM
 NAME_0 NAME_1 ...`` (``mert/FeatureArray.cpp``); mert's starting point file ``init.opt`` holds
 three lines, the start, the minima and the maxima of the random restarts (as
@@ -22,14 +26,21 @@ three lines, the start, the minima and the maxima of the random restarts (as
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import logging
 import re
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from phrasescore.errors import InputError
-from phrasescore.files import AtomicOutput
+from phrasescore.files import AtomicOutput, check_input_file
 from phrasescore.moses.ini import read_weights
+from phrasescore.moses.nbest import check_feature_name
+from phrasescore.runners.shards import file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +48,9 @@ FEATURES_HEADER = "FEATURES_TXT_BEGIN_0"
 _VALUE_NAME = re.compile(r"(.+)_(\d+)\Z")
 _KBMIRA_NAME = re.compile(r"F(\d+)\Z")
 """kbmira's name of dense weight i when started from a legacy ``init.opt``."""
+RERANK_TUNERS = {"mert": "bin/mert", "kbmira": "bin/kbmira"}
+"""The tuners of ``--rerank-tuner``: Och's MERT (line search with random restarts) or batch
+k-best MIRA (Cherry & Foster 2012), each run on the fixed dev lists."""
 
 
 def dense_feature_names(features_dat: Path) -> list[str]:
@@ -179,3 +193,164 @@ def rerank_weights(
         return RerankWeights(output, "mert start point (init.opt)", len(names))
     write_weights_file(Path(output), read_tuner_output(Path(tuned), names))
     return RerankWeights(output, "tuned weights (Name= w lines)", len(names))
+
+
+class RerankModel(NamedTuple):
+    """One re-ranking feature: its name, its model files (several: their ensemble, ``nbest -m A
+    -m B``) and its direction."""
+
+    name: str
+    paths: tuple[str, ...]
+    inverse: bool = False
+    """A target->source model: the feature is log p(source | hypothesis) (``nbest --inverse``)."""
+
+
+def rerank_models(specs: list[str], inverse_specs: list[str] = ()) -> tuple[RerankModel, ...]:
+    """``[NAME=]MODEL[,MODEL...]`` specs of ``--rerank`` and ``--rerank-inverse`` as features
+    (several comma-separated models: one feature, their ensemble); unnamed ones
+    ``RNNEncDec<i>`` and ``RNNEncDecInv<i>``."""
+    models: list[RerankModel] = []
+    for inverse, option, default, given in (
+        (False, "--rerank", "RNNEncDec", specs),
+        (True, "--rerank-inverse", "RNNEncDecInv", inverse_specs),
+    ):
+        for index, spec in enumerate(given):
+            name, sep, path = spec.partition("=")
+            if not sep:
+                name, path = f"{default}{index}", spec
+            check_feature_name(name)
+            if name in {known.name for known in models}:
+                raise InputError(f"{option} {spec}: feature name {name} given twice")
+            checked = tuple(
+                str(check_input_file(Path(one), f"{option} {name} model"))
+                for one in path.split(",")
+            )
+            models.append(RerankModel(name, checked, inverse))
+    return tuple(models)
+
+
+class RerankStep:
+    """Step 4 of ``ab`` for one tuned run: score its n-best lists with every model, tune the
+    weights on the dev lists (extractor, then mert or kbmira), re-rank the test lists.
+
+    Layout in the run's folder: ``scored/`` (lists scored by the first k models, under a digest
+    of those k: another set of models with the same first k scores only the rest) and
+    :attr:`label` (this set of models: the extractor's files, the tuned weights, the re-ranked
+    test outputs)."""
+
+    def __init__(
+        self,
+        models: tuple[RerankModel, ...],
+        tuner: str,
+        restarts: int,
+        threads: int,
+        program: Callable[[str], str],
+        run: Callable[..., None],
+    ):
+        """``program(name)``: the path of a Moses program (``extractor``, ``mert``, ``kbmira``);
+        ``run(command, cwd, log_name)``: runs one command (``ab``'s :class:`Programs`)."""
+        self.models = models
+        self.tuner = tuner
+        self.restarts = restarts
+        self.threads = threads
+        self.program = program
+        self.run = run
+
+    @property
+    def name(self) -> str:
+        """``rerank`` (mert, the name from before kbmira was offered, so that an earlier
+        workdir resumes) or ``rerank-kbmira``: the re-ranked systems' suffix and outputs."""
+        return "rerank" if self.tuner == "mert" else f"rerank-{self.tuner}"
+
+    @property
+    def tuned_weights_name(self) -> str:
+        """The tuned weights' file in the re-ranking folder (mert's name as before)."""
+        return "weights.txt.ini" if self.tuner == "mert" else f"weights.{self.tuner}.ini"
+
+    @functools.cached_property
+    def label(self) -> str:
+        """The folder of one set of re-ranking models: their names and file digests."""
+        return "rerank-" + "+".join(self.model_labels)
+
+    @functools.cached_property
+    def model_labels(self) -> list[str]:
+        """``NAME-[inverse-]DIGEST[.DIGEST...]`` of each re-ranking feature (the first 10 hex
+        digits of its model files' SHA-256), in order."""
+        return [
+            f"{name}-{'inverse-' if inverse else ''}"
+            + ".".join(file_sha256(path)[:10] for path in paths)
+            for name, paths, inverse in self.models
+        ]
+
+    def score(
+        self, nbest: Path, set_name: str, source: Path, run_dir: Path, weights: Path | None = None
+    ) -> Path:
+        """``nbest`` (of the source sentences ``source`` of the set ``set_name``) with every
+        model's feature added (``phrasescore nbest``, one feature after the other); with
+        ``weights``, the re-ranked 1-best texts of the last call instead."""
+        current = nbest
+        work = run_dir / self.label
+        for index, (name, paths, inverse) in enumerate(self.models):
+            rerank = weights is not None and index == len(self.models) - 1
+            if rerank:
+                target = work / f"{set_name}.{self.name}.out"
+            else:
+                prefix = "+".join(self.model_labels[: index + 1])
+                digest = hashlib.sha256(prefix.encode("utf-8")).hexdigest()[:10]
+                target = run_dir / "scored" / f"{set_name}.{digest}.nbest"
+                target.parent.mkdir(exist_ok=True)
+            if not target.exists():
+                command = [sys.executable, "-m", "phrasescore", "nbest", str(current)]
+                command += ["--source", str(source), "--name", name]
+                command += [arg for path in paths for arg in ("-m", path)]
+                command += ["--inverse"] if inverse else []
+                command += ["-o", str(target), "--no-progress", "--threads", str(self.threads)]
+                if rerank:
+                    command += ["--weights", str(weights), "--one-best"]
+                self.run(command, work, f"{target.name}.log")
+            current = target
+        return current
+
+    def tune(
+        self,
+        run_dir: Path,
+        dev_nbest: Callable[[], Path],
+        dev: tuple[Path, Path],
+        seed: int,
+        start: dict[str, list[float]],
+    ) -> Path:
+        """``Name= w`` lines: the run's features (tuned weights ``start``) and the models'
+        tuned on the fixed dev n-best list ``dev_nbest()`` of ``dev`` (source, reference) with
+        Moses' extractor and mert or kbmira, seeded with ``seed``."""
+        work = run_dir / self.label
+        tuned = work / self.tuned_weights_name
+        if tuned.exists():
+            return tuned
+        work.mkdir(parents=True, exist_ok=True)
+        source, reference = dev
+        scored = self.score(dev_nbest(), "dev", source, run_dir)
+        bleu = ["--sctype", "BLEU", "--scconfig", "case:true"]
+        extract = [self.program("extractor"), *bleu, "-r", str(reference)]
+        extract += ["-n", str(scored), "--scfile", "scores.dat", "--ffile", "features.dat"]
+        self.run(extract, work, "extract.log")
+        names = dense_feature_names(work / "features.dat")
+        write_start_point(work / "init.opt", weight_vector(names, start, 0.0))
+        if self.tuner == "kbmira":
+            mira = [self.program("kbmira"), *bleu, "-r", str(seed)]
+            mira += ["-S", "scores.dat", "-F", "features.dat", "-d", "init.opt", "-o", "mira.out"]
+            self.run(mira, work, "kbmira.log")
+            write_weights_file(tuned, read_kbmira_weights(work / "mira.out", names))
+            return tuned
+        mert = [self.program("mert"), "-d", str(len(names)), *bleu]
+        mert += ["-n", str(self.restarts), "-r", str(seed)]
+        mert += ["--scfile", "scores.dat", "--ffile", "features.dat", "--ifile", "init.opt"]
+        self.run(mert, work, "mert.log")
+        write_weights_file(tuned, read_tuned_weights(work / "weights.txt", names))
+        return tuned
+
+    def rerank(
+        self, nbest: Path, set_name: str, source: Path, run_dir: Path, weights: Path
+    ) -> Path:
+        """The list ``nbest`` of test set ``set_name`` re-ranked with the tuned ``weights``:
+        its 1-best texts."""
+        return self.score(nbest, set_name, source, run_dir, weights)
