@@ -122,6 +122,22 @@ def test_stepwise_decoding_gives_the_teacher_forced_scores():
     assert torch.allclose(stepwise[mask], lp[mask], atol=1e-6)
 
 
+def test_default_preset_starts_adam_at_2e_3_and_another_optimizer_at_its_own_rate():
+    """Issue 29: the attention default trains at 2e-3 (docs/benchmarks.md); cho and lstm keep
+    Adam's 1e-3; --optimizer without --lr takes that optimiser's own default."""
+    from phrasescore.jobs.train import _configure
+
+    def rate(**overrides) -> float:
+        return _configure("default", "attention", overrides, None, False)[1].learning_rate
+
+    assert preset("default", "attention")[1].learning_rate == 2e-3
+    assert preset("default", "cho")[1].learning_rate == preset("default", "lstm")[1].learning_rate
+    assert preset("default", "cho")[1].learning_rate == 1e-3
+    assert rate() == rate(optimizer="adam") == 2e-3  # the preset's optimiser: its rate
+    assert rate(optimizer="sgd") == 0.7 and rate(optimizer="adadelta") == 1.0
+    assert rate(optimizer="adam", learning_rate=5e-4) == 5e-4
+
+
 def test_paper_preset_and_flops():
     mcfg, tcfg = preset("paper", "attention")
     assert (mcfg.hidden_dim, mcfg.embedding_dim, mcfg.maxout_units) == (1000, 620, 500)

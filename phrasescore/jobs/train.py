@@ -120,6 +120,7 @@ def _check_arguments(
 def _configure(preset: str, arch: str, overrides: dict, model_overrides, resume):
     """(ModelConfig, TrainConfig): the preset's, with the overrides."""
     mcfg, tcfg = preset_configs(preset, arch)
+    preset_optimizer = tcfg.optimizer
     apply_overrides(tcfg, overrides)
     for key, value in (model_overrides or {}).items():
         if value is not None:
@@ -137,9 +138,10 @@ def _configure(preset: str, arch: str, overrides: dict, model_overrides, resume)
             "(Devlin et al. 2014)",
             mcfg.self_normalize,
         )
-    if (
-        overrides.get("optimizer") in DEFAULT_LEARNING_RATE
+    if (  # another optimiser than the preset's, without --lr: that optimiser's own default
+        tcfg.optimizer != preset_optimizer
+        and tcfg.optimizer in DEFAULT_LEARNING_RATE
         and overrides.get("learning_rate") is None
     ):
-        tcfg.learning_rate = DEFAULT_LEARNING_RATE[overrides["optimizer"]]
+        tcfg.learning_rate = DEFAULT_LEARNING_RATE[tcfg.optimizer]
     return mcfg, tcfg
