@@ -245,10 +245,9 @@ def rescore_nbest(
         dev = resolve_device(device)
         check_workers_device(workers, dev)
         with loading_for_workers(workers):  # loaded at one thread, to fork from
-            loaded = []
-            if with_model:  # -m given once or several times (an ensemble), or missing: refused
-                loaded = [model_for(model, path, dev) for path in paths or [None]]
-                loaded = loaded[:1] if model is not None else loaded
+            loaded = [model] if model is not None else []
+            if with_model and not loaded:  # -m once, or several times (an ensemble); none: refused
+                loaded = [model_for(None, path, dev) for path in paths or [None]]
             features, signatures, scorer = _features(options, dev, loaded, paths)
         if shard is not None:
             log.info(
