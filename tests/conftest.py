@@ -107,6 +107,22 @@ def tiny_second_seed_model_path(tmp_path_factory, corpus_files) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_r2l_model_path(tmp_path_factory, corpus_files) -> str:
+    """The tiny model's recipe, right to left (``train --reverse-target``)."""
+    path = tmp_path_factory.mktemp("r2l") / "r2l.safetensors"
+    train_tiny(
+        path,
+        *corpus_files,
+        model_overrides=dict(reverse_target=True),
+        max_steps=60,
+        valid_every=30,
+        learning_rate=3e-3,
+        seed=3,
+    )
+    return str(path)
+
+
+@pytest.fixture(scope="session")
 def tiny_inverse_model_path(tmp_path_factory, corpus_files) -> str:
     """A tiny French->English model (the sample pairs with their sides swapped): the
     target->source model of ``nbest --inverse`` and ``ab --rerank-inverse``."""

@@ -16,7 +16,7 @@ from phrasescore.engine.search import SearchOptions, beam_search
 from phrasescore.model.config import ModelConfig
 from phrasescore.moses.nbest import read_nbest
 
-from .conftest import DATA, sample_pairs, train_tiny
+from .conftest import DATA, sample_pairs
 
 NBEST = DATA / "nbest"
 MULTI30K_LIST = NBEST / "multi30k.test2016.ids0-4.100best.nbest.gz"
@@ -28,18 +28,8 @@ def invoke(*args: str):
 
 
 @pytest.fixture(scope="module")
-def r2l_model_path(tmp_path_factory, corpus_files) -> str:
-    path = tmp_path_factory.mktemp("r2l") / "r2l.safetensors"
-    train_tiny(
-        path,
-        *corpus_files,
-        model_overrides=dict(reverse_target=True),
-        max_steps=60,
-        valid_every=30,
-        learning_rate=3e-3,
-        seed=3,
-    )
-    return str(path)
+def r2l_model_path(tiny_r2l_model_path) -> str:
+    return tiny_r2l_model_path
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from phrasescore.cli import cli
 from phrasescore.engine.scoring import EnsembleScorer, PairScorer
 from phrasescore.moses.nbest import read_nbest
 
-from .conftest import sample_pairs, train_tiny
+from .conftest import sample_pairs
 from .test_nbest import MULTI30K_LIST, MULTI30K_SRC, check_one_feature_added, text_bytes
 
 
@@ -76,7 +76,7 @@ def test_nbest_with_two_models_adds_one_feature_their_ensemble(
 
 @pytest.mark.parametrize(
     "other, what",
-    [("tiny_inverse_model_path", "target vocabulary"), ("r2l_path", "direction")],
+    [("tiny_inverse_model_path", "target vocabulary"), ("tiny_r2l_model_path", "direction")],
 )
 def test_models_that_cannot_be_averaged_are_refused_by_name(
     tmp_path, tiny_model_path, other, what, request
@@ -93,18 +93,3 @@ def test_models_that_cannot_be_averaged_are_refused_by_name(
     assert "Traceback" not in result.output
     assert len(result.output.strip().splitlines()) == 1
     assert not out.exists()
-
-
-@pytest.fixture(scope="module")
-def r2l_path(tmp_path_factory, corpus_files) -> str:
-    path = tmp_path_factory.mktemp("r2l-ensemble") / "r2l.safetensors"
-    train_tiny(
-        path,
-        *corpus_files,
-        model_overrides=dict(reverse_target=True),
-        max_steps=30,
-        valid_every=30,
-        learning_rate=3e-3,
-        seed=3,
-    )
-    return str(path)
