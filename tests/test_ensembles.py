@@ -17,13 +17,10 @@ from .test_nbest import MULTI30K_LIST, MULTI30K_SRC, check_one_feature_added, te
 
 
 @pytest.fixture(scope="module")
-def second_seed_path(tiny_second_seed_model_path) -> str:
-    return tiny_second_seed_model_path
-
-
-@pytest.fixture(scope="module")
-def scorers(tiny_model_path, second_seed_path) -> tuple[PairScorer, PairScorer]:
-    return PairScorer(load_model(tiny_model_path)), PairScorer(load_model(second_seed_path))
+def scorers(tiny_model_path, tiny_second_seed_model_path) -> tuple[PairScorer, PairScorer]:
+    return PairScorer(load_model(tiny_model_path)), PairScorer(
+        load_model(tiny_second_seed_model_path)
+    )
 
 
 def test_the_ensemble_averages_next_token_probabilities(scorers):
@@ -52,12 +49,12 @@ def test_an_ensemble_of_one_model_twice_is_that_model(scorers):
 
 
 def test_nbest_with_two_models_adds_one_feature_their_ensemble(
-    tmp_path, tiny_model_path, second_seed_path, scorers
+    tmp_path, tiny_model_path, tiny_second_seed_model_path, scorers
 ):
     out = tmp_path / "ensemble.nbest"
     args = ["nbest", str(MULTI30K_LIST), "--source", str(MULTI30K_SRC), "--no-progress"]
     result = CliRunner().invoke(
-        cli, [*args, "-m", tiny_model_path, "-m", second_seed_path, "-o", str(out)]
+        cli, [*args, "-m", tiny_model_path, "-m", tiny_second_seed_model_path, "-o", str(out)]
     )
     assert result.exit_code == 0, result.output
     sources = MULTI30K_SRC.read_text(encoding="utf-8").splitlines()
@@ -69,7 +66,7 @@ def test_nbest_with_two_models_adds_one_feature_their_ensemble(
     # the same models in one run more: the same bytes
     again = tmp_path / "again.nbest"
     CliRunner().invoke(
-        cli, [*args, "-m", tiny_model_path, "-m", second_seed_path, "-o", str(again)]
+        cli, [*args, "-m", tiny_model_path, "-m", tiny_second_seed_model_path, "-o", str(again)]
     )
     assert again.read_bytes() == out.read_bytes()
 

@@ -315,6 +315,7 @@ class EnsembleScorer:
             )
         self.scorers = list(scorers)
         self.model = self.scorers[0].model
+        self.include_eos = self.scorers[0].include_eos
         self.clamped = 0
 
     def warm_up(self) -> None:
@@ -327,13 +328,16 @@ class EnsembleScorer:
         """:meth:`PairScorer.score_phrases` of the ensemble."""
         scored = [scorer.score_phrases(sources, targets, per_token=True) for scorer in self.scorers]
         first = scored[0]
-        log_k = np.log(len(scored))
-        per_tok = [
-            np.logaddexp.reduce(np.stack([s.token_logprobs[i] for s in scored]), axis=0) - log_k
-            for i in range(len(first.logprob))
-        ]
-        eos = slice(None) if self.scorers[0].include_eos else slice(None, -1)
-        logprob = np.array([values[eos].sum() for values in per_tok], dtype=np.float64)
+        if not len(first.logprob):
+            return first
+        # every pair's token terms end to end, one row per model: averaged in one pass
+        stacked = np.stack([np.concatenate(s.token_logprobs) for s in scored])
+        tokens = np.logaddexp.reduce(stacked, axis=0) - np.log(len(scored))
+        starts = np.concatenate(([0], np.cumsum(first.n_tokens + (0 if self.include_eos else 1))))
+        per_tok = np.split(tokens, starts[1:-1])
+        logprob = np.add.reduceat(tokens, starts[:-1])
+        if not self.include_eos:  # the end-of-sequence term is each pair's last
+            logprob -= tokens[starts[1:] - 1]
         return ScoredPairs(
             logprob,
             first.n_tokens,

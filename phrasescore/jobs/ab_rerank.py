@@ -229,6 +229,7 @@ def rerank_models(specs: list[str], inverse_specs: list[str] = ()) -> tuple[Rera
     return tuple(models)
 
 
+@dataclass
 class RerankStep:
     """Step 4 of ``ab`` for one tuned run: score its n-best lists with every model, tune the
     weights on the dev lists (extractor, then mert or kbmira), re-rank the test lists.
@@ -238,23 +239,14 @@ class RerankStep:
     :attr:`label` (this set of models: the extractor's files, the tuned weights, the re-ranked
     test outputs)."""
 
-    def __init__(
-        self,
-        models: tuple[RerankModel, ...],
-        tuner: str,
-        restarts: int,
-        threads: int,
-        program: Callable[[str], str],
-        run: Callable[..., None],
-    ):
-        """``program(name)``: the path of a Moses program (``extractor``, ``mert``, ``kbmira``);
-        ``run(command, cwd, log_name)``: runs one command (``ab``'s :class:`Programs`)."""
-        self.models = models
-        self.tuner = tuner
-        self.restarts = restarts
-        self.threads = threads
-        self.program = program
-        self.run = run
+    models: tuple[RerankModel, ...]
+    tuner: str
+    restarts: int
+    threads: int
+    program: Callable[[str], str]
+    """The path of a Moses program (``extractor``, ``mert``, ``kbmira``)."""
+    run: Callable[..., None]
+    """``run(command, cwd, log_name)``: runs one command (``ab``'s :class:`Programs`)."""
 
     @property
     def name(self) -> str:
