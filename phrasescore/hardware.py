@@ -13,6 +13,7 @@ measured elsewhere or earlier would not compare.
 from __future__ import annotations
 
 import functools
+import os
 import platform
 import re
 import resource
@@ -46,6 +47,20 @@ def resolve_device(name: str) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise InputError("--device cuda was asked for, but PyTorch sees no CUDA device")
     return torch.device(name)
+
+
+def deterministic_kernels(device: torch.device) -> None:
+    """On CUDA, kernels that give the same bytes for the same inputs and seed: cuBLAS with a
+    fixed workspace (``CUBLAS_WORKSPACE_CONFIG``, read when its handle is made: call this before
+    the first matrix product), cuDNN's deterministic algorithms, and PyTorch's deterministic
+    scatter/index kernels (the embeddings' gradients), at some cost in speed. The CPU kernels
+    are deterministic for a given thread count already."""
+    if device.type != "cuda":
+        return
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 def set_threads(threads: int | None) -> None:

@@ -48,6 +48,7 @@ from phrasescore.bundle import TrainedModel, save_model
 from phrasescore.errors import InputError
 from phrasescore.figures import new_figure, save_figure
 from phrasescore.files import is_pipe
+from phrasescore.hardware import deterministic_kernels
 from phrasescore.model import build_network
 from phrasescore.model.config import (
     ModelConfig,
@@ -362,6 +363,8 @@ class Trainer:
             "optimizer": optimizer.state_dict(),
             "torch_rng": torch.get_rng_state(),
         }
+        if self.device.type == "cuda" and self.launch is None:
+            state["cuda_rng"] = torch.cuda.get_rng_state(self.device)  # dropout's on the GPU
         if self.launch is not None:
             meta["world_size"] = self.world
             state["rank_rng"] = torch.stack(distributed.all_gather_rng_states())
@@ -460,6 +463,7 @@ class Trainer:
     def _start(self, ckpt: dict[str, Any] | None) -> _Run:
         """Data, network, optimiser and position: fresh, or those of the checkpoint."""
         tcfg = self.tcfg
+        deterministic_kernels(self.device)
         torch.manual_seed(tcfg.seed)
         src_text, tgt_text, src_vocab, tgt_vocab, train, valid = self.prepare(
             tcfg, ckpt["meta"]["vocab"] if ckpt else None
@@ -478,6 +482,8 @@ class Trainer:
                 torch.set_rng_state(ckpt["rank_rng"][self.launch.rank].clone())  # no view
             else:
                 torch.set_rng_state(ckpt["torch_rng"])
+                if "cuda_rng" in ckpt and self.device.type == "cuda":
+                    torch.cuda.set_rng_state(ckpt["cuda_rng"], self.device)
             position.update(ckpt["meta"]["position"])
         unigram = unigram_perplexity(train, valid, len(tgt_vocab))
         log.info(

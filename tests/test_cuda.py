@@ -1,0 +1,168 @@
+"""The CUDA code paths (issue 29, item 6): training with bf16 autocast, its reproducibility and
+resume, and scoring, re-ranking and translating on the GPU against the same model on the CPU.
+
+Skipped where PyTorch sees no CUDA device. ``PHRASESCORE_TEST_DEVICE=cpu`` runs the same checks
+on the CPU (the comparisons are then CPU against CPU): how they are checked on a machine without
+a GPU before they run on one.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from phrasescore.bundle import load_model
+from phrasescore.engine.scoring import PairScorer
+from phrasescore.jobs.train import run_training
+from phrasescore.moses.nbest import iter_nbest_groups, read_nbest
+from phrasescore.moses.phrase_table import format_entry, read_phrase_table
+from phrasescore.training.trainer import Trainer
+
+from .conftest import DATA, run_cli, sample_pairs, write_lines
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before the first cuBLAS handle
+DEVICE = os.environ.get("PHRASESCORE_TEST_DEVICE", "cuda")
+AMP = DEVICE == "cuda"  # bf16 autocast, the CUDA default of `train`
+pytestmark = pytest.mark.skipif(
+    DEVICE == "cuda" and not torch.cuda.is_available(), reason="no CUDA device"
+)
+TABLE = DATA / "moses" / "multi30k.head300.phrase-table.gz"
+NBEST_LIST = DATA / "nbest" / "multi30k.test2016.ids0-4.100best.nbest.gz"
+NBEST_SRC = DATA / "nbest" / "multi30k.test2016.head5.tok.lc.en"
+
+
+def _files(tmp_path, n):
+    src, tgt = sample_pairs(n)
+    return write_lines(tmp_path / "a.en", src), write_lines(tmp_path / "a.fr", tgt)
+
+
+def _train(path, src, tgt, arch="attention", resume=False, **overrides):
+    kw = dict(seed=5, learning_rate=1e-2, valid_every=1000)
+    kw.update(overrides)
+    return run_training(
+        model_path=str(path),
+        source=src,
+        target=tgt,
+        phrase_table=None,
+        valid=(src, tgt),
+        preset="tiny",
+        src_lang="en",
+        tgt_lang="fr",
+        tokenize=False,
+        lowercase=False,
+        device=DEVICE,
+        amp=AMP,
+        threads=None,
+        resume=resume,
+        overrides=kw,
+        arch=arch,
+    )
+
+
+@pytest.mark.parametrize("arch", ["cho", "attention", "lstm"])
+def test_training_learns_and_the_model_scores_the_same_on_the_cpu(tmp_path, arch):
+    src, tgt = _files(tmp_path, 20)
+    path = tmp_path / "m.safetensors"
+    result = _train(path, src, tgt, arch, max_steps=200, batch_tokens=2000, valid_every=200,
+                    epochs=1000)  # fmt: skip
+    assert result.unigram_valid_ppl > 50
+    assert result.best_valid_ppl < 5.0  # the 20 pairs nearly learnt by heart
+    pairs = sample_pairs(20)
+    on_cpu = PairScorer(load_model(str(path))).score_phrases(*pairs).logprob
+    on_device = PairScorer(load_model(str(path), DEVICE), DEVICE).score_phrases(*pairs).logprob
+    assert np.isfinite(on_cpu).all() and (on_cpu < 0).all()
+    np.testing.assert_allclose(on_device, on_cpu, rtol=1e-4, atol=1e-4)
+    # the mean of the training pairs' log p is the validation perplexity's (EOS counted)
+    tokens = sum(len(t.split()) + 1 for t in pairs[1])
+    assert math.exp(-on_cpu.sum() / tokens) == pytest.approx(result.best_valid_ppl, rel=0.05)
+
+
+def test_training_is_byte_reproducible_and_resume_is_exact(tmp_path):
+    src, tgt = _files(tmp_path, 60)
+    common = dict(batch_tokens=300, valid_every=4, seed=9, learning_rate=3e-3)
+    paths = {}
+    for name in ("a", "b", "parts"):
+        (tmp_path / name).mkdir()
+        paths[name] = tmp_path / name / "m.safetensors"
+    first = _train(paths["a"], src, tgt, max_steps=12, **common)
+    second = _train(paths["b"], src, tgt, max_steps=12, **common)
+    assert paths["a"].read_bytes() == paths["b"].read_bytes()
+    assert first.signature == second.signature
+    _train(paths["parts"], src, tgt, max_steps=7, **common)
+    _train(paths["parts"], src, tgt, max_steps=12, resume=True, **common)
+    a = Trainer.read_checkpoint(str(paths["a"]) + ".checkpoint")
+    b = Trainer.read_checkpoint(str(paths["parts"]) + ".checkpoint")
+    assert a["meta"]["position"]["step"] == b["meta"]["position"]["step"] == 12
+    for name, tensor in a["network"].items():
+        assert torch.equal(tensor, b["network"][name]), name
+
+
+def _entries(path):
+    return list(read_phrase_table(str(path)))
+
+
+def test_rescore_on_the_gpu_matches_the_cpu_and_repeats_its_bytes(tmp_path, tiny_model_path):
+    outs = {}
+    for name, flags in {
+        "cpu": ["--device", "cpu", "--dtype", "float32"],
+        "fp32": ["--device", DEVICE, "--dtype", "float32"],
+        "fp32-again": ["--device", DEVICE, "--dtype", "float32"],
+        "bf16": ["--device", DEVICE, "--dtype", "bfloat16"],
+    }.items():
+        outs[name] = tmp_path / f"{name}.gz"
+        proc = run_cli("rescore", TABLE, "-m", tiny_model_path, "-o", outs[name], "--no-progress",
+                       *flags)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+    assert gzip.decompress(outs["fp32"].read_bytes()) == gzip.decompress(
+        outs["fp32-again"].read_bytes()
+    )
+    source = _entries(TABLE)
+    values = {}
+    for name in ("cpu", "fp32", "bf16"):
+        entries = _entries(outs[name])
+        assert len(entries) == len(source) == 300
+        for before, after in zip(source, entries, strict=True):
+            assert format_entry(after._replace(scores=after.scores[:-1])) == format_entry(before)
+        values[name] = np.array([float(e.scores[-1]) for e in entries])
+        assert ((values[name] > 0) & (values[name] <= 1)).all()
+    np.testing.assert_allclose(np.log(values["fp32"]), np.log(values["cpu"]), rtol=1e-4, atol=1e-4)
+    # bf16: about 3 significant digits per product, summed over a phrase's tokens
+    np.testing.assert_allclose(np.log(values["bf16"]), np.log(values["cpu"]), rtol=0.05, atol=0.1)
+
+
+def test_nbest_feature_on_the_gpu_matches_the_cpu(tmp_path, tiny_model_path):
+    features = {}
+    for device in ("cpu", DEVICE):
+        out = tmp_path / f"{device}.nbest"
+        proc = run_cli("nbest", NBEST_LIST, "--source", NBEST_SRC, "-m", tiny_model_path,
+                       "--device", device, "-o", out, "--no-progress")  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        entries = list(read_nbest(str(out)))
+        assert len(entries) == 324  # the 5 sentences' distinct hypotheses
+        features[device] = np.array([e.parsed_features()[-1][1][0] for e in entries])
+    np.testing.assert_allclose(features[DEVICE], features["cpu"], rtol=1e-4, atol=1e-4)
+
+
+def test_translate_on_the_gpu_gives_hypotheses_whose_scores_the_cpu_confirms(
+    tmp_path, tiny_model_path
+):
+    src, _ = sample_pairs(8)
+    path = write_lines(tmp_path / "in.en", src)
+    out = tmp_path / "out.nbest"
+    proc = run_cli("translate", path, "-m", tiny_model_path, "--device", DEVICE, "--beam", "4",
+                   "--nbest", "2", "--length-penalty", "0", "--max-length", "8", "-o", out,
+                   "--no-progress")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    groups = list(iter_nbest_groups(read_nbest(str(out))))
+    assert [g[0].id for g in groups] == list(range(8))
+    scorer = PairScorer(load_model(tiny_model_path))
+    for group, line in zip(groups, src, strict=True):
+        values = [e.parsed_features()[0][1][0] for e in group]
+        assert values == sorted(values, reverse=True)
+        scored = scorer.score_phrases([line] * len(group), [e.hypothesis for e in group])
+        assert list(scored.logprob) == pytest.approx(values, rel=1e-4, abs=1e-3)
