@@ -2,8 +2,9 @@
 # build/example), `make test` runs the tests. Both install the package first when it is not
 # importable (`make install`).
 PYTHON ?= python3
-# ruff finds no extensionless script in a folder: the development scripts are named one by one
-LINTED = phrasescore tests $(wildcard tools/*)
+# ruff finds no extensionless script in a folder: the Python development scripts are named one
+# by one (the shell ones, tools/gpu-*, are not Python)
+LINTED = phrasescore tests $(shell grep -l '^\#!.*python' tools/*)
 export OMP_WAIT_POLICY ?= PASSIVE
 
 .PHONY: install ensure-installed demo test lint format
