@@ -62,6 +62,8 @@ def train_tiny(
     resume=False,
     arch="cho",
     model_overrides=None,
+    device="cpu",
+    amp=False,
     **kw,
 ):
     """Train a ``tiny``-preset model with ``phrasescore train``'s job function; ``kw`` are the
@@ -79,8 +81,8 @@ def train_tiny(
         tgt_lang=tgt_lang,
         tokenize=False,
         lowercase=False,
-        device="cpu",
-        amp=False,
+        device=device,
+        amp=amp,
         threads=None,
         resume=resume,
         overrides=kw,

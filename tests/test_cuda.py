@@ -18,12 +18,11 @@ import torch
 
 from phrasescore.bundle import load_model
 from phrasescore.engine.scoring import PairScorer
-from phrasescore.jobs.train import run_training
 from phrasescore.moses.nbest import iter_nbest_groups, read_nbest
 from phrasescore.moses.phrase_table import format_entry, read_phrase_table
 from phrasescore.training.trainer import Trainer
 
-from .conftest import DATA, run_cli, sample_pairs, write_lines
+from .conftest import DATA, run_cli, sample_pairs, train_tiny, write_lines
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before the first cuBLAS handle
 DEVICE = os.environ.get("PHRASESCORE_TEST_DEVICE", "cuda")
@@ -44,24 +43,8 @@ def _files(tmp_path, n):
 def _train(path, src, tgt, arch="attention", resume=False, **overrides):
     kw = dict(seed=5, learning_rate=1e-2, valid_every=1000)
     kw.update(overrides)
-    return run_training(
-        model_path=str(path),
-        source=src,
-        target=tgt,
-        phrase_table=None,
-        valid=(src, tgt),
-        preset="tiny",
-        src_lang="en",
-        tgt_lang="fr",
-        tokenize=False,
-        lowercase=False,
-        device=DEVICE,
-        amp=AMP,
-        threads=None,
-        resume=resume,
-        overrides=kw,
-        arch=arch,
-    )
+    return train_tiny(path, src, tgt, valid=(src, tgt), resume=resume, arch=arch, device=DEVICE,
+                      amp=AMP, **kw)  # fmt: skip
 
 
 @pytest.mark.parametrize("arch", ["cho", "attention", "lstm"])
