@@ -120,6 +120,22 @@ def test_default_preset_trains_with_fan_in_init_and_paper_keeps_the_papers(tmp_p
     assert trained_init("paper", source=s, target=t) == "cho"
 
 
+def test_phrase_pairs_start_the_cho_default_preset_at_2e_3():
+    """`train --phrase-table` (the column's model): Adam at 2e-3 in the cho default preset
+    (measured, docs/benchmarks.md); sentence-level cho, lstm and the paper preset keep their
+    rates, and --lr or another --optimizer overrides it as for any preset."""
+    from phrasescore.jobs.train import _configure
+
+    def rate(preset="default", arch="cho", pairs=True, **overrides) -> float:
+        return _configure(preset, arch, overrides, None, False, pairs)[1].learning_rate
+
+    assert rate() == rate(optimizer="adam") == 2e-3
+    assert rate(pairs=False) == rate(arch="lstm") == 1e-3
+    assert rate(preset="paper") == rate(preset="paper", pairs=False) == 1.0  # Adadelta's
+    assert rate(learning_rate=1e-3) == 1e-3
+    assert rate(optimizer="sgd") == 0.7
+
+
 def test_foreign_and_damaged_model_files_are_refused(tmp_path, tiny_model_path):
     text = tmp_path / "text.safetensors"
     text.write_text("hello\n")

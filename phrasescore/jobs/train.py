@@ -14,6 +14,7 @@ from phrasescore.model.config import (
     ARCH_PRESETS,
     ARCHITECTURES,
     DEFAULT_LEARNING_RATE,
+    PHRASE_PAIR_LEARNING_RATE,
 )
 from phrasescore.model.config import preset as preset_configs
 from phrasescore.runners import distributed
@@ -60,7 +61,7 @@ def run_training(
     _check_arguments(model_path, source, target, phrase_table, valid, preset, arch, inverse)
     set_threads(threads)
     launch, dev = distributed.start_job(device)
-    mcfg, tcfg = _configure(preset, arch, overrides, model_overrides, resume)
+    mcfg, tcfg = _configure(preset, arch, overrides, model_overrides, resume, bool(phrase_table))
     data = TrainingData(
         src_path=source,
         tgt_path=target,
@@ -117,9 +118,14 @@ def _check_arguments(
     check_output_path(model_path, "model")  # and its .checkpoint, .log, .curve.png beside it
 
 
-def _configure(preset: str, arch: str, overrides: dict, model_overrides, resume):
-    """(ModelConfig, TrainConfig): the preset's, with the overrides."""
+def _configure(
+    preset: str, arch: str, overrides: dict, model_overrides, resume, phrase_pairs: bool = False
+):
+    """(ModelConfig, TrainConfig): the preset's, with the overrides. ``phrase_pairs``
+    (``--phrase-table``): the cho default preset's rate is :data:`PHRASE_PAIR_LEARNING_RATE`."""
     mcfg, tcfg = preset_configs(preset, arch)
+    if phrase_pairs and preset == "default" and arch == "cho":
+        tcfg.learning_rate = PHRASE_PAIR_LEARNING_RATE
     preset_optimizer = tcfg.optimizer
     apply_overrides(tcfg, overrides)
     for key, value in (model_overrides or {}).items():
