@@ -13,21 +13,21 @@
 #   5. print what was produced and the next command (MERT).
 # Everything is written under OUT (default build/example in the checkout); examples/ is only read.
 # Usage: examples/run.sh [--quick] [--minutes M] [--out OUT]
-#   --quick    about 1 minute of training, 30 updates per re-ranking model and 50 sentences of
-#              the lists (CI); the default trains the column's model for 4 minutes and each
-#              re-ranking model for 2, and re-ranks all 200.
+#   --quick    60 updates of the column's model, 30 per re-ranking model and 50 sentences of
+#              the lists (CI); the default trains the column's model for 4 minutes (--minutes M:
+#              M) and each re-ranking model for 2, and re-ranks all 200.
 #   --out OUT  the output directory (default build/example).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-minutes=4
+column_budget=(--max-minutes 4)
 rerank_budget=(--max-minutes 2)
 sentences=200  # of the shipped lists' 200 dev and 200 test sentences
 out="$(dirname "$here")/build/example"
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --quick) minutes=1; rerank_budget=(--max-steps 30); sentences=50; shift ;;
-    --minutes) minutes="$2"; shift 2 ;;
+    --quick) column_budget=(--max-steps 60); rerank_budget=(--max-steps 30); sentences=50; shift ;;
+    --minutes) column_budget=(--max-minutes "$2"); shift 2 ;;
     --out) out="$2"; shift 2 ;;
     -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -48,9 +48,9 @@ model_dir="$out/model"
 cp "$here/model/moses.ini" "$here/model/phrase-table.gz" "$model_dir/"
 started=$(date +%s)
 
-echo "== 1/3 training the default model for up to $minutes minute(s) on the phrase pairs of $(zcat "$model_dir/phrase-table.gz" | wc -l) table lines" >&2
+echo "== 1/3 training the default model (${column_budget[*]}) on the phrase pairs of $(zcat "$model_dir/phrase-table.gz" | wc -l) table lines" >&2
 phrasescore train --phrase-table "$model_dir/phrase-table.gz" \
-  --src-lang en --tgt-lang fr --max-minutes "$minutes" --valid-every 100 --seed 1 \
+  --src-lang en --tgt-lang fr --valid-every 100 "${column_budget[@]}" --seed 1 \
   -o "$out/en-fr.safetensors" > "$out/train.result"
 
 echo "== 2/3 rescoring $model_dir/phrase-table.gz" >&2
