@@ -14,7 +14,6 @@ from phrasescore.model.config import (
     ARCH_PRESETS,
     ARCHITECTURES,
     DEFAULT_LEARNING_RATE,
-    PHRASE_PAIR_LEARNING_RATE,
 )
 from phrasescore.model.config import preset as preset_configs
 from phrasescore.runners import distributed
@@ -121,11 +120,9 @@ def _check_arguments(
 def _configure(
     preset: str, arch: str, overrides: dict, model_overrides, resume, phrase_pairs: bool = False
 ):
-    """(ModelConfig, TrainConfig): the preset's, with the overrides. ``phrase_pairs``
-    (``--phrase-table``): the cho default preset's rate is :data:`PHRASE_PAIR_LEARNING_RATE`."""
-    mcfg, tcfg = preset_configs(preset, arch)
-    if phrase_pairs and preset == "default" and arch == "cho":
-        tcfg.learning_rate = PHRASE_PAIR_LEARNING_RATE
+    """(ModelConfig, TrainConfig): the preset's (of phrase pairs: ``--phrase-table``), with the
+    overrides."""
+    mcfg, tcfg = preset_configs(preset, arch, phrase_pairs)
     preset_optimizer = tcfg.optimizer
     apply_overrides(tcfg, overrides)
     for key, value in (model_overrides or {}).items():

@@ -268,12 +268,18 @@ def initialisation_overrides(name: str | None, arch: str) -> dict[str, Any]:
     raise ValueError(f"unknown initialisation {name!r} (fan-in or paper)")
 
 
-def preset(name: str, arch: str = "cho") -> tuple[ModelConfig, TrainConfig]:
-    """The model and training configuration of the preset ``name`` of architecture ``arch``."""
+def preset(
+    name: str, arch: str = "cho", phrase_pairs: bool = False
+) -> tuple[ModelConfig, TrainConfig]:
+    """The model and training configuration of the preset ``name`` of architecture ``arch``;
+    ``phrase_pairs`` (``train --phrase-table``): the cho default starts at
+    :data:`PHRASE_PAIR_LEARNING_RATE`."""
     if arch not in ARCH_PRESETS:
         raise KeyError(arch)
     table = ARCH_PRESETS[arch]
     if name not in table:
         raise KeyError(name)
     model_kw, train_kw = table[name]
+    if phrase_pairs and name == "default" and arch == "cho":
+        train_kw = dict(train_kw, learning_rate=PHRASE_PAIR_LEARNING_RATE)
     return ModelConfig(arch=arch, **model_kw), TrainConfig(**train_kw)
