@@ -28,11 +28,6 @@ def invoke(*args: str):
 
 
 @pytest.fixture(scope="module")
-def r2l_model_path(tiny_r2l_model_path) -> str:
-    return tiny_r2l_model_path
-
-
-@pytest.fixture(scope="module")
 def inverse_model_path(tiny_inverse_model_path) -> str:
     return tiny_inverse_model_path
 
@@ -49,10 +44,10 @@ def test_target_order_turns_words_round_only_for_a_right_to_left_model():
     assert ModelConfig.from_dict(old).reverse_target is False
 
 
-def test_right_to_left_model_scores_the_reversed_target(r2l_model_path):
+def test_right_to_left_model_scores_the_reversed_target(tiny_r2l_model_path):
     """log p_R2L(y | x) is the network's log p of y's words last to first: the same network
     read left to right on the reversed targets gives the same numbers."""
-    model = load_model(r2l_model_path)
+    model = load_model(tiny_r2l_model_path)
     assert model.config.reverse_target
     src, tgt = sample_pairs(30)
     r2l = PairScorer(model).score_phrases(src, tgt)
@@ -65,10 +60,10 @@ def test_right_to_left_model_scores_the_reversed_target(r2l_model_path):
     assert np.abs(r2l.logprob - natural.logprob).max() > 1e-2
 
 
-def test_right_to_left_model_learns_the_reversed_data(r2l_model_path, corpus_files):
+def test_right_to_left_model_learns_the_reversed_data(tiny_r2l_model_path, corpus_files):
     """Trained on reversed targets, it scores the training pairs better in its own order than
     the same weights do reading them left to right."""
-    model = load_model(r2l_model_path)
+    model = load_model(tiny_r2l_model_path)
     src, tgt = sample_pairs(60)
     own = PairScorer(model).score_phrases(src, tgt).logprob.sum()
     model.network.config.reverse_target = False
@@ -76,8 +71,8 @@ def test_right_to_left_model_learns_the_reversed_data(r2l_model_path, corpus_fil
     assert own > other + 50.0
 
 
-def test_right_to_left_translation_comes_out_in_natural_order(r2l_model_path, tmp_path):
-    model = load_model(r2l_model_path)
+def test_right_to_left_translation_comes_out_in_natural_order(tiny_r2l_model_path, tmp_path):
+    model = load_model(tiny_r2l_model_path)
     src, _ = sample_pairs(4)
     ids = model.src_vocab.encode_batch([s.split() for s in src])
     hyps = beam_search(model.network, ids, SearchOptions(beam=3, max_length=12))
@@ -85,7 +80,7 @@ def test_right_to_left_translation_comes_out_in_natural_order(r2l_model_path, tm
     source = tmp_path / "src.en"
     source.write_text("".join(s + "\n" for s in src), encoding="utf-8")
     out = tmp_path / "out.fr"
-    args = ["translate", str(source), "-m", r2l_model_path, "--beam", "3", "-o", str(out)]
+    args = ["translate", str(source), "-m", tiny_r2l_model_path, "--beam", "3", "-o", str(out)]
     result = invoke(*args, "--max-length", "12")
     assert result.exit_code == 0, result.output
     assert out.read_text(encoding="utf-8").splitlines() == expected
@@ -93,10 +88,12 @@ def test_right_to_left_translation_comes_out_in_natural_order(r2l_model_path, tm
     assert model.target_words(hyps[0][0].ids) == expected[0].split()
 
 
-def test_align_refuses_a_right_to_left_model(r2l_model_path, tmp_path):
+def test_align_refuses_a_right_to_left_model(tiny_r2l_model_path, tmp_path):
     src = tmp_path / "a.en"
     src.write_text("a dog\n", encoding="utf-8")
-    result = invoke("align", str(src), str(src), "-m", r2l_model_path, "-o", str(tmp_path / "x"))
+    result = invoke(
+        "align", str(src), str(src), "-m", tiny_r2l_model_path, "-o", str(tmp_path / "x")
+    )
     assert result.exit_code == 1
     assert "error:" in result.output and "Traceback" not in result.output
 
@@ -107,7 +104,7 @@ def _feature_values(path, name):
 
 
 def test_nbest_inverse_adds_log_p_of_the_source_given_each_hypothesis(
-    tmp_path, inverse_model_path, r2l_model_path
+    tmp_path, inverse_model_path, tiny_r2l_model_path
 ):
     out = tmp_path / "inv.nbest"
     args = ["nbest", str(MULTI30K_LIST), "--source", str(MULTI30K_SRC)]
@@ -125,10 +122,10 @@ def test_nbest_inverse_adds_log_p_of_the_source_given_each_hypothesis(
     assert len({round(v, 3) for v in got[:100]}) > 10
     # a second feature from a right-to-left model, chained as ab does: both kept, in order
     out2 = tmp_path / "inv+r2l.nbest"
-    result = invoke("nbest", str(out), "--source", str(MULTI30K_SRC), "-m", r2l_model_path,
+    result = invoke("nbest", str(out), "--source", str(MULTI30K_SRC), "-m", tiny_r2l_model_path,
                     "--name", "R2L", "-o", str(out2))  # fmt: skip
     assert result.exit_code == 0, result.output
-    r2l = PairScorer(load_model(r2l_model_path))
+    r2l = PairScorer(load_model(tiny_r2l_model_path))
     want = r2l.score_phrases([sources[e.id] for e in entries], hyps).logprob
     np.testing.assert_allclose(_feature_values(out2, "R2L"), want, rtol=1e-5, atol=1e-4)
     np.testing.assert_allclose(_feature_values(out2, "Inv"), got, rtol=0, atol=0)
