@@ -205,7 +205,12 @@ def training_options(file: str, batch_help: str, epochs_type, epochs_help: str):
         ),
         click.option("--seed", type=SEED, help="Random seed (same seed, same run)."),
         device_option,
-        click.option("--amp/--no-amp", default=None, help="bf16 autocast (default: on for CUDA)."),
+        click.option(
+            "--amp/--no-amp",
+            default=None,
+            help="bf16 autocast (default: on for CUDA): the whole network on a GPU; on the CPU "
+            "the output layer alone (fast where the CPU has AMX or AVX-512 BF16).",
+        ),
         threads_option,
         click.option(
             "--resume",

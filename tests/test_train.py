@@ -373,3 +373,70 @@ def test_init_option_gives_the_papers_scheme_with_default_sizes(tmp_path, corpus
     config = load_model(str(out)).network.config
     assert config.init == "cho" and config.hidden_dim == 256
     assert config.init_uniform == (0.08 if arch == "lstm" else None)
+
+
+@pytest.mark.parametrize("arch", ["cho", "attention", "lstm"])
+def test_bf16_output_layer_gives_the_fp32_loss_and_gradients_within_bf16_rounding(arch):
+    """``loss_terms(bf16_output=True)`` (what ``train --amp`` does on the CPU): only the
+    vocabulary projection runs in bf16 (its logits and gradient are bf16, the recurrences'
+    activations stay fp32), on a real-sized vocabulary (the compiled kernels of token_nll), and
+    the NLL and the gradients are fp32's within bf16 rounding."""
+    from phrasescore.model.builders import build_network
+    from phrasescore.model.config import preset
+
+    mcfg, _ = preset("tiny", arch)
+    mcfg.src_vocab_size, mcfg.tgt_vocab_size = 300, 1500
+    torch.manual_seed(3)
+    net = build_network(mcfg)
+    src = torch.randint(4, 300, (6, 9))
+    tgt = torch.randint(4, 1500, (6, 8))
+    lengths = torch.full((6,), 9)
+    tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
+    mask = torch.ones_like(tgt_out, dtype=torch.bool)
+    dtypes = {}
+
+    def seen(key, tensor):
+        dtypes.setdefault(key, tensor.dtype)
+
+    net.out_vocab.register_forward_hook(lambda m, i, o: seen("logits", o))
+    net.out_vocab.register_full_backward_hook(lambda m, gi, go: seen("grad", go[0]))
+    grads, nlls = [], []
+    for bf16 in (False, True):
+        dtypes.clear()
+        net.zero_grad()
+        terms = net.loss_terms(src, lengths, tgt_in, tgt_out, mask, bf16_output=bf16)
+        terms.objective.backward()
+        assert terms.nll.dtype == torch.float32
+        assert dtypes == {
+            "logits": torch.bfloat16 if bf16 else torch.float32,
+            "grad": dtypes["logits"],
+        }
+        nlls.append(float(terms.nll))
+        grads.append({n: p.grad.clone() for n, p in net.named_parameters() if p.grad is not None})
+    assert nlls[1] == pytest.approx(nlls[0], rel=2e-3)
+    assert grads[0].keys() == grads[1].keys()
+    for name, want in grads[0].items():
+        got = grads[1][name]
+        assert got.dtype == torch.float32
+        # bf16 keeps 8 bits of mantissa: the projections' products differ by ~2^-8 relative
+        assert float((got - want).norm()) <= 0.02 * float(want.norm()) + 1e-7, name
+
+
+def test_amp_on_the_cpu_learns_and_writes_the_same_bytes_twice(tmp_path):
+    """``train --amp`` on the CPU (bf16 output layer): the model learns like the fp32 one and
+    one seed gives one file (the weights are stored in fp32)."""
+    src, tgt = sample_pairs(60)
+    s, t = write_lines(tmp_path / "a.en", src), write_lines(tmp_path / "a.fr", tgt)
+    runs = []
+    for name, amp in (("fp32", False), ("bf16a", True), ("bf16b", True)):
+        path = str(tmp_path / f"{name}.safetensors")
+        kw = dict(seed=5, valid_every=40, learning_rate=1e-2, max_steps=40, batch_tokens=500)
+        result = train_tiny(path, s, t, valid=(s, t), amp=amp, **kw)
+        runs.append((path, result))
+    (fp32, r32), (bf16, r16), (again, _) = runs
+    assert r16.best_valid_ppl < r16.unigram_valid_ppl / 2
+    assert r16.best_valid_ppl == pytest.approx(r32.best_valid_ppl, rel=0.05)
+    assert open(bf16, "rb").read() == open(again, "rb").read()
+    assert open(bf16, "rb").read() != open(fp32, "rb").read()
+    model = load_model(bf16)
+    assert all(p.dtype == torch.float32 for p in model.network.parameters())

@@ -130,6 +130,7 @@ class EncoderDecoder(nn.Module):
         tgt_out: Tensor,
         tgt_mask: Tensor,
         log_z: bool = False,
+        bf16_output: bool = False,
     ) -> LossTerms:
         """The objective, the NLL alone and (``log_z`` or α > 0) Σ_t |log Z_t|, summed over the
         real target tokens.
@@ -137,11 +138,16 @@ class EncoderDecoder(nn.Module):
         NLL: -Σ_t log p(y_t | y_<t, x) (Cho et al. 2014, eq. 3, summed). Self-normalisation
         (Devlin et al. 2014, §2.1): objective = NLL + α Σ_t (log Z_t)², log Z_t = logsumexp of
         the logits at step t, α = ``config.self_normalize``. Perplexity is made of the NLL alone.
+
+        ``bf16_output``: the vocabulary projection (the [tokens x vocabulary] product and its
+        gradients) under bf16 autocast, the recurrences in the caller's precision; the
+        log-sum-exp and the softmax gradient are computed in float32 either way (:func:`token_nll`).
         """
         enc = self.encode(src, src_lengths)
         features = self.decode_features(enc, tgt_in)
         flat = features[tgt_mask]
-        logits = self.logits(flat).float()
+        with torch.autocast(flat.device.type, dtype=torch.bfloat16, enabled=bf16_output):
+            logits = self.logits(flat)
         nll, lz = token_nll(logits, tgt_out[tgt_mask])
         alpha = float(self.config.self_normalize)
         if not (alpha or log_z):
@@ -215,34 +221,39 @@ class _TokenNLL(torch.autograd.Function):
 
         ∂/∂u_iv = softmax(u_i)_v (g + g_i) - g [v = gold_i]
 
-    computed as exp(u - log Z) scaled in place, then -g at the gold words: the [N x V] tensors
-    that ``cross_entropy`` makes (the log-softmax output, the zero-filled one-hot gradient, the
-    log-softmax backward's) are never written. Same values as ``cross_entropy``'s.
+    in float32, written in the logits' dtype (bf16 logits of autocast get a bf16 gradient, so
+    the output layer's backward products stay in bf16): the [N x V] tensors that
+    ``cross_entropy`` makes (the log-softmax output, the one-hot gradient, the log-softmax
+    backward's) are never written. Vocabularies from :data:`FUSED_MIN_VOCAB` words take two
+    compiled one-pass kernels (:func:`_log_z_rows`, :func:`_nll_gradient`), else the same
+    formulas eagerly. Same values as ``cross_entropy``'s (fp32: within 1e-6).
     """
 
     @staticmethod
     def forward(ctx, logits: Tensor, gold: Tensor) -> tuple[Tensor, Tensor]:
-        log_z = torch.logsumexp(logits, dim=1)
-        nll = log_z.sum() - logits.gather(1, gold[:, None]).sum()
+        log_z = _run_kernel(_log_z_rows, logits.shape[1], logits)
+        missed = ~torch.isfinite(log_z)
+        if missed.any():  # a logit far above the head's maximum (see _log_z_rows): two passes
+            log_z[missed] = _log_z_rows_eager(logits[missed])
+        nll = log_z.sum() - _widened(logits.gather(1, gold[:, None])).sum()
         ctx.save_for_backward(logits, log_z, gold)
         return nll, log_z
 
     @staticmethod
     def backward(ctx, grad_nll: Tensor, grad_log_z: Tensor) -> tuple[Tensor, None]:
         logits, log_z, gold = ctx.saved_tensors
-        grad = torch.sub(logits, log_z[:, None]).exp_()  # the softmax
-        if grad_log_z is None:
-            grad.mul_(grad_nll)
-        else:
-            grad.mul_((grad_nll + grad_log_z)[:, None])
-        grad.scatter_add_(1, gold[:, None], (-grad_nll).expand(gold.shape[0], 1).to(grad.dtype))
+        scale = grad_nll.expand(log_z.shape) if grad_log_z is None else grad_nll + grad_log_z
+        grad = _run_kernel(
+            _nll_gradient, logits.shape[1], logits, log_z, scale.contiguous(), gold, grad_nll
+        )
         return grad, None
 
 
 def token_nll(logits: Tensor, gold: Tensor) -> tuple[Tensor, Tensor]:
-    """(Σ_i -log softmax(logits_i)[gold_i], log Z [N]) for float32 logit rows [N, V]: the
-    training loss of every architecture (Cho et al. 2014, eq. 3), with a gradient that costs
-    about half of ``cross_entropy``'s (:class:`_TokenNLL`)."""
+    """(Σ_i -log softmax(logits_i)[gold_i], log Z [N], both float32) for logit rows [N, V]
+    (float32, or bf16 under autocast): the training loss of every architecture (Cho et al.
+    2014, eq. 3), with a gradient that costs about half of ``cross_entropy``'s
+    (:class:`_TokenNLL`)."""
     return _TokenNLL.apply(logits, gold)
 
 
@@ -257,6 +268,32 @@ tiny ones (tests) take the eager kernel and pay no compilation."""
 
 SHIFT_COLUMNS = 512
 """The log-sum-exp is shifted by the row's largest logit among its first this-many words."""
+
+
+def _widened(logits: Tensor) -> Tensor:
+    """The logits in float32 (bf16 and fp16 widened; float64 kept, for gradient checks)."""
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+
+def _log_z_rows(logits: Tensor) -> Tensor:
+    """log Z_i = log Σ_v exp(u_iv) in float32, shifted by the row's largest logit among its first
+    :data:`SHIFT_COLUMNS` (one pass over the row; see :func:`_lse_gather`). Not finite where a
+    logit outside the head exceeds that shift by more than fp32's exp range; the caller
+    recomputes those rows."""
+    x = _widened(logits)
+    shift = x[:, :SHIFT_COLUMNS].amax(1, keepdim=True)
+    return shift.squeeze(1) + torch.exp(x - shift).sum(1).log()
+
+
+def _nll_gradient(
+    logits: Tensor, log_z: Tensor, scale: Tensor, gold: Tensor, grad_nll: Tensor
+) -> Tensor:
+    """softmax(u_i)_v scale_i - g [v = gold_i] in float32, written in the logits' dtype: the
+    gradient of :class:`_TokenNLL` (scale_i = g + g_i)."""
+    x = _widened(logits)
+    words = torch.arange(x.shape[1], device=x.device)
+    gold_term = torch.where(words[None, :] == gold[:, None], grad_nll, 0.0)
+    return (torch.exp(x - log_z[:, None]) * scale[:, None] - gold_term).to(logits.dtype)
 
 
 def _lse_gather(logits: Tensor, gold: Tensor) -> Tensor:
@@ -282,36 +319,65 @@ def _eager_lse_gather(logits: Tensor, gold: Tensor) -> Tensor:
     return logp.gather(1, gold[:, None]).squeeze(1)
 
 
-_compiled: dict[str, object] = {}
+def _log_z_rows_eager(logits: Tensor) -> Tensor:
+    return torch.logsumexp(_widened(logits), dim=1)
+
+
+def _nll_gradient_eager(
+    logits: Tensor, log_z: Tensor, scale: Tensor, gold: Tensor, grad_nll: Tensor
+) -> Tensor:
+    grad = torch.sub(_widened(logits), log_z[:, None]).exp_().mul_(scale[:, None])
+    grad.scatter_add_(1, gold[:, None], (-grad_nll).expand(gold.shape[0], 1))
+    return grad.to(logits.dtype)
+
+
+_EAGER = {
+    _lse_gather: _eager_lse_gather,
+    _log_z_rows: _log_z_rows_eager,
+    _nll_gradient: _nll_gradient_eager,
+}
+"""The eager kernel that computes what each compiled one computes (PyTorch's own two-pass
+reductions, in place where it can), for small vocabularies and machines without a compiler."""
+
+_compiled: dict[object, object] = {}
+
+
+def _run_kernel(kernel, vocab: int, *args: Tensor) -> Tensor:
+    """``kernel(*args)`` compiled by torch.compile (one pass over the [rows x vocabulary]
+    logits, nothing of that size written but the result), where it compiles; else, for
+    vocabularies under :data:`FUSED_MIN_VOCAB` and with ``PHRASESCORE_NO_COMPILE=1``, its eager
+    equivalent (:data:`_EAGER`).
+
+    The first call per kernel and dtype compiles (seconds; cached on disk by PyTorch
+    afterwards). Compiled and eager agree within ~2e-6 per token; one machine always takes the
+    same one, so the same input and flags give the same bytes.
+    """
+    eager = _EAGER[kernel]
+    if vocab < FUSED_MIN_VOCAB or os.environ.get("PHRASESCORE_NO_COMPILE"):
+        return eager(*args)
+    fn = _compiled.get(kernel)
+    if fn is None:
+        try:
+            fn = torch.compile(kernel, dynamic=True)
+        except Exception as exc:  # noqa: BLE001 - any failure means: no compiler here
+            log.info("torch.compile unavailable (%s); eager output layer", exc)
+            fn = False
+        _compiled[kernel] = fn
+    if fn is False:
+        return eager(*args)
+    try:
+        return fn(*args)
+    except Exception as exc:  # noqa: BLE001
+        log.warning("compiled output layer failed (%s); using the eager kernels", exc)
+        _compiled[kernel] = False
+        return eager(*args)
 
 
 def fused_logsumexp_gather(logits: Tensor, gold: Tensor) -> Tensor:
-    """:func:`_lse_gather` as one compiled kernel (torch.compile: one read of the logits,
-    log-sum-exp and the gold entry in float32, nothing [rows x vocabulary] written), where it
-    compiles; else, and with ``PHRASESCORE_NO_COMPILE=1``, the eager log-softmax and gather.
-
-    The first call per dtype compiles (seconds; cached on disk by PyTorch afterwards). Both
-    kernels agree within ~2e-6 per token; one machine always takes the same one, so the same
-    input and flags give the same bytes.
-    """
-    if logits.shape[1] < FUSED_MIN_VOCAB or os.environ.get("PHRASESCORE_NO_COMPILE"):
-        return _eager_lse_gather(logits, gold)
-    fn = _compiled.get("fn")
-    if fn is None:
-        try:
-            fn = torch.compile(_lse_gather, dynamic=True)
-        except Exception as exc:  # noqa: BLE001 - any failure means: no compiler here
-            log.info("torch.compile unavailable (%s); eager log-softmax", exc)
-            fn = False
-        _compiled["fn"] = fn
-    if fn is False:
-        return _eager_lse_gather(logits, gold)
-    try:
-        values = fn(logits, gold)
-    except Exception as exc:  # noqa: BLE001
-        log.warning("compiled output layer failed (%s); using the eager log-softmax", exc)
-        _compiled["fn"] = False
-        return _eager_lse_gather(logits, gold)
+    """log softmax(logits_i)[gold_i] in float32: :func:`_lse_gather` as one compiled kernel
+    (one read of the logits, log-sum-exp and the gold entry, nothing [rows x vocabulary]
+    written), else PyTorch's log-softmax and a gather (:func:`_run_kernel`)."""
+    values = _run_kernel(_lse_gather, logits.shape[1], logits, gold)
     overflow = ~torch.isfinite(values)
     if overflow.any():  # a logit far above the shift (see _lse_gather): the exact two passes
         values[overflow] = _eager_lse_gather(logits[overflow], gold[overflow])

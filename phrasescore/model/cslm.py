@@ -44,7 +44,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from phrasescore.model.base import LossTerms
+from phrasescore.model.base import LossTerms, token_nll
 from phrasescore.model.config import TrainConfig
 from phrasescore.model.constants import BOS_ID, PAD_ID
 from phrasescore.model.initialization import init_cslm
@@ -162,8 +162,8 @@ class FeedForwardLM(nn.Module):
         trainer runs both; ``src`` and ``src_lengths`` are ignored.
         """
         context = self.truncate(self.windows(tgt_in)[tgt_mask])
-        logits = self(context).float()
-        return nn.functional.cross_entropy(logits, tgt_out[tgt_mask], reduction="sum")
+        nll, _ = token_nll(self(context), tgt_out[tgt_mask])
+        return nll
 
     def loss_terms(
         self,
@@ -173,10 +173,14 @@ class FeedForwardLM(nn.Module):
         tgt_out: Tensor,
         tgt_mask: Tensor,
         log_z: bool = False,
+        bf16_output: bool = False,
     ) -> LossTerms:
         """:meth:`loss` as the trainer takes it (``EncoderDecoder.loss_terms``): the CSLM is not
-        self-normalised, so the objective is the NLL and no log Z is computed."""
-        nll = self.loss(src, src_lengths, tgt_in, tgt_out, tgt_mask)
+        self-normalised, so the objective is the NLL and no log Z is computed. ``bf16_output``:
+        the network (a feed-forward stack ending in the vocabulary projection) under bf16
+        autocast."""
+        with torch.autocast(tgt_in.device.type, dtype=torch.bfloat16, enabled=bf16_output):
+            nll = self.loss(src, src_lengths, tgt_in, tgt_out, tgt_mask)
         return LossTerms(nll, nll.detach(), None)
 
     def word_embeddings(self) -> Tensor:

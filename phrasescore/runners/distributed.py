@@ -122,8 +122,8 @@ class _Loss(torch.nn.Module):
         super().__init__()
         self.network = network
 
-    def forward(self, *args):
-        return self.network.loss_terms(*args)
+    def forward(self, *args, **kwargs):
+        return self.network.loss_terms(*args, **kwargs)
 
 
 def data_parallel_loss(network: torch.nn.Module, device: torch.device):

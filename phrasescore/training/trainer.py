@@ -578,8 +578,18 @@ class Trainer:
         tcfg, network, position = self.tcfg, run.network, run.position
         batch = collate(run.train, idx, self.device)
         mask = batch.tgt_out != 0
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp):
-            terms = run.loss(batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out, mask)
+        # --amp: bf16 autocast of the whole network on a GPU; on the CPU of the output layer
+        # alone, where bf16 matrix products are fast and bf16 elementwise recurrences are not
+        whole = self.amp and self.device.type != "cpu"
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=whole):
+            terms = run.loss(
+                batch.src,
+                batch.src_lengths,
+                batch.tgt_in,
+                batch.tgt_out,
+                mask,
+                bf16_output=self.amp and not whole,
+            )
         objective, nll = terms.objective, terms.nll  # nll: for the perplexity (no penalty)
         n_tok = int(batch.n_tgt_tokens)
         run.optimizer.zero_grad(set_to_none=True)
