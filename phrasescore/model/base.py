@@ -221,11 +221,12 @@ class _TokenNLL(torch.autograd.Function):
 
         ∂/∂u_iv = softmax(u_i)_v (g + g_i) - g [v = gold_i]
 
-    in float32, written in the logits' dtype (bf16 logits of autocast get a bf16 gradient, so
-    the output layer's backward products stay in bf16): the [N x V] tensors that
+    as exp(u - log Z) scaled, in float32 and written in the logits' dtype (bf16 logits of
+    autocast get a bf16 gradient, so the output layer's backward products stay in bf16), then
+    -g added at the gold words: the [N x V] tensors that
     ``cross_entropy`` makes (the log-softmax output, the one-hot gradient, the log-softmax
     backward's) are never written. Vocabularies from :data:`FUSED_MIN_VOCAB` words take two
-    compiled one-pass kernels (:func:`_log_z_rows`, :func:`_nll_gradient`), else the same
+    compiled one-pass kernels (:func:`_log_z_rows`, :func:`_scaled_softmax`), else the same
     formulas eagerly. Same values as ``cross_entropy``'s (fp32: within 1e-6).
     """
 
@@ -243,9 +244,8 @@ class _TokenNLL(torch.autograd.Function):
     def backward(ctx, grad_nll: Tensor, grad_log_z: Tensor) -> tuple[Tensor, None]:
         logits, log_z, gold = ctx.saved_tensors
         scale = grad_nll.expand(log_z.shape) if grad_log_z is None else grad_nll + grad_log_z
-        grad = _run_kernel(
-            _nll_gradient, logits.shape[1], logits, log_z, scale.contiguous(), gold, grad_nll
-        )
+        grad = _run_kernel(_scaled_softmax, logits.shape[1], logits, log_z, scale.contiguous())
+        grad.scatter_add_(1, gold[:, None], (-grad_nll).expand(gold.shape[0], 1).to(grad.dtype))
         return grad, None
 
 
@@ -285,15 +285,10 @@ def _log_z_rows(logits: Tensor) -> Tensor:
     return shift.squeeze(1) + torch.exp(x - shift).sum(1).log()
 
 
-def _nll_gradient(
-    logits: Tensor, log_z: Tensor, scale: Tensor, gold: Tensor, grad_nll: Tensor
-) -> Tensor:
-    """softmax(u_i)_v scale_i - g [v = gold_i] in float32, written in the logits' dtype: the
-    gradient of :class:`_TokenNLL` (scale_i = g + g_i)."""
-    x = _widened(logits)
-    words = torch.arange(x.shape[1], device=x.device)
-    gold_term = torch.where(words[None, :] == gold[:, None], grad_nll, 0.0)
-    return (torch.exp(x - log_z[:, None]) * scale[:, None] - gold_term).to(logits.dtype)
+def _scaled_softmax(logits: Tensor, log_z: Tensor, scale: Tensor) -> Tensor:
+    """softmax(u_i)_v scale_i = exp(u_iv - log Z_i) scale_i in float32, written in the logits'
+    dtype: the gradient of :class:`_TokenNLL` before its gold-word term."""
+    return (torch.exp(_widened(logits) - log_z[:, None]) * scale[:, None]).to(logits.dtype)
 
 
 def _lse_gather(logits: Tensor, gold: Tensor) -> Tensor:
@@ -323,18 +318,15 @@ def _log_z_rows_eager(logits: Tensor) -> Tensor:
     return torch.logsumexp(_widened(logits), dim=1)
 
 
-def _nll_gradient_eager(
-    logits: Tensor, log_z: Tensor, scale: Tensor, gold: Tensor, grad_nll: Tensor
-) -> Tensor:
+def _scaled_softmax_eager(logits: Tensor, log_z: Tensor, scale: Tensor) -> Tensor:
     grad = torch.sub(_widened(logits), log_z[:, None]).exp_().mul_(scale[:, None])
-    grad.scatter_add_(1, gold[:, None], (-grad_nll).expand(gold.shape[0], 1))
     return grad.to(logits.dtype)
 
 
 _EAGER = {
     _lse_gather: _eager_lse_gather,
     _log_z_rows: _log_z_rows_eager,
-    _nll_gradient: _nll_gradient_eager,
+    _scaled_softmax: _scaled_softmax_eager,
 }
 """The eager kernel that computes what each compiled one computes (PyTorch's own two-pass
 reductions, in place where it can), for small vocabularies and machines without a compiler."""
