@@ -207,7 +207,13 @@ def make_optimizer(network: torch.nn.Module, tcfg: TrainConfig) -> torch.optim.O
             eps=tcfg.adadelta_eps,
         )
     if tcfg.optimizer == "adam":
-        return torch.optim.Adam(network.parameters(), lr=tcfg.learning_rate)
+        # the fused kernel (one pass over all parameters; on the CPU from PyTorch 2.4): 9.5 ms a
+        # step instead of 41-44 ms for the 7.4M parameters of the attention default (1 thread)
+        params = list(network.parameters())
+        try:
+            return torch.optim.Adam(params, lr=tcfg.learning_rate, fused=True)
+        except (RuntimeError, TypeError, ValueError):  # no fused kernel for this device/version
+            return torch.optim.Adam(params, lr=tcfg.learning_rate)
     if tcfg.optimizer == "sgd":
         return torch.optim.SGD(network.parameters(), lr=tcfg.learning_rate)
     raise InputError(f"unknown optimiser {tcfg.optimizer!r} (adam, adadelta or sgd)")
