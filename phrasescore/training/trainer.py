@@ -219,6 +219,23 @@ def make_optimizer(network: torch.nn.Module, tcfg: TrainConfig) -> torch.optim.O
     raise InputError(f"unknown optimiser {tcfg.optimizer!r} (adam, adadelta or sgd)")
 
 
+def batch_loss(loss, batch, mask: torch.Tensor, device: torch.device, amp: bool):
+    """``loss`` (``network.loss_terms`` or its DistributedDataParallel wrapper) of a collated
+    batch, in ``--amp``'s precision: bf16 autocast of the whole network on a GPU; on the CPU of
+    the output layer alone (``bf16_output``), where bf16 matrix products are fast and bf16
+    elementwise recurrences are not."""
+    whole = amp and device.type != "cpu"
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=whole):
+        return loss(
+            batch.src,
+            batch.src_lengths,
+            batch.tgt_in,
+            batch.tgt_out,
+            mask,
+            bf16_output=amp and not whole,
+        )
+
+
 def learning_rate_at(tcfg: TrainConfig, epoch_position: float) -> float:
     """The learning rate at ``epoch_position`` (epochs done, fractional) of the schedule.
 
@@ -584,18 +601,7 @@ class Trainer:
         tcfg, network, position = self.tcfg, run.network, run.position
         batch = collate(run.train, idx, self.device)
         mask = batch.tgt_out != 0
-        # --amp: bf16 autocast of the whole network on a GPU; on the CPU of the output layer
-        # alone, where bf16 matrix products are fast and bf16 elementwise recurrences are not
-        whole = self.amp and self.device.type != "cpu"
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=whole):
-            terms = run.loss(
-                batch.src,
-                batch.src_lengths,
-                batch.tgt_in,
-                batch.tgt_out,
-                mask,
-                bf16_output=self.amp and not whole,
-            )
+        terms = batch_loss(run.loss, batch, mask, self.device, self.amp)
         objective, nll = terms.objective, terms.nll  # nll: for the perplexity (no penalty)
         n_tok = int(batch.n_tgt_tokens)
         run.optimizer.zero_grad(set_to_none=True)
