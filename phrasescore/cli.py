@@ -433,6 +433,21 @@ def _no_progress_monitor_thread() -> None:
     help="Multiply the learning rate by F after each validation without a new best "
     "(default preset: 0.5; paper presets: never; 1: never).",
 )
+@click.option(
+    "--lr-halve-after",
+    "lr_halve_after_epochs",
+    type=click.FloatRange(min=0.0),
+    metavar="EPOCHS",
+    help="Halve the learning rate once EPOCHS epochs are done (may be fractional), then every "
+    "--lr-halve-every epochs (Sutskever et al.: 5; default presets: never).",
+)
+@click.option(
+    "--lr-halve-every",
+    "lr_halve_every_epochs",
+    type=POSITIVE_FLOAT,
+    metavar="EPOCHS",
+    help="With --lr-halve-after: epochs between halvings (default 0.5).",
+)
 @training_options(
     "MODEL",
     "Target tokens per batch.",

@@ -5,6 +5,8 @@ The whole job against a real Moses build is in tests/test_moses_integration.py.
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import os
 import subprocess
 import sys
@@ -27,6 +29,7 @@ from phrasescore.jobs.ab import (
     paired_bootstrap_p,
     rerank_models,
 )
+from phrasescore.jobs.ab_rerank import RerankStep
 from phrasescore.moses.ini import read_weights
 
 SYSTEM = Path(__file__).parent / "data" / "moses-system"
@@ -216,3 +219,38 @@ def test_programs_stop_ends_every_running_process_group_and_starts_no_more(tmp_p
         raise AssertionError(f"child {child} still runs")
     with pytest.raises(InputError, match="stopped before sh"):
         programs.run(["sh", "-c", "true"], tmp_path, "late.log")
+
+
+def test_rerank_caches_are_keyed_on_the_nbest_size(tmp_path, tiny_model_path):
+    """Another --nbest-size in the same workdir scores its own lists: the 100-best's scored
+    list is never taken for the 500-best's (and the 100-best keeps its earlier file names)."""
+    data = Path(__file__).parent / "data" / "nbest"
+    source = data / "multi30k.test2016.head5.tok.lc.en"
+    with gzip.open(data / "multi30k.test2016.ids0-4.100best.nbest.gz", "rt") as lines:
+        full = lines.read().splitlines(keepends=True)
+    lists = {100: tmp_path / "dev.100best.nbest", 500: tmp_path / "dev.500best.nbest"}
+    seen: dict[str, int] = {}  # the first 20 hypotheses of each sentence: the shorter list
+    shorter = []
+    for line in full:
+        sentence = line.split(" ||| ")[0]
+        seen[sentence] = seen.get(sentence, 0) + 1
+        if seen[sentence] <= 20:
+            shorter.append(line)
+    lists[100].write_text("".join(shorter))
+    lists[500].write_text("".join(full))
+
+    def run(command, cwd, log_name):
+        Path(cwd).mkdir(parents=True, exist_ok=True)
+        subprocess.run(command, cwd=cwd, check=True, capture_output=True)
+
+    models = rerank_models([f"L2R={tiny_model_path}"])
+    scored = {}
+    for size, nbest in lists.items():
+        step = RerankStep(models, "mert", 5, 1, str, run, nbest_size=size)
+        scored[size] = step.score(nbest, "dev", source, tmp_path)
+    digest = hashlib.sha256(RerankStep(models, "mert", 5, 1, str, run).model_labels[0].encode())
+    assert scored[100] == tmp_path / "scored" / f"dev.{digest.hexdigest()[:10]}.nbest"
+    assert scored[500] != scored[100]
+    counts = {size: len(path.read_text().splitlines()) for size, path in scored.items()}
+    assert counts == {100: len(shorter), 500: len(full)} and len(shorter) < len(full)
+    assert all(" L2R= " in line for line in scored[500].read_text().splitlines())

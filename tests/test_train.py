@@ -362,6 +362,27 @@ def test_learning_rate_halves_after_a_validation_without_a_new_best_and_resumes(
         assert torch.equal(tensor, b["network"][name]), name
 
 
+def test_lr_halve_options_halve_the_learning_rate_by_epochs_from_the_command_line(tmp_path):
+    """``train --lr-halve-after E --lr-halve-every F`` (the epoch schedule of Sutskever et al.,
+    for any preset): the last step's learning rate is the initial one halved once at E epochs
+    and again every F epochs; the model file records the schedule."""
+    src, tgt = sample_pairs(60)
+    s, t = write_lines(tmp_path / "a.en", src), write_lines(tmp_path / "a.fr", tgt)
+    out = tmp_path / "m.safetensors"
+    args = ["-q", "train", s, t, "-o", str(out), "--preset", "tiny", "--batch-tokens", "300"]
+    args += ["--lr", "0.01", "--lr-plateau-factor", "1", "--epochs", "1.5", "--seed", "9"]
+    done = run_cli(*args, "--lr-halve-after", "0.5", "--lr-halve-every", "0.25")
+    assert done.returncode == 0, done.stderr
+    checkpoint = Trainer.read_checkpoint(str(out) + ".checkpoint")
+    # the last step ran in [1.25, 1.5): halved at 0.5, 0.75, 1.0 and 1.25
+    assert checkpoint["optimizer"]["param_groups"][0]["lr"] == pytest.approx(0.01 / 2**4)
+    train_config = load_model(str(out)).info["train_config"]
+    assert (train_config["lr_halve_after_epochs"], train_config["lr_halve_every_epochs"]) == (
+        0.5,
+        0.25,
+    )
+
+
 @pytest.mark.parametrize("arch", ["attention", "lstm"])
 def test_init_option_gives_the_papers_scheme_with_default_sizes(tmp_path, corpus_files, arch):
     """``train --init paper`` keeps the default preset's sizes with the paper's initialisation

@@ -242,6 +242,7 @@ class Comparison:
             options.decoder_threads,
             moses.program,
             self.programs.run,
+            options.nbest_size,
         )
 
     # -- step 1: one filtered model per system -------------------------------------------------

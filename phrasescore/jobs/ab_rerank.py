@@ -247,6 +247,9 @@ class RerankStep:
     """The path of a Moses program (``extractor``, ``mert``, ``kbmira``)."""
     run: Callable[..., None]
     """``run(command, cwd, log_name)``: runs one command (``ab``'s :class:`Programs`)."""
+    nbest_size: int = 100
+    """The n-best lists' size (``--nbest-size``): part of every cached file's key, so that
+    another size in the same workdir scores and tunes its own lists."""
 
     @property
     def name(self) -> str:
@@ -261,8 +264,22 @@ class RerankStep:
 
     @functools.cached_property
     def label(self) -> str:
-        """The folder of one set of re-ranking models: their names and file digests."""
-        return "rerank-" + "+".join(self.model_labels)
+        """The folder of one set of re-ranking models and one n-best size: the models' names and
+        file digests, after ``NBEST-best-`` unless the size is 100 (the name from before
+        ``--nbest-size`` was offered, so that an earlier workdir resumes)."""
+        return "rerank-" + self._size_key + "+".join(self.model_labels)
+
+    @property
+    def _size_key(self) -> str:
+        return "" if self.nbest_size == 100 else f"{self.nbest_size}best-"
+
+    def scored_list(self, run_dir: Path, set_name: str, models: int) -> Path:
+        """Where the list of ``set_name`` scored by the first ``models`` models is kept: under a
+        digest of their labels (and of the n-best size), shared by every set of models that
+        starts with the same ones."""
+        prefix = self._size_key + "+".join(self.model_labels[:models])
+        digest = hashlib.sha256(prefix.encode("utf-8")).hexdigest()[:10]
+        return run_dir / "scored" / f"{set_name}.{digest}.nbest"
 
     @functools.cached_property
     def model_labels(self) -> list[str]:
@@ -287,9 +304,7 @@ class RerankStep:
             if rerank:
                 target = work / f"{set_name}.{self.name}.out"
             else:
-                prefix = "+".join(self.model_labels[: index + 1])
-                digest = hashlib.sha256(prefix.encode("utf-8")).hexdigest()[:10]
-                target = run_dir / "scored" / f"{set_name}.{digest}.nbest"
+                target = self.scored_list(run_dir, set_name, index + 1)
                 target.parent.mkdir(exist_ok=True)
             if not target.exists():
                 command = [sys.executable, "-m", "phrasescore", "nbest", str(current)]
