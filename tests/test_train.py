@@ -397,6 +397,33 @@ def test_init_option_gives_the_papers_scheme_with_default_sizes(tmp_path, corpus
 
 
 @pytest.mark.parametrize("arch", ["cho", "attention", "lstm"])
+def test_loss_under_a_whole_network_autocast_keeps_it_in_the_output_layer(arch):
+    """``train --amp`` on a GPU autocasts the whole network around ``loss_terms`` (bf16_output
+    False): the output layer must stay under it (an inner autocast block with enabled=False
+    switched it off and fed bf16 features to the fp32 projection: every CUDA --amp training
+    failed). Checked with the CPU's autocast, the same mechanism."""
+    from phrasescore.model.builders import build_network
+    from phrasescore.model.config import preset
+
+    mcfg, _ = preset("tiny", arch)
+    mcfg.src_vocab_size, mcfg.tgt_vocab_size = 300, 1500
+    torch.manual_seed(3)
+    net = build_network(mcfg)
+    src = torch.randint(4, 300, (6, 9))
+    tgt_in, tgt_out = torch.randint(4, 1500, (6, 8)), torch.randint(4, 1500, (6, 8))
+    lengths, mask = torch.full((6,), 9), torch.ones(6, 8, dtype=torch.bool)
+    logits = []
+    net.out_vocab.register_forward_hook(lambda m, i, o: logits.append(o.dtype))
+    fp32 = float(net.loss_terms(src, lengths, tgt_in, tgt_out, mask).nll)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        terms = net.loss_terms(src, lengths, tgt_in, tgt_out, mask, bf16_output=False)
+    terms.objective.backward()
+    assert logits == [torch.float32, torch.bfloat16]
+    assert float(terms.nll) == pytest.approx(fp32, rel=2e-2)
+    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in net.parameters())
+
+
+@pytest.mark.parametrize("arch", ["cho", "attention", "lstm"])
 def test_bf16_output_layer_gives_the_fp32_loss_and_gradients_within_bf16_rounding(arch):
     """``loss_terms(bf16_output=True)`` (what ``train --amp`` does on the CPU): only the
     vocabulary projection runs in bf16 (its logits and gradient are bf16, the recurrences'

@@ -35,6 +35,7 @@ output matrix per token instead of the whole vocabulary.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from typing import NamedTuple
@@ -45,6 +46,15 @@ from torch import Tensor, nn
 from phrasescore.model.config import ModelConfig
 
 EncoderOutput = dict[str, Tensor]
+
+
+def bf16_autocast(device: torch.device, enabled: bool):
+    """bf16 autocast on ``device`` where ``enabled``; otherwise nothing: the caller's precision
+    stays, including a whole-network autocast around it (an autocast block entered with
+    ``enabled=False`` would switch that off, and bf16 activations would meet fp32 weights)."""
+    if not enabled:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
 class LossTerms(NamedTuple):
@@ -146,7 +156,7 @@ class EncoderDecoder(nn.Module):
         enc = self.encode(src, src_lengths)
         features = self.decode_features(enc, tgt_in)
         flat = features[tgt_mask]
-        with torch.autocast(flat.device.type, dtype=torch.bfloat16, enabled=bf16_output):
+        with bf16_autocast(flat.device, bf16_output):
             logits = self.logits(flat)
         nll, lz = token_nll(logits, tgt_out[tgt_mask])
         alpha = float(self.config.self_normalize)

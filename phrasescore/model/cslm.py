@@ -44,7 +44,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from phrasescore.model.base import LossTerms, token_nll
+from phrasescore.model.base import LossTerms, bf16_autocast, token_nll
 from phrasescore.model.config import TrainConfig
 from phrasescore.model.constants import BOS_ID, PAD_ID
 from phrasescore.model.initialization import init_cslm
@@ -179,7 +179,7 @@ class FeedForwardLM(nn.Module):
         self-normalised, so the objective is the NLL and no log Z is computed. ``bf16_output``:
         the network (a feed-forward stack ending in the vocabulary projection) under bf16
         autocast."""
-        with torch.autocast(tgt_in.device.type, dtype=torch.bfloat16, enabled=bf16_output):
+        with bf16_autocast(tgt_in.device, bf16_output):
             nll = self.loss(src, src_lengths, tgt_in, tgt_out, tgt_mask)
         return LossTerms(nll, nll.detach(), None)
 
