@@ -31,9 +31,11 @@ def gru_encoder_step(x_proj: Tensor, h: Tensor, u_rz: Tensor, u_h: Tensor) -> Te
     ``lerp`` (``h~ + z ⊙ (h - h~)``).
     """
     hidden = h.shape[-1]
-    rz = torch.sigmoid(torch.addmm(x_proj[:, : 2 * hidden], h, u_rz))
-    r, z = rz[:, :hidden], rz[:, hidden:]
-    candidate = torch.tanh(torch.addmm(x_proj[:, 2 * hidden :], r * h, u_h))
+    # split/chunk, not slices: their backward is one concatenation, where each slice's is a
+    # zero-filled copy of the whole input (two fills and copies a step, measured ~5% of a step)
+    x_rz, x_h = x_proj.split([2 * hidden, hidden], dim=1)
+    r, z = torch.sigmoid(torch.addmm(x_rz, h, u_rz)).chunk(2, dim=1)
+    candidate = torch.tanh(torch.addmm(x_h, r * h, u_h))
     return torch.lerp(candidate, h, z)
 
 
@@ -70,10 +72,10 @@ def run_gru_decoder(x_proj: Tensor, h0: Tensor, u: Tensor, ctx_proj: Tensor) -> 
     # unbind, not bias[t]: one backward node for all steps instead of a zero-filled [T, B, 3H]
     # gradient per step (quadratic in T)
     for bias_t, x_h_t in zip(bias.unbind(0), x_h.unbind(0), strict=True):
-        hh = torch.addmm(bias_t, h, u)
-        rz = torch.sigmoid(hh[:, : 2 * hidden])
-        candidate = torch.tanh(torch.addcmul(x_h_t, rz[:, :hidden], hh[:, 2 * hidden :]))
-        h = torch.lerp(candidate, h, rz[:, hidden:])
+        hh_rz, hh_h = torch.addmm(bias_t, h, u).split([2 * hidden, hidden], dim=1)
+        r, z = torch.sigmoid(hh_rz).chunk(2, dim=1)
+        candidate = torch.tanh(torch.addcmul(x_h_t, r, hh_h))
+        h = torch.lerp(candidate, h, z)
         states.append(h)
     return torch.stack(states, dim=1)
 
