@@ -50,6 +50,7 @@ from phrasescore.figures import new_figure, save_figure
 from phrasescore.files import is_pipe
 from phrasescore.hardware import deterministic_kernels
 from phrasescore.model import build_network
+from phrasescore.model.base import bf16_autocast
 from phrasescore.model.config import (
     ModelConfig,
     TrainConfig,
@@ -225,7 +226,7 @@ def batch_loss(loss, batch, mask: torch.Tensor, device: torch.device, amp: bool)
     the output layer alone (``bf16_output``), where bf16 matrix products are fast and bf16
     elementwise recurrences are not."""
     whole = amp and device.type != "cpu"
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=whole):
+    with bf16_autocast(device, whole):
         return loss(
             batch.src,
             batch.src_lengths,
