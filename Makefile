@@ -6,6 +6,8 @@ PYTHON ?= python3
 # by one (the shell ones, tools/gpu-*, are not Python)
 LINTED = phrasescore tests $(shell grep -l '^\#!.*python' tools/*)
 export OMP_WAIT_POLICY ?= PASSIVE
+# pytest processes (pytest-xdist): 2 ran the suite in 8.3 minutes on 2 cores against 15 for one
+PYTEST_WORKERS ?= 2
 
 .PHONY: install ensure-installed demo test lint format
 
@@ -14,14 +16,14 @@ install:
 	$(PYTHON) -m pip install -e ".[test,eval]"
 
 ensure-installed:
-	@$(PYTHON) -c "import phrasescore, torch, pytest, ruff" 2>/dev/null || $(MAKE) install
+	@$(PYTHON) -c "import phrasescore, torch, pytest, xdist, ruff" 2>/dev/null || $(MAKE) install
 
 demo: ensure-installed
 	bash examples/run.sh
 
 test: ensure-installed
 	$(PYTHON) -m ruff check $(LINTED)
-	$(PYTHON) -m pytest -q tests
+	$(PYTHON) -m pytest -q -n $(PYTEST_WORKERS) tests
 
 lint:
 	$(PYTHON) -m ruff check $(LINTED)

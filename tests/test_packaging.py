@@ -20,6 +20,12 @@ def test_the_test_extra_brings_sacrebleu_which_the_translate_tests_use():
     assert "sacrebleu" in _extra("test")
 
 
+def test_the_test_extra_brings_pytest_xdist_which_make_test_uses():
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert "pytest -q -n $(PYTEST_WORKERS) tests" in makefile
+    assert "pytest-xdist" in _extra("test")
+
+
 def _imports(path: Path) -> set[str]:
     """The phrasescore modules a source file imports (at any depth of the file)."""
     import ast
