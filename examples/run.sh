@@ -6,8 +6,9 @@
 #      p(target | source)),
 #   3. write OUT/model/moses.rescored.ini (one more feature and weight),
 #   4. re-rank n-best lists of the full Multi30k Moses system (examples/nbest: 200 dev and 200
-#      test sentences) with three attention models trained on the example corpus: left to right,
-#      right to left (--reverse-target) and French->English (nbest --inverse), one feature each;
+#      test sentences) with four sentence models trained on the example corpus: three attention
+#      models, left to right, right to left (--reverse-target) and French->English (nbest
+#      --inverse), and a deep LSTM (--arch lstm, left to right), one feature each;
 #      with Moses ($MOSES_HOME: bin/extractor, bin/mert) their weights are tuned on the dev lists
 #      and the test BLEU before/after is printed, without it the tuning commands are,
 #   5. print what was produced and the next command (MERT).
@@ -29,7 +30,7 @@ while [[ $# -gt 0 ]]; do
     --quick) column_budget=(--max-steps 60); rerank_budget=(--max-steps 30); sentences=50; shift ;;
     --minutes) column_budget=(--max-minutes "$2"); shift 2 ;;
     --out) out="$2"; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -58,7 +59,7 @@ phrasescore rescore "$model_dir/phrase-table.gz" -m "$out/en-fr.safetensors" \
   -o "$model_dir/phrase-table.rescored.gz" \
   --moses-ini "$model_dir/moses.ini" --ini-out "$model_dir/moses.rescored.ini"
 
-echo "== 3/3 re-ranking n-best lists with three attention models (L2R, R2L, inverse)" >&2
+echo "== 3/3 re-ranking n-best lists with four sentence models (L2R, R2L, LSTM, inverse)" >&2
 nb="$out/rerank"
 mkdir -p "$nb"
 corpus="$here/corpus"
@@ -73,21 +74,24 @@ done
 # validation on val lines 201-500, which the dev lists do not hold
 zcat "$corpus/val.tok.lc.en.gz" | tail -n +201 > "$nb/valid.en"
 zcat "$corpus/val.tok.lc.fr.gz" | tail -n +201 > "$nb/valid.fr"
-rerank_train() {  # OUTPUT SRC TGT [flags]: an attention model on the example corpus
-  local output="$1" src="$2" tgt="$3"; shift 3
+rerank_train() {  # OUTPUT ARCH SRC TGT [flags]: a sentence model on the example corpus
+  local output="$1" arch="$2" src="$3" tgt="$4"; shift 4
   phrasescore train "$corpus/train.tok.lc.$src.gz" "$corpus/train.tok.lc.$tgt.gz" \
-    --src-lang "$src" --tgt-lang "$tgt" --arch attention --valid "$nb/valid.$src" "$nb/valid.$tgt" \
+    --src-lang "$src" --tgt-lang "$tgt" --arch "$arch" --valid "$nb/valid.$src" "$nb/valid.$tgt" \
     "${rerank_budget[@]}" --valid-every 100 --seed 1 -o "$output" "$@" > "$output.result"
 }
-rerank_train "$nb/l2r.safetensors" en fr
-rerank_train "$nb/r2l.safetensors" en fr --reverse-target
-rerank_train "$nb/fr-en.safetensors" fr en
+rerank_train "$nb/l2r.safetensors" attention en fr
+rerank_train "$nb/r2l.safetensors" attention en fr --reverse-target
+rerank_train "$nb/lstm.safetensors" lstm en fr
+rerank_train "$nb/fr-en.safetensors" attention fr en
 for set in dev test; do
   phrasescore nbest "$nb/$set.100best.nbest" --source "$nb/$set.en" \
     -m "$nb/l2r.safetensors" --name L2R -o "$nb/$set.1.nbest" --no-progress
   phrasescore nbest "$nb/$set.1.nbest" --source "$nb/$set.en" \
     -m "$nb/r2l.safetensors" --name R2L -o "$nb/$set.2.nbest" --no-progress
   phrasescore nbest "$nb/$set.2.nbest" --source "$nb/$set.en" \
+    -m "$nb/lstm.safetensors" --name LSTM -o "$nb/$set.3.nbest" --no-progress
+  phrasescore nbest "$nb/$set.3.nbest" --source "$nb/$set.en" \
     -m "$nb/fr-en.safetensors" --inverse --name Inv -o "$nb/$set.scored.nbest" --no-progress
 done
 # the Moses system's own 1-best (the lists' order under its tuned weights)
@@ -111,7 +115,7 @@ if [[ -n "${MOSES_HOME:-}" && -x "$moses_bin/extractor" && -x "$moses_bin/mert" 
   rerank_report="  test BLEU      Moses 1-best $(bleu "$nb/test.moses.fr")
                  re-ranked    $(bleu "$nb/test.reranked.fr")   (weights tuned by mert on the dev lists: $nb/rerank.weights)"
 else
-  rerank_report="  test BLEU      Moses 1-best $(bleu "$nb/test.moses.fr"); to tune the three features' weights and re-rank, set
+  rerank_report="  test BLEU      Moses 1-best $(bleu "$nb/test.moses.fr"); to tune the four features' weights and re-rank, set
                  MOSES_HOME to a Moses build and rerun, or follow docs/moses.md (re-ranking by hand) in $nb"
 fi
 
@@ -132,8 +136,8 @@ phrasescore example: done in ${seconds} s
                  the last column is p(target | source) from the model
   moses.ini      $model_dir/moses.rescored.ini (TranslationModel0 now declares $cols_out features)
   first line     $(zcat "$model_dir/phrase-table.rescored.gz" | sed -n 1p)
-  re-ranking     $nb/{dev,test}.scored.nbest: the lists with L2R=, R2L= and Inv= added
-                 (models $nb/l2r.safetensors, r2l.safetensors, fr-en.safetensors)
+  re-ranking     $nb/{dev,test}.scored.nbest: the lists with L2R=, R2L=, LSTM= and Inv= added
+                 (models $nb/l2r.safetensors, r2l.safetensors, lstm.safetensors, fr-en.safetensors)
 $rerank_report
 
 next: tune the new weight with MERT (Moses installed in \$MOSES, dev set tokenised and lowercased):
