@@ -84,15 +84,20 @@ rerank_train "$nb/l2r.safetensors" attention en fr
 rerank_train "$nb/r2l.safetensors" attention en fr --reverse-target
 rerank_train "$nb/lstm.safetensors" lstm en fr
 rerank_train "$nb/fr-en.safetensors" attention fr en
+# one feature per model ("MODEL NAME [flags]"), each nbest call on the list the previous one wrote:
+# SET.1.nbest, SET.2.nbest, ..., the last SET.scored.nbest
+features=("l2r L2R" "r2l R2L" "lstm LSTM" "fr-en Inv --inverse")
 for set in dev test; do
-  phrasescore nbest "$nb/$set.100best.nbest" --source "$nb/$set.en" \
-    -m "$nb/l2r.safetensors" --name L2R -o "$nb/$set.1.nbest" --no-progress
-  phrasescore nbest "$nb/$set.1.nbest" --source "$nb/$set.en" \
-    -m "$nb/r2l.safetensors" --name R2L -o "$nb/$set.2.nbest" --no-progress
-  phrasescore nbest "$nb/$set.2.nbest" --source "$nb/$set.en" \
-    -m "$nb/lstm.safetensors" --name LSTM -o "$nb/$set.3.nbest" --no-progress
-  phrasescore nbest "$nb/$set.3.nbest" --source "$nb/$set.en" \
-    -m "$nb/fr-en.safetensors" --inverse --name Inv -o "$nb/$set.scored.nbest" --no-progress
+  list="$nb/$set.100best.nbest"
+  for k in "${!features[@]}"; do
+    read -r model name flags <<< "${features[$k]}"
+    scored="$nb/$set.$((k + 1)).nbest"
+    (( k + 1 < ${#features[@]} )) || scored="$nb/$set.scored.nbest"
+    # shellcheck disable=SC2086  # $flags: no word or several
+    phrasescore nbest "$list" --source "$nb/$set.en" -m "$nb/$model.safetensors" --name "$name" \
+      $flags -o "$scored" --no-progress
+    list="$scored"
+  done
 done
 # the Moses system's own 1-best (the lists' order under its tuned weights)
 phrasescore nbest "$nb/test.100best.nbest" --source "$nb/test.en" \
