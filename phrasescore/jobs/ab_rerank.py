@@ -15,8 +15,8 @@ One tuning is three steps in one working directory:
    file ``phrasescore nbest --weights`` reads to re-rank the test lists.
 
 :class:`RerankStep` runs these for ``ab``: it scores each tuned run's dev and test n-best lists
-with every model (``phrasescore nbest``, one feature per :class:`RerankModel`), tunes on dev and
-re-ranks the tests.
+with every model (one ``phrasescore nbest`` call, one feature per
+:class:`~phrasescore.jobs.nbest_features.FeatureModel`), tunes on dev and re-ranks the tests.
 
 The Moses facts used: the extractor's feature header is ``FEATURES_TXT_BEGIN_0 ID N DIM
 NAME_0 NAME_1 ...`` (``mert/FeatureArray.cpp``); mert's starting point file ``init.opt`` holds
@@ -34,12 +34,11 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 from phrasescore.errors import InputError
-from phrasescore.files import AtomicOutput, check_input_file
+from phrasescore.files import AtomicOutput
+from phrasescore.jobs.nbest_features import FeatureModel, parse_feature_models
 from phrasescore.moses.ini import read_weights
-from phrasescore.moses.nbest import check_feature_name
 from phrasescore.runners.shards import file_sha256
 
 log = logging.getLogger(__name__)
@@ -195,38 +194,18 @@ def rerank_weights(
     return RerankWeights(output, "tuned weights (Name= w lines)", len(names))
 
 
-class RerankModel(NamedTuple):
-    """One re-ranking feature: its name, its model files (several: their ensemble, ``nbest -m A
-    -m B``) and its direction."""
-
-    name: str
-    paths: tuple[str, ...]
-    inverse: bool = False
-    """A target->source model: the feature is log p(source | hypothesis) (``nbest --inverse``)."""
-
-
-def rerank_models(specs: list[str], inverse_specs: list[str] = ()) -> tuple[RerankModel, ...]:
+def rerank_models(specs: list[str], inverse_specs: list[str] = ()) -> tuple[FeatureModel, ...]:
     """``[NAME=]MODEL[,MODEL...]`` specs of ``--rerank`` and ``--rerank-inverse`` as features
-    (several comma-separated models: one feature, their ensemble); unnamed ones
-    ``RNNEncDec<i>`` and ``RNNEncDecInv<i>``."""
-    models: list[RerankModel] = []
-    for inverse, option, default, given in (
-        (False, "--rerank", "RNNEncDec", specs),
-        (True, "--rerank-inverse", "RNNEncDecInv", inverse_specs),
-    ):
-        for index, spec in enumerate(given):
-            name, sep, path = spec.partition("=")
-            if not sep:
-                name, path = f"{default}{index}", spec
-            check_feature_name(name)
-            if name in {known.name for known in models}:
-                raise InputError(f"{option} {spec}: feature name {name} given twice")
-            checked = tuple(
-                str(check_input_file(Path(one), f"{option} {name} model"))
-                for one in path.split(",")
-            )
-            models.append(RerankModel(name, checked, inverse))
-    return tuple(models)
+    (:func:`~phrasescore.jobs.nbest_features.parse_feature_models`: several comma-separated
+    models are one feature, their ensemble); unnamed ones ``RNNEncDec<i>`` and
+    ``RNNEncDecInv<i>``; every file checked and its path resolved."""
+    return parse_feature_models(
+        specs,
+        inverse_specs,
+        options=("--rerank", "--rerank-inverse"),
+        default_names=("RNNEncDec", "RNNEncDecInv"),
+        resolve=True,
+    )
 
 
 @dataclass
@@ -234,12 +213,12 @@ class RerankStep:
     """Step 4 of ``ab`` for one tuned run: score its n-best lists with every model, tune the
     weights on the dev lists (extractor, then mert or kbmira), re-rank the test lists.
 
-    Layout in the run's folder: ``scored/`` (lists scored by the first k models, under a digest
-    of those k: another set of models with the same first k scores only the rest) and
-    :attr:`label` (this set of models: the extractor's files, the tuned weights, the re-ranked
-    test outputs)."""
+    Layout in the run's folder: ``scored/`` (the dev lists scored by all the models in one
+    ``nbest`` call, under a digest of them: another set of models that starts with the same k
+    models scores only the rest, from the list of those k) and :attr:`label` (this set of
+    models: the extractor's files, the tuned weights, the re-ranked test outputs)."""
 
-    models: tuple[RerankModel, ...]
+    models: tuple[FeatureModel, ...]
     tuner: str
     restarts: int
     threads: int
@@ -295,28 +274,34 @@ class RerankStep:
         self, nbest: Path, set_name: str, source: Path, run_dir: Path, weights: Path | None = None
     ) -> Path:
         """``nbest`` (of the source sentences ``source`` of the set ``set_name``) with every
-        model's feature added (``phrasescore nbest``, one feature after the other); with
-        ``weights``, the re-ranked 1-best texts of the last call instead."""
-        current = nbest
+        model's feature added by one ``phrasescore nbest`` call, started from the list scored
+        by the longest run of first models already (``scored/``, :meth:`scored_list`); with
+        ``weights``, the re-ranked 1-best texts of that call instead (the whole scored list is
+        then not kept)."""
         work = run_dir / self.label
-        for index, (name, paths, inverse) in enumerate(self.models):
-            rerank = weights is not None and index == len(self.models) - 1
-            if rerank:
-                target = work / f"{set_name}.{self.name}.out"
-            else:
-                target = self.scored_list(run_dir, set_name, index + 1)
-                target.parent.mkdir(exist_ok=True)
-            if not target.exists():
-                command = [sys.executable, "-m", "phrasescore", "nbest", str(current)]
-                command += ["--source", str(source), "--name", name]
-                command += [arg for path in paths for arg in ("-m", path)]
-                command += ["--inverse"] if inverse else []
-                command += ["-o", str(target), "--no-progress", "--threads", str(self.threads)]
-                if rerank:
-                    command += ["--weights", str(weights), "--one-best"]
-                self.run(command, work, f"{target.name}.log")
-            current = target
-        return current
+        if weights is not None:
+            target = work / f"{set_name}.{self.name}.out"
+        else:
+            target = self.scored_list(run_dir, set_name, len(self.models))
+            target.parent.mkdir(exist_ok=True)
+        if target.exists():
+            return target
+        done = max(
+            k for k in range(len(self.models) + 1) if k == 0 or self._scored(run_dir, set_name, k)
+        )
+        current = nbest if done == 0 else self.scored_list(run_dir, set_name, done)
+        command = [sys.executable, "-m", "phrasescore", "nbest", str(current)]
+        command += ["--source", str(source)]
+        for name, paths, inverse in self.models[done:]:
+            command += ["--inverse-model" if inverse else "-m", f"{name}={','.join(paths)}"]
+        command += ["-o", str(target), "--no-progress", "--threads", str(self.threads)]
+        if weights is not None:
+            command += ["--weights", str(weights), "--one-best"]
+        self.run(command, work, f"{target.name}.log")
+        return target
+
+    def _scored(self, run_dir: Path, set_name: str, models: int) -> bool:
+        return self.scored_list(run_dir, set_name, models).exists()
 
     def tune(
         self,
