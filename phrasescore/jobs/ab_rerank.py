@@ -29,6 +29,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import math
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -36,9 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from phrasescore.errors import InputError
-from phrasescore.files import AtomicOutput
+from phrasescore.files import AtomicOutput, check_files_exist, iter_lines
 from phrasescore.jobs.nbest_features import FeatureModel, parse_feature_models
-from phrasescore.moses.ini import read_weights
+from phrasescore.moses.nbest import read_weights
 from phrasescore.runners.shards import file_sha256
 
 log = logging.getLogger(__name__)
@@ -54,19 +56,24 @@ k-best MIRA (Cherry & Foster 2012), each run on the fixed dev lists."""
 
 def dense_feature_names(features_dat: Path) -> list[str]:
     """The dense value names (``LM0_0``, ``TranslationModel0_3``) of an extractor's features.dat."""
-    with open(features_dat, encoding="utf-8") as handle:
-        for line in handle:
-            if line.startswith(FEATURES_HEADER):
-                fields = line.split()
+    path = str(features_dat)
+    check_files_exist([path])
+    for lineno, line in enumerate(iter_lines(path), 1):
+        if line.startswith(FEATURES_HEADER):
+            fields = line.split()
+            try:
                 dimension = int(fields[3])
-                names = fields[4:]
-                if len(names) != dimension:
-                    raise InputError(
-                        f"feature header names {len(names)} values, expected {dimension}",
-                        path=str(features_dat),
-                    )
-                return names
-    raise InputError("no feature header: not an extractor features file", path=str(features_dat))
+            except (IndexError, ValueError):
+                raise InputError("feature header without a dimension", path, lineno) from None
+            names = fields[4:]
+            if len(names) != dimension:
+                raise InputError(
+                    f"feature header names {len(names)} values, expected {dimension}",
+                    path,
+                    lineno,
+                )
+            return names
+    raise InputError("no feature header: not an extractor features file", path=path)
 
 
 def weight_vector(names: list[str], weights: dict[str, list[float]], default: float) -> list[float]:
@@ -106,15 +113,38 @@ def write_start_point(path: Path, start: list[float], spread: float = 1.0) -> No
             out.write(" ".join(repr(float(v)) for v in values) + "\n")
 
 
-def read_tuned_weights(weights_txt: Path, names: list[str]) -> dict[str, list[float]]:
-    """mert's ``weights.txt`` (one line, one weight per dense value) by feature name."""
-    text = weights_txt.read_text(encoding="utf-8").split()
+def _finite(text: str, path: str, lineno: int) -> float:
+    """A tuned weight: a finite number, else an error at its line."""
     try:
-        vector = [float(value) for value in text]
+        value = float(text)
     except ValueError:
-        raise InputError("not a mert weights file", path=str(weights_txt)) from None
+        raise InputError(f"not a number: {text!r}", path, lineno) from None
+    if not math.isfinite(value):
+        raise InputError(f"weight {text!r} is not a finite number", path, lineno)
+    return value
+
+
+def _tuner_lines(path: Path) -> list[str]:
+    """The lines of a tuner's output (plain or gzip; missing or invalid UTF-8: one line)."""
+    check_files_exist([str(path)])
+    return list(iter_lines(str(path)))
+
+
+def read_tuned_weights(weights_txt: Path, names: list[str]) -> dict[str, list[float]]:
+    """mert's ``weights.txt`` (one line, one weight per dense value) by feature name; every
+    weight a finite number."""
+    path = str(weights_txt)
+    vector = []
+    for lineno, line in enumerate(_tuner_lines(weights_txt), 1):
+        for field in line.split():
+            try:
+                vector.append(_finite(field, path, lineno))
+            except InputError as exc:
+                if "not a number" not in exc.message:
+                    raise
+                raise InputError("not a mert weights file", path, lineno) from None
     if len(vector) != len(names):
-        raise InputError(f"{len(vector)} weights for {len(names)} features", path=str(weights_txt))
+        raise InputError(f"{len(vector)} weights for {len(names)} features", path=path)
     return weights_by_feature(names, vector)
 
 
@@ -123,25 +153,29 @@ def read_kbmira_weights(output: Path, names: list[str]) -> dict[str, list[float]
 
     Started from a legacy ``init.opt`` (:func:`write_start_point`), kbmira names the dense
     weights ``F0 .. F(n-1)`` in the order of the extractor's features (``mert/kbmira.cpp``);
-    lines of sparse features (other names) are not expected from dense feature files.
+    lines of sparse features (other names) are not expected from dense feature files. Each
+    weight is given once, a finite number.
     """
+    path = str(output)
     vector: list[float | None] = [None] * len(names)
-    for lineno, line in enumerate(output.read_text(encoding="utf-8").splitlines(), 1):
+    lines: dict[int, int] = {}  # dense value index -> the line that gave it
+    for lineno, line in enumerate(_tuner_lines(output), 1):
         fields = line.split()
         if not fields:
             continue
         match = _KBMIRA_NAME.match(fields[0])
         if len(fields) != 2 or not match or int(match.group(1)) >= len(names):
-            raise InputError(f"not a dense kbmira weight: {line!r}", path=str(output), line=lineno)
-        try:
-            vector[int(match.group(1))] = float(fields[1])
-        except ValueError:
+            raise InputError(f"not a dense kbmira weight: {line!r}", path=path, line=lineno)
+        index = int(match.group(1))
+        if index in lines:
             raise InputError(
-                f"not a number: {fields[1]!r}", path=str(output), line=lineno
-            ) from None
+                f"{fields[0]} given twice (first on line {lines[index]})", path, lineno
+            )
+        lines[index] = lineno
+        vector[index] = _finite(fields[1], path, lineno)
     if any(value is None for value in vector):
         raise InputError(f"kbmira gave {sum(v is not None for v in vector)} of {len(names)} weights",
-                         path=str(output))  # fmt: skip
+                         path=path)  # fmt: skip
     total = sum(abs(value) for value in vector) or 1.0
     return weights_by_feature(names, [value / total for value in vector])
 
@@ -157,8 +191,8 @@ def write_weights_file(path: Path, weights: dict[str, list[float]]) -> None:
 def read_tuner_output(path: Path, names: list[str]) -> dict[str, list[float]]:
     """mert's ``weights.txt`` or kbmira's ``-o`` file (``F0 w`` lines), told apart by their
     first field, by feature name."""
-    first = path.read_text(encoding="utf-8").split(maxsplit=1)[:1]
-    if first and _KBMIRA_NAME.match(first[0]):
+    first = next((line.split()[0] for line in _tuner_lines(path) if line.split()), None)
+    if first and _KBMIRA_NAME.match(first):
         return read_kbmira_weights(path, names)
     return read_tuned_weights(path, names)
 
@@ -187,11 +221,69 @@ def rerank_weights(
         raise InputError("give one of --start INI (mert's init.opt) or --tuned WEIGHTS")
     names = dense_feature_names(Path(features_dat))
     if start is not None:
-        weights = read_weights(Path(start).read_text(encoding="utf-8"), start)
+        check_files_exist([start])
+        weights = read_weights(start)
         write_start_point(Path(output), weight_vector(names, weights, 0.0))
         return RerankWeights(output, "mert start point (init.opt)", len(names))
     write_weights_file(Path(output), read_tuner_output(Path(tuned), names))
     return RerankWeights(output, "tuned weights (Name= w lines)", len(names))
+
+
+BLEU_SCORER = ["--sctype", "BLEU", "--scconfig", "case:true"]
+"""The extractor's and tuners' metric: case-sensitive BLEU (what ``ab`` reports, as sacrebleu
+with ``--tokenize none`` on tokenised text)."""
+
+
+@dataclass
+class MosesTuning:
+    """Re-ranking weights tuned on fixed n-best lists with Moses' own tools, the part ``ab
+    --rerank`` (:meth:`RerankStep.tune`) and ``rerank-tune``
+    (:mod:`phrasescore.jobs.rerank_tune`) share: :meth:`extract` once, then :meth:`tune` once
+    per seed."""
+
+    program: Callable[[str], str]
+    """The path of a Moses program (``extractor``, ``mert``, ``kbmira``)."""
+    run: Callable[..., None]
+    """``run(command, cwd, log_name)``: runs one command (``ab``'s ``Programs.run``)."""
+    tuner: str = "mert"
+    """``mert`` or ``kbmira`` (:data:`RERANK_TUNERS`)."""
+    restarts: int = 20
+    """mert's random restarts (``-n``)."""
+
+    def extract(self, scored: Path, reference: Path, work: Path) -> list[str]:
+        """``extractor`` on the scored list ``scored`` and its ``reference``: ``features.dat``
+        and ``scores.dat`` in ``work``; returns the dense value names (``LM0_0``, ...)."""
+        extract = [self.program("extractor"), *BLEU_SCORER, "-r", str(reference)]
+        extract += ["-n", str(scored), "--scfile", "scores.dat", "--ffile", "features.dat"]
+        self.run(extract, work, "extract.log")
+        return dense_feature_names(work / "features.dat")
+
+    def tune(
+        self,
+        work: Path,
+        names: list[str],
+        start: dict[str, list[float]],
+        seed: int,
+        data: Path | None = None,
+    ) -> dict[str, list[float]]:
+        """One run of mert (``restarts`` random restarts) or kbmira seeded with ``seed``, in
+        ``work``, on the extractor's files in ``data`` (default ``work``), from ``start`` (a
+        feature it does not weigh starts at 0, :func:`write_start_point`); the tuned weights
+        by feature name."""
+        rel = os.path.relpath(data or work, work)
+        rel = "" if rel == "." else rel
+        scores, features = (os.path.join(rel, name) for name in ("scores.dat", "features.dat"))
+        write_start_point(work / "init.opt", weight_vector(names, start, 0.0))
+        if self.tuner == "kbmira":
+            mira = [self.program("kbmira"), *BLEU_SCORER, "-r", str(seed)]
+            mira += ["-S", scores, "-F", features, "-d", "init.opt", "-o", "mira.out"]
+            self.run(mira, work, "kbmira.log")
+            return read_kbmira_weights(work / "mira.out", names)
+        mert = [self.program("mert"), "-d", str(len(names)), *BLEU_SCORER]
+        mert += ["-n", str(self.restarts), "-r", str(seed)]
+        mert += ["--scfile", scores, "--ffile", features, "--ifile", "init.opt"]
+        self.run(mert, work, "mert.log")
+        return read_tuned_weights(work / "weights.txt", names)
 
 
 def rerank_models(specs: list[str], inverse_specs: list[str] = ()) -> tuple[FeatureModel, ...]:
@@ -321,23 +413,9 @@ class RerankStep:
         work.mkdir(parents=True, exist_ok=True)
         source, reference = dev
         scored = self.score(dev_nbest(), "dev", source, run_dir)
-        bleu = ["--sctype", "BLEU", "--scconfig", "case:true"]
-        extract = [self.program("extractor"), *bleu, "-r", str(reference)]
-        extract += ["-n", str(scored), "--scfile", "scores.dat", "--ffile", "features.dat"]
-        self.run(extract, work, "extract.log")
-        names = dense_feature_names(work / "features.dat")
-        write_start_point(work / "init.opt", weight_vector(names, start, 0.0))
-        if self.tuner == "kbmira":
-            mira = [self.program("kbmira"), *bleu, "-r", str(seed)]
-            mira += ["-S", "scores.dat", "-F", "features.dat", "-d", "init.opt", "-o", "mira.out"]
-            self.run(mira, work, "kbmira.log")
-            write_weights_file(tuned, read_kbmira_weights(work / "mira.out", names))
-            return tuned
-        mert = [self.program("mert"), "-d", str(len(names)), *bleu]
-        mert += ["-n", str(self.restarts), "-r", str(seed)]
-        mert += ["--scfile", "scores.dat", "--ffile", "features.dat", "--ifile", "init.opt"]
-        self.run(mert, work, "mert.log")
-        write_weights_file(tuned, read_tuned_weights(work / "weights.txt", names))
+        tuning = MosesTuning(self.program, self.run, self.tuner, self.restarts)
+        names = tuning.extract(scored, reference, work)
+        write_weights_file(tuned, tuning.tune(work, names, start, seed))
         return tuned
 
     def rerank(

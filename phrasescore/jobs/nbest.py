@@ -67,6 +67,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import logging
+import math
 import os
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -722,6 +723,40 @@ class _Writer:
             out.writelines(text + "\n" for text in self.best_texts)
 
 
+def weighted_totals(group: list[NBestEntry], weights: dict, weights_path: str) -> list[float]:
+    """Each entry's total under ``weights`` (read from ``weights_path``):
+    :func:`~phrasescore.moses.nbest.total_score`. A feature value that is not finite (``nan``,
+    ``inf``), a feature without its weights, or a total that overflows is an error at the
+    entry's line: no order could be drawn from it."""
+    totals = []
+    for entry in group:
+        features = parse_features(entry.features, entry.path, entry.lineno)
+        for name, values in features:
+            if not all(math.isfinite(value) for value in values):
+                bad = next(value for value in values if not math.isfinite(value))
+                raise InputError(
+                    f"feature {name} has a value that is not finite ({bad}): the hypotheses "
+                    "cannot be re-ranked",
+                    entry.path,
+                    entry.lineno,
+                )
+        try:
+            total = total_score(features, weights)
+        except InputError as exc:
+            raise InputError(
+                f"{exc.message} in {display_name(weights_path)}", entry.path, entry.lineno
+            ) from None
+        if not math.isfinite(total):
+            raise InputError(
+                f"the weighted total is not finite ({total}) under the weights of "
+                f"{display_name(weights_path)}: a weight times a feature value overflows",
+                entry.path,
+                entry.lineno,
+            )
+        totals.append(total)
+    return totals
+
+
 def _rerank(
     group: list[NBestEntry], weights: dict, options: NBestOptions
 ) -> tuple[list[str], NBestEntry, NBestEntry]:
@@ -731,15 +766,7 @@ def _rerank(
     The new features enter the total with their values as written (6 significant digits), so
     the totals can be recomputed from the output.
     """
-    totals = []
-    for entry in group:
-        features = parse_features(entry.features, entry.path, entry.lineno)
-        try:
-            totals.append(total_score(features, weights))
-        except InputError as exc:
-            raise InputError(
-                f"{exc.message} in {display_name(options.weights)}", entry.path, entry.lineno
-            ) from None
+    totals = weighted_totals(group, weights, options.weights)
     old_best = max(range(len(group)), key=lambda i: (float(group[i].total), -i))
     order = sorted(range(len(group)), key=lambda i: (-totals[i], i))
     lines = [group[i]._replace(total=_total_field(group[i], totals[i])).line() for i in order]
