@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import signal
 import sys
@@ -109,7 +110,30 @@ NON_NEGATIVE = click.IntRange(min=0)
 """Optional counts where 0 means none."""
 SEED = click.IntRange(0, 2**32 - 1)
 """Random seeds (numpy takes 0 .. 2^32 - 1)."""
-POSITIVE_FLOAT = click.FloatRange(min=0.0, min_open=True)
+
+
+class FiniteFloat(click.FloatRange):
+    """A finite number, within the range given: ``nan``, ``inf`` and ``1e999`` (which Python
+    reads as inf) are usage errors at parse time, before any work (click's FloatRange lets nan
+    through every bound, since no comparison with nan is true). Every float option of every
+    command takes one of these types; ``tests/test_cli_checks.py`` enumerates them from the
+    commands."""
+
+    def convert(self, value, param, ctx):
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return super().convert(number, param, ctx)
+
+
+FINITE_FLOAT = FiniteFloat()
+"""Any finite number (ini weights)."""
+POSITIVE_FLOAT = FiniteFloat(min=0.0, min_open=True)
+"""Finite and more than 0 (learning rates, budgets)."""
+NON_NEGATIVE_FLOAT = FiniteFloat(min=0.0)
+"""Finite, 0 or more (penalties, epochs before a halving)."""
+FRACTION = FiniteFloat(min=0.0, max=1.0, min_open=True)
+"""Finite, in (0, 1] (factors of a learning rate)."""
 
 device_option = click.option(
     "--device",
@@ -179,7 +203,7 @@ def _ini_options():
         ),
         click.option(
             "--weight",
-            type=float,
+            type=FINITE_FLOAT,
             default=0.2,
             show_default=True,
             help="Initial weight of each new feature in the ini.",
@@ -396,7 +420,7 @@ def _no_progress_monitor_thread() -> None:
 @click.option(
     "--self-normalize",
     "self_normalize",
-    type=click.FloatRange(min=0.0),
+    type=NON_NEGATIVE_FLOAT,
     metavar="ALPHA",
     help="Add ALPHA (log Z)² per target token to the loss (Devlin et al. 2014), so that "
     "rescore/nbest --scoring self-normalized can skip the softmax; 0 (default): off. Devlin et "
@@ -428,7 +452,7 @@ def _no_progress_monitor_thread() -> None:
 )
 @click.option(
     "--lr-plateau-factor",
-    type=click.FloatRange(min=0.0, max=1.0, min_open=True),
+    type=FRACTION,
     metavar="F",
     help="Multiply the learning rate by F after each validation without a new best "
     "(default preset: 0.5; paper presets: never; 1: never).",
@@ -436,7 +460,7 @@ def _no_progress_monitor_thread() -> None:
 @click.option(
     "--lr-halve-after",
     "lr_halve_after_epochs",
-    type=click.FloatRange(min=0.0),
+    type=NON_NEGATIVE_FLOAT,
     metavar="EPOCHS",
     help="Halve the learning rate once EPOCHS epochs are done (may be fractional), then every "
     "--lr-halve-every epochs (Sutskever et al.: 5; default presets: never).",
@@ -830,7 +854,7 @@ def nbest(
 @click.option("--max-length", type=POSITIVE, help="Most output tokens (default 2 x source + 10).")
 @click.option(
     "--length-penalty",
-    type=click.FloatRange(min=0.0),
+    type=NON_NEGATIVE_FLOAT,
     default=1.0,
     show_default=True,
     help="GNMT alpha: rank by log p / ((5 + n) / 6)^alpha; 0 ranks by log p.",

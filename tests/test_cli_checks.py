@@ -153,3 +153,43 @@ def test_train_help_documents_the_tiny_preset():
     proc = run_cli("train", "--help")
     help_text = " ".join(proc.stdout.split())
     assert "tiny (a seconds-long smoke test" in help_text
+
+
+def _float_options():
+    """(command, option) for every float option of every command, read from the click commands
+    themselves: an option added later is covered without a change here."""
+    import click
+
+    from phrasescore.cli import cli
+
+    found = []
+    for name, command in sorted(cli.commands.items()):
+        for param in command.params:
+            if isinstance(param, click.Option) and isinstance(
+                param.type, click.types.FloatParamType
+            ):
+                found.append((name, max(param.opts, key=len)))
+    return found
+
+
+FLOAT_OPTIONS = _float_options()
+
+
+def test_the_float_options_are_found():
+    assert ("train", "--lr") in FLOAT_OPTIONS and ("rescore", "--weight") in FLOAT_OPTIONS
+    assert len(FLOAT_OPTIONS) >= 12
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e999"])
+@pytest.mark.parametrize("command, option", FLOAT_OPTIONS, ids=lambda x: x)
+def test_every_float_option_refuses_non_finite_values_at_parse_time(command, option, value):
+    """Issue 41, item 8: ``train --lr nan`` gave a traceback, ``--epochs nan`` a 0-step model,
+    ``--lr inf`` "no such model file"; click's FloatRange lets nan through every bound."""
+    from click.testing import CliRunner
+
+    from phrasescore.cli import cli
+
+    result = CliRunner().invoke(cli, [command, f"{option}={value}"])
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for '{option}'" in result.output
+    assert f"{value!r} is not a finite number" in result.output
