@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import gzip
+import hashlib
 import io
 import logging
 import os
@@ -105,6 +106,36 @@ def check_input_file(path: Path, what: str) -> Path:
 def is_pipe(path: str) -> bool:
     """True for an input that can be read only once: ``-``, a named pipe, ``/dev/fd/N``."""
     return path == "-" or not stat.S_ISREG(os.stat(path).st_mode)
+
+
+DIGEST_WHOLE = 64 << 20
+"""Files up to this size are digested whole; larger ones by their first and last half of it."""
+
+
+def content_digest(path: str) -> dict[str, object]:
+    """What identifies a file's content, whatever its name: ``{"bytes": size, "sha256": hex}``
+    of the whole file up to :data:`DIGEST_WHOLE` bytes, else of its first and last
+    ``DIGEST_WHOLE / 2`` bytes (with the size, a copy is the same data and an edit or another
+    file is not); ``{"pipe": True}`` for an input that can be read only once (:func:`is_pipe`)."""
+    if is_pipe(path):
+        return {"pipe": True}
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size <= DIGEST_WHOLE:
+            spans = [(0, size)]
+        else:
+            half = DIGEST_WHOLE // 2
+            spans = [(0, half), (size - half, half)]
+        for start, length in spans:
+            fh.seek(start)
+            while length > 0:
+                block = fh.read(min(length, _READ_BUFFER))
+                if not block:
+                    break
+                digest.update(block)
+                length -= len(block)
+    return {"bytes": size, "sha256": digest.hexdigest()}
 
 
 def open_binary_input(path: str) -> BinaryIO:
