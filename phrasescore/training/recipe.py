@@ -81,7 +81,9 @@ def make_recipe(
         else:
             settings[f"training {field}"] = value
     recipe = {
-        "files": {role: {"name": path, **content_digest(path)} for role, path in files if path},
+        "files": {
+            role: {"name": str(path), **content_digest(str(path))} for role, path in files if path
+        },
         "flags": flags,
         "settings": settings,
     }
