@@ -148,3 +148,15 @@ def test_merge_on_a_full_disk_is_one_line_and_leaves_nothing(tiny_model_path, tm
     proc = run_cli("merge-shards", *parts, "-o", merged)
     _one_error_line(proc, f"{merged}: cannot write: {FULL}")
     assert os.listdir(small_disk) == []
+
+
+def test_a_full_disk_during_train_is_one_line_and_leaves_nothing(corpus_files, small_disk):
+    """Issue 41, item 9: the model (600 KB) fits, its checkpoint (1.8 MB) does not: before, a
+    traceback, ``.checkpoint.tmp`` left and the model of an earlier validation under the final
+    name."""
+    assert _mount(small_disk, "1500k", remount=True).returncode == 0
+    model = small_disk / "m.safetensors"
+    args = ["train", *corpus_files, "-o", model, "--preset", "tiny", "--max-steps", "4"]
+    proc = run_cli(*args, "--valid-every", "2", "--no-progress", "--threads", "1")
+    _one_error_line(proc, f"{model}.checkpoint: cannot write: {FULL}")
+    assert os.listdir(small_disk) == []

@@ -63,9 +63,34 @@ def write_checkpoint(path: str, state: dict[str, Any]) -> None:
     :class:`~phrasescore.errors.RunStopped` line naming ``path``."""
     state = {**state, CHECKSUM_KEY: state_digest(state)}
     with disk_errors(path), atomic_path(path) as tmp, open(tmp, "wb") as fh:
-        torch.save(state, fh)  # through a Python file: a full disk is an OSError, not torch's
-        fh.flush()  # RuntimeError "unexpected pos"
+        writer = _Writer(fh)
+        try:
+            torch.save(state, writer)
+        except RuntimeError:  # torch's words for a write that failed ("unexpected pos")
+            if writer.error is not None:
+                raise writer.error from None
+            raise
+        fh.flush()
         os.fsync(fh.fileno())
+
+
+class _Writer:
+    """A file for ``torch.save`` that keeps the OSError of a failed write (a full disk), which
+    torch's zip writer turns into a RuntimeError of its own."""
+
+    def __init__(self, fh):
+        self.fh = fh
+        self.error: OSError | None = None
+
+    def write(self, data) -> int:
+        try:
+            return self.fh.write(data)
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def flush(self) -> None:
+        self.fh.flush()
 
 
 def read_checkpoint(path: str) -> dict[str, Any]:
