@@ -269,9 +269,13 @@ def _not_rank_0() -> bool:
 
 def _echo(result, err: bool = False) -> None:
     """Print what a job returned: its ``lines()``, on standard output or (``err``) standard
-    error."""
-    for line in result.lines():
-        click.echo(line, err=err)
+    error. A full disk under standard output is one line and exit 1 (click.echo flushes each
+    line, so a write that fails fails here)."""
+    from phrasescore.files import disk_errors
+
+    with disk_errors("-"):
+        for line in result.lines():
+            click.echo(line, err=err)
 
 
 def _echo_on_rank_0(result, err: bool = False) -> None:
