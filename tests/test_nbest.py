@@ -297,3 +297,25 @@ def test_a_later_run_removes_the_temporaries_a_killed_run_left(tmp_path, tiny_mo
         "removed 1 temporary file(s) of an earlier run that was killed: " + os.path.basename(stale)
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out.gz", *others])
+
+
+def test_a_model_of_the_other_direction_is_warned_about(
+    tiny_model_path, tiny_inverse_model_path, tmp_path
+):
+    """Issue 41, item 10: rescore warned, nbest did not (the same check now)."""
+    from .conftest import run_cli
+
+    nbest = NBEST / "multi30k.test2016.ids0-4.100best.nbest.gz"
+    source = NBEST / "multi30k.test2016.head5.tok.lc.en"
+    flags = ["--source", source, "--no-progress", "-o", tmp_path / "out.gz"]
+    proc = run_cli("nbest", nbest, "-m", tiny_inverse_model_path, *flags)
+    assert proc.returncode == 0, proc.stderr
+    assert f"{tiny_inverse_model_path} (fr->en) looks trained in the other direction" in (
+        proc.stderr
+    )
+    assert "the n-best list's words read the other way round" in proc.stderr
+    assert proc.stderr.count("other direction") == 1 and "give --inverse" in proc.stderr
+    for args in (["-m", tiny_model_path], ["-m", tiny_inverse_model_path, "--inverse"]):
+        proc = run_cli("nbest", nbest, *args, *flags)
+        assert proc.returncode == 0, proc.stderr
+        assert "other direction" not in proc.stderr

@@ -56,11 +56,12 @@ what ``multi-bleu.perl`` or ``phrasescore evaluate`` reads.
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 import logging
 import os
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -81,6 +82,7 @@ from phrasescore.files import (
 )
 from phrasescore.hardware import resolve_device
 from phrasescore.jobs.common import model_for
+from phrasescore.jobs.rescore_columns import warn_if_reversed
 from phrasescore.moses.nbest import (
     NBestEntry,
     check_feature_name,
@@ -259,6 +261,7 @@ def rescore_nbest(
             )
         writer = _Writer(options, weights, len(sources), [name for name, _ in features])
         reader = _BlockReader(nbest, sources, source, options.block_hypotheses, shard)
+        reader.first_block = functools.partial(_warn_direction, loaded, paths, options.inverse)
         manifest = None
         if shard is not None:
             job = _manifest_job(names, signatures, options, weights, sources)
@@ -296,6 +299,8 @@ class _BlockReader:
         self.plan: list[int] = []
         self.pending: collections.deque = collections.deque()
         self.records: list[dict] = []
+        self.first_block: Callable[[list[str], list[str]], object] | None = None
+        """Called with the first block's sources and hypotheses (a direction check)."""
 
     def pairs(self) -> Iterator[tuple[list[str], list[str]] | None]:
         """The ``(sources, hypotheses)`` of each block to score (None for another shard's)."""
@@ -304,6 +309,8 @@ class _BlockReader:
             entries = [e for group in block for e in group]
             self.plan.append(len(entries))
             srcs = [_source_of(e, self.sources, self.source_path) for e in entries]
+            if index == 0 and self.first_block is not None:
+                self.first_block(srcs, [e.hypothesis for e in entries])
             owned = self.shard is None or self.shard.owns(index)
             self.pending.append((index, block, entries))
             yield (srcs, [e.hypothesis for e in entries]) if owned else None
@@ -312,6 +319,21 @@ class _BlockReader:
         """Block ``index`` is written: a shard records it."""
         if self.shard is not None:
             self.records.append(chunk_record(index, [str(e.id) for e in entries]))
+
+
+def _warn_direction(models, paths, inverse: bool, sources, hypotheses) -> None:
+    """Warn when a model looks trained in the other direction on the list's first block, as
+    ``rescore`` does on its table's first chunk (:func:`warn_if_reversed`)."""
+    sources = list(dict.fromkeys(sources))
+    hypotheses = list(dict.fromkeys(hypotheses))
+    hint = (
+        "if it translates the source language into the hypotheses' language, leave --inverse out"
+        if inverse
+        else "if it translates the hypotheses' language into the source language, give --inverse"
+    )
+    for model, path in zip(models, paths or [None] * len(models), strict=False):
+        src, tgt = (hypotheses, sources) if inverse else (sources, hypotheses)
+        warn_if_reversed(model, path, src, tgt, "the n-best list's", hint)
 
 
 def _write_blocks(done, reader: _BlockReader, writer: _Writer, out, bar) -> int:
