@@ -66,6 +66,12 @@ def _optimizers():
     return OPTIMIZERS
 
 
+def _bleu_tokenizers():
+    from phrasescore.jobs.bleu import tokenizer_names
+
+    return tokenizer_names()
+
+
 def _set_threads(ctx, param, value):
     if value:
         from phrasescore.hardware import set_threads
@@ -868,6 +874,7 @@ def nbest(
 @click.option("--reference", help="Reference translations: print BLEU and chrF (sacrebleu).")
 @click.option(
     "--bleu-tokenize",
+    type=RegistryChoice(_bleu_tokenizers),
     default="13a",
     show_default=True,
     help="sacrebleu tokenizer of --reference's BLEU (none: the text is tokenised already, as "
@@ -927,7 +934,13 @@ def translate(
 @cli.command(short_help="BLEU and chrF of hypotheses (sacrebleu).")
 @click.argument("hypotheses")
 @click.argument("reference")
-@click.option("--tokenize", default="13a", show_default=True, help="sacrebleu's BLEU tokenizer.")
+@click.option(
+    "--tokenize",
+    type=RegistryChoice(_bleu_tokenizers),
+    default="13a",
+    show_default=True,
+    help="sacrebleu's BLEU tokenizer.",
+)
 @click.option("--lowercase", is_flag=True, help="Case-insensitive BLEU and chrF.")
 @_fail_cleanly
 def evaluate(hypotheses, reference, tokenize, lowercase):
@@ -941,7 +954,12 @@ def evaluate(hypotheses, reference, tokenize, lowercase):
 @click.argument("phrases", nargs=-1, required=True, metavar="PHRASE... | -")
 @model_option()
 @click.option(
-    "-n", "--samples", type=NON_NEGATIVE, default=100, show_default=True, help="Samples drawn."
+    "-n",
+    "--samples",
+    type=NON_NEGATIVE,
+    default=100,
+    show_default=True,
+    help="Samples drawn (0: with --beam, the beam's targets alone).",
 )
 @click.option(
     "--top", type=POSITIVE, default=10, show_default=True, help="Targets kept per phrase."
@@ -973,6 +991,8 @@ def sample(
     """
     from phrasescore.jobs.sample import SampleOptions, run_sample
 
+    if samples == 0 and not beam:
+        raise click.UsageError("nothing to do: -n 0 without --beam")
     options = SampleOptions(
         samples=samples,
         top=top,
@@ -1311,6 +1331,7 @@ def copy_table(table, output):
 @click.option("--mert-flags", default="", help="More mert-moses.pl flags (e.g. --batch-mira).")
 @click.option(
     "--bleu-tokenize",
+    type=RegistryChoice(_bleu_tokenizers),
     default="none",
     show_default=True,
     help="sacrebleu tokenizer (none: the text is tokenised already, as multi-bleu.perl).",

@@ -193,3 +193,33 @@ def test_every_float_option_refuses_non_finite_values_at_parse_time(command, opt
     assert result.exit_code == 2, result.output
     assert f"Invalid value for '{option}'" in result.output
     assert f"{value!r} is not a finite number" in result.output
+
+
+@pytest.mark.parametrize(
+    "args, option",
+    [
+        (["translate", "I", "-m", "M", "--bleu-tokenize", "bogus"], "--bleu-tokenize"),
+        (["evaluate", "H", "R", "--tokenize", "bogus"], "--tokenize"),
+        (["ab", "--bleu-tokenize", "bogus"], "--bleu-tokenize"),
+    ],
+    ids=["translate", "evaluate", "ab"],
+)
+def test_an_unknown_bleu_tokenizer_is_a_usage_error_before_any_work(args, option):
+    """Issue 41, item 10: ``translate --bleu-tokenize bogus`` was refused after decoding."""
+    from click.testing import CliRunner
+
+    from phrasescore.cli import cli
+
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for '{option}': 'bogus' is not one of 'none', " in result.output
+    assert "'13a'" in result.output
+
+
+def test_sample_with_nothing_to_do_is_a_usage_error(tmp_path):
+    """Issue 41, item 10: ``sample -n 0`` (no --beam) exited 1, the docs say usage errors
+    exit 2."""
+    proc = run_cli("sample", "a dog", "-m", "M", "-n", "0", cwd=tmp_path)
+    assert one_line_error(proc, 2).strip().splitlines()[-1] == (
+        "Error: nothing to do: -n 0 without --beam"
+    )
