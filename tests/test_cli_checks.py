@@ -4,6 +4,8 @@ devices give one line and an exit code, never a traceback (issue 14)."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -223,3 +225,26 @@ def test_sample_with_nothing_to_do_is_a_usage_error(tmp_path):
     assert one_line_error(proc, 2).strip().splitlines()[-1] == (
         "Error: nothing to do: -n 0 without --beam"
     )
+
+
+@pytest.mark.parametrize(
+    "compress, name, tool",
+    [("bz2", "bzip2", "bunzip2"), ("lzma", "xz", "unxz")],
+    ids=["bzip2", "xz"],
+)
+def test_bzip2_and_xz_data_named_gz_are_named_for_what_they_are(tmp_path, compress, name, tool):
+    """Issue 41, item 10: they were read as text and reported as invalid UTF-8."""
+    import importlib
+
+    data = importlib.import_module(compress).compress(b"a ||| b ||| 0.5\n")
+    table = tmp_path / "phrase-table.gz"
+    table.write_bytes(data)
+    expected = (f"is {name} data, not gzip or plain text: decompress it first ({tool}), or "
+                "recompress it with gzip")  # fmt: skip
+    proc = run_cli("check-table", table)
+    assert one_line_error(proc, 1).strip() == f"phrasescore: error: {table}: {expected}"
+    proc = subprocess.run(
+        [sys.executable, "-m", "phrasescore", "check-table", "-"], input=data, capture_output=True
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.decode().strip() == f"phrasescore: error: <stdin>: {expected}"
