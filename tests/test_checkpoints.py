@@ -152,3 +152,15 @@ def test_a_failed_run_leaves_nothing_beside_the_model(tmp_path):
     proc = run_cli("train", src, tgt, "-o", tmp_path / "m.st", "--preset", "tiny", "--no-progress")
     assert proc.returncode == 1, proc.stderr
     assert sorted(os.listdir(tmp_path)) == ["a.en", "a.fr"]
+
+
+def test_a_directory_given_as_a_model_is_named_a_directory(tmp_path):
+    """Issue 41, item 10: it was "no such model file"."""
+    folder = tmp_path / "models"
+    folder.mkdir()
+    for args in (["info", folder], ["sample", "a dog", "-m", folder]):
+        proc = run_cli(*args)
+        assert proc.returncode == 1, proc.stderr
+        assert proc.stderr.strip() == (
+            f"phrasescore: error: {folder}: is a directory, not a model file"
+        )
