@@ -164,3 +164,25 @@ def test_a_directory_given_as_a_model_is_named_a_directory(tmp_path):
         assert proc.stderr.strip() == (
             f"phrasescore: error: {folder}: is a directory, not a model file"
         )
+
+
+def test_a_diverging_run_is_one_line_its_log_lines_whole_and_nothing_left(tmp_path, corpus_files):
+    """Issue 41: the last validation line printed "(; 69 s"; a run whose validation perplexity
+    was never finite ended "no such model file" (``--lr inf``; now refused at parse time, but a
+    huge finite rate diverges as well)."""
+    import re
+
+    args = ["train", *corpus_files, "-o", tmp_path / "m.st", "--preset", "tiny", "--max-steps"]
+    args += ["5", "--valid-every", "2", "--lr", "0.5", "--seed", "1", "--no-progress"]
+    proc = run_cli(*args, "--threads", "1")
+    assert proc.returncode == 1, proc.stderr
+    steps = [line for line in proc.stderr.splitlines() if line.startswith("phrasescore: step ")]
+    assert len(steps) == 3
+    assert "(no improvement (1/5); " in steps[0]  # validation perplexity inf
+    assert re.search(r"validation perplexity inf, mean \|log Z\| [\d.]+ \(\d+ s; \d+ target "
+                     r"tokens/s\)$", steps[2]), steps[2]  # fmt: skip
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"phrasescore: error: {tmp_path / 'm.st'}: no validation perplexity was finite (the "
+        "training diverged): no model written; try a smaller --lr"
+    )
+    assert os.listdir(tmp_path) == []

@@ -774,15 +774,18 @@ class Trainer:
         position["elapsed"] = time.monotonic() - run.started
         if self._window_tokens(run) or not position["history"]:
             run.signature = self._validate(run, scheduled=False)
-        self._save_checkpoint(run.network, run.optimizer, position, run.vocab_states)
-        self._publish()
-        distributed.barrier()
-        if not os.path.exists(self.model_path):
+        nothing = not (os.path.exists(self.best_path) or os.path.exists(self.model_path))
+        if self.launch is not None:
+            nothing = distributed.from_main(nothing)
+        if nothing:  # e.g. --lr 1e10: no checkpoint of it either
             raise InputError(
                 "no validation perplexity was finite (the training diverged): no model written; "
                 "try a smaller --lr",
                 self.model_path,
             )
+        self._save_checkpoint(run.network, run.optimizer, position, run.vocab_states)
+        self._publish()
+        distributed.barrier()
         signature = run.signature or self.read_signature()
         steps = max(self._steps_per_epoch(run.batcher, 0), 1)
         epochs_done = position["epoch"] + position["batch"] / steps
