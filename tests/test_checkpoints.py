@@ -186,3 +186,55 @@ def test_a_diverging_run_is_one_line_its_log_lines_whole_and_nothing_left(tmp_pa
         "training diverged): no model written; try a smaller --lr"
     )
     assert os.listdir(tmp_path) == []
+
+
+def test_train_lm_resume_refuses_another_order_and_corpus(tmp_path, corpus_files):
+    from phrasescore.jobs.train_lm import run_lm_training
+
+    path = str(tmp_path / "lm.safetensors")
+
+    def train_lm(corpus, order=3, **overrides):
+        settings = {"max_steps": 2, "valid_every": 2, "seed": 3, **overrides}
+        return run_lm_training(path, corpus, preset="tiny", order=order, device="cpu",
+                               progress=False, resume=True, overrides=settings)  # fmt: skip
+
+    french = corpus_files[1]
+    train_lm(french)
+    with pytest.raises(InputError, match=r"was trained with --order 3, this run has --order 4 "):
+        train_lm(french, order=4, max_steps=3)
+    with pytest.raises(InputError, match=r"was trained on CORPUS .*, this run's is other data: "):
+        train_lm(corpus_files[0], max_steps=3)
+    assert train_lm(french, max_steps=3).steps == 3
+
+
+def test_the_recipe_names_a_phrase_table_run_against_a_corpus_run(tmp_path):
+    from phrasescore.training.recipe import make_recipe, recipe_difference
+
+    table, src, tgt = (tmp_path / name for name in ("pt", "a.en", "a.fr"))
+    for path in (table, src, tgt):
+        path.write_text(f"{path.name}\n", encoding="utf-8")
+    settings = ({"arch": "cho", "reverse_source": True}, {"seed": 1, "epochs": 2})
+    flags = {"--src-lang": "en", "--inverse": False}
+    on_table = make_recipe([("--phrase-table", str(table))], flags, "tiny", *settings)
+    on_files = make_recipe([("SOURCE", str(src)), ("TARGET", str(tgt))], flags, "tiny", *settings)
+    assert recipe_difference(on_table, on_files, "c") == (
+        f"--resume: c was trained on --phrase-table {table}, this run on SOURCE {src} and "
+        f"TARGET {tgt}"
+    )
+    inverse = make_recipe([("--phrase-table", str(table))], {**flags, "--inverse": True},
+                          "tiny", *settings)  # fmt: skip
+    assert recipe_difference(on_table, inverse, "c") == (
+        "--resume: c was trained with no --inverse, this run has --inverse"
+    )
+    no_reverse = make_recipe([("--phrase-table", str(table))], flags, "tiny",
+                             {"arch": "cho", "reverse_source": False}, settings[1])  # fmt: skip
+    assert recipe_difference(on_table, no_reverse, "c") == (
+        "--resume: c was trained with no --no-reverse, this run has --no-reverse"
+    )
+    longer = make_recipe([("--phrase-table", str(table))], flags, "tiny", settings[0],
+                         {"seed": 1, "epochs": 5})  # fmt: skip
+    assert recipe_difference(on_table, longer, "c") is None  # a budget may change
+    assert recipe_difference(on_table, make_recipe([("--phrase-table", str(table))], flags,
+                             "default", *settings), "c") == (
+        "--resume: c was trained with --preset tiny, this run has --preset default"
+    )  # fmt: skip
