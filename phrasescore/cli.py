@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import signal
 import sys
@@ -65,6 +66,12 @@ def _optimizers():
     return OPTIMIZERS
 
 
+def _bleu_tokenizers():
+    from phrasescore.jobs.bleu import tokenizer_names
+
+    return tokenizer_names()
+
+
 def _set_threads(ctx, param, value):
     if value:
         from phrasescore.hardware import set_threads
@@ -109,7 +116,30 @@ NON_NEGATIVE = click.IntRange(min=0)
 """Optional counts where 0 means none."""
 SEED = click.IntRange(0, 2**32 - 1)
 """Random seeds (numpy takes 0 .. 2^32 - 1)."""
-POSITIVE_FLOAT = click.FloatRange(min=0.0, min_open=True)
+
+
+class FiniteFloat(click.FloatRange):
+    """A finite number, within the range given: ``nan``, ``inf`` and ``1e999`` (which Python
+    reads as inf) are usage errors at parse time, before any work (click's FloatRange lets nan
+    through every bound, since no comparison with nan is true). Every float option of every
+    command takes one of these types; ``tests/test_cli_checks.py`` enumerates them from the
+    commands."""
+
+    def convert(self, value, param, ctx):
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return super().convert(number, param, ctx)
+
+
+FINITE_FLOAT = FiniteFloat()
+"""Any finite number (ini weights)."""
+POSITIVE_FLOAT = FiniteFloat(min=0.0, min_open=True)
+"""Finite and more than 0 (learning rates, budgets)."""
+NON_NEGATIVE_FLOAT = FiniteFloat(min=0.0)
+"""Finite, 0 or more (penalties, epochs before a halving)."""
+FRACTION = FiniteFloat(min=0.0, max=1.0, min_open=True)
+"""Finite, in (0, 1] (factors of a learning rate)."""
 
 device_option = click.option(
     "--device",
@@ -179,7 +209,7 @@ def _ini_options():
         ),
         click.option(
             "--weight",
-            type=float,
+            type=FINITE_FLOAT,
             default=0.2,
             show_default=True,
             help="Initial weight of each new feature in the ini.",
@@ -245,9 +275,13 @@ def _not_rank_0() -> bool:
 
 def _echo(result, err: bool = False) -> None:
     """Print what a job returned: its ``lines()``, on standard output or (``err``) standard
-    error."""
-    for line in result.lines():
-        click.echo(line, err=err)
+    error. A full disk under standard output is one line and exit 1 (click.echo flushes each
+    line, so a write that fails fails here)."""
+    from phrasescore.files import disk_errors
+
+    with disk_errors("-"):
+        for line in result.lines():
+            click.echo(line, err=err)
 
 
 def _echo_on_rank_0(result, err: bool = False) -> None:
@@ -396,7 +430,7 @@ def _no_progress_monitor_thread() -> None:
 @click.option(
     "--self-normalize",
     "self_normalize",
-    type=click.FloatRange(min=0.0),
+    type=NON_NEGATIVE_FLOAT,
     metavar="ALPHA",
     help="Add ALPHA (log Z)² per target token to the loss (Devlin et al. 2014), so that "
     "rescore/nbest --scoring self-normalized can skip the softmax; 0 (default): off. Devlin et "
@@ -428,7 +462,7 @@ def _no_progress_monitor_thread() -> None:
 )
 @click.option(
     "--lr-plateau-factor",
-    type=click.FloatRange(min=0.0, max=1.0, min_open=True),
+    type=FRACTION,
     metavar="F",
     help="Multiply the learning rate by F after each validation without a new best "
     "(default preset: 0.5; paper presets: never; 1: never).",
@@ -436,7 +470,7 @@ def _no_progress_monitor_thread() -> None:
 @click.option(
     "--lr-halve-after",
     "lr_halve_after_epochs",
-    type=click.FloatRange(min=0.0),
+    type=NON_NEGATIVE_FLOAT,
     metavar="EPOCHS",
     help="Halve the learning rate once EPOCHS epochs are done (may be fractional), then every "
     "--lr-halve-every epochs (Sutskever et al.: 5; default presets: never).",
@@ -846,7 +880,7 @@ def nbest(
 @click.option("--max-length", type=POSITIVE, help="Most output tokens (default 2 x source + 10).")
 @click.option(
     "--length-penalty",
-    type=click.FloatRange(min=0.0),
+    type=NON_NEGATIVE_FLOAT,
     default=1.0,
     show_default=True,
     help="GNMT alpha: rank by log p / ((5 + n) / 6)^alpha; 0 ranks by log p.",
@@ -856,6 +890,7 @@ def nbest(
 @click.option("--reference", help="Reference translations: print BLEU and chrF (sacrebleu).")
 @click.option(
     "--bleu-tokenize",
+    type=RegistryChoice(_bleu_tokenizers),
     default="13a",
     show_default=True,
     help="sacrebleu tokenizer of --reference's BLEU (none: the text is tokenised already, as "
@@ -915,7 +950,13 @@ def translate(
 @cli.command(short_help="BLEU and chrF of hypotheses (sacrebleu).")
 @click.argument("hypotheses")
 @click.argument("reference")
-@click.option("--tokenize", default="13a", show_default=True, help="sacrebleu's BLEU tokenizer.")
+@click.option(
+    "--tokenize",
+    type=RegistryChoice(_bleu_tokenizers),
+    default="13a",
+    show_default=True,
+    help="sacrebleu's BLEU tokenizer.",
+)
 @click.option("--lowercase", is_flag=True, help="Case-insensitive BLEU and chrF.")
 @_fail_cleanly
 def evaluate(hypotheses, reference, tokenize, lowercase):
@@ -929,7 +970,12 @@ def evaluate(hypotheses, reference, tokenize, lowercase):
 @click.argument("phrases", nargs=-1, required=True, metavar="PHRASE... | -")
 @model_option()
 @click.option(
-    "-n", "--samples", type=NON_NEGATIVE, default=100, show_default=True, help="Samples drawn."
+    "-n",
+    "--samples",
+    type=NON_NEGATIVE,
+    default=100,
+    show_default=True,
+    help="Samples drawn (0: with --beam, the beam's targets alone).",
 )
 @click.option(
     "--top", type=POSITIVE, default=10, show_default=True, help="Targets kept per phrase."
@@ -961,6 +1007,8 @@ def sample(
     """
     from phrasescore.jobs.sample import SampleOptions, run_sample
 
+    if samples == 0 and not beam:
+        raise click.UsageError("nothing to do: -n 0 without --beam")
     options = SampleOptions(
         samples=samples,
         top=top,
@@ -1347,6 +1395,7 @@ def copy_table(table, output):
 @click.option("--mert-flags", default="", help="More mert-moses.pl flags (e.g. --batch-mira).")
 @click.option(
     "--bleu-tokenize",
+    type=RegistryChoice(_bleu_tokenizers),
     default="none",
     show_default=True,
     help="sacrebleu tokenizer (none: the text is tokenised already, as multi-bleu.perl).",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import gzip
+import hashlib
 import io
 import logging
 import os
@@ -107,11 +108,63 @@ def is_pipe(path: str) -> bool:
     return path == "-" or not stat.S_ISREG(os.stat(path).st_mode)
 
 
+DIGEST_WHOLE = 64 << 20
+"""Files up to this size are digested whole; larger ones by their first and last half of it."""
+
+
+def content_digest(path: str) -> dict[str, object]:
+    """What identifies a file's content, whatever its name: ``{"bytes": size, "sha256": hex}``
+    of the whole file up to :data:`DIGEST_WHOLE` bytes, else of its first and last
+    ``DIGEST_WHOLE / 2`` bytes (with the size, a copy is the same data and an edit or another
+    file is not); ``{"pipe": True}`` for an input that can be read only once (:func:`is_pipe`)."""
+    if is_pipe(path):
+        return {"pipe": True}
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size <= DIGEST_WHOLE:
+            spans = [(0, size)]
+        else:
+            half = DIGEST_WHOLE // 2
+            spans = [(0, half), (size - half, half)]
+        for start, length in spans:
+            fh.seek(start)
+            while length > 0:
+                block = fh.read(min(length, _READ_BUFFER))
+                if not block:
+                    break
+                digest.update(block)
+                length -= len(block)
+    return {"bytes": size, "sha256": digest.hexdigest()}
+
+
+OTHER_COMPRESSIONS = (
+    (re.compile(rb"BZh[1-9]1AY&SY"), "bzip2", "bunzip2"),
+    (re.compile(re.escape(b"\xfd7zXZ\x00")), "xz", "unxz"),
+    (re.compile(re.escape(b"\x28\xb5\x2f\xfd")), "zstd", "unzstd"),
+)
+"""Magic bytes of compressions phrasescore does not read, the name and the tool to undo it."""
+
+
+def _refuse_other_compressions(head: bytes, path: str) -> None:
+    """One line for bzip2, xz or zstd data (whatever the file's name says), which would
+    otherwise be read as text and reported as invalid UTF-8."""
+    for magic, name, tool in OTHER_COMPRESSIONS:
+        if magic.match(head):
+            raise InputError(
+                f"is {name} data, not gzip or plain text: decompress it first ({tool}), or "
+                "recompress it with gzip",
+                display_name(path),
+            )
+
+
 def open_binary_input(path: str) -> BinaryIO:
-    """Open ``path`` (or ``-``) for reading bytes, decompressing gzip when the magic says so."""
+    """Open ``path`` (or ``-``) for reading bytes, decompressing gzip when the magic says so;
+    bzip2, xz and zstd data are refused (:func:`_refuse_other_compressions`)."""
     if path == "-":
         raw: BinaryIO = sys.stdin.buffer
         peekable = raw if hasattr(raw, "peek") else io.BufferedReader(raw)  # type: ignore[arg-type]
+        _refuse_other_compressions(peekable.peek(10)[:10], path)  # type: ignore[attr-defined]
         magic = peekable.peek(2)[:2]  # type: ignore[attr-defined]
         if magic == GZIP_MAGIC:
             return gzip.GzipFile(fileobj=peekable, mode="rb")  # type: ignore[return-value]
@@ -124,6 +177,11 @@ def open_binary_input(path: str) -> BinaryIO:
         raise InputError("is a directory, not a file", path) from None
     except PermissionError:
         raise InputError("permission denied", path) from None
+    try:
+        _refuse_other_compressions(handle.peek(10)[:10], path)
+    except InputError:
+        handle.close()
+        raise
     if handle.peek(2)[:2] == GZIP_MAGIC:
         return gzip.GzipFile(fileobj=handle, mode="rb")  # type: ignore[return-value]
     return handle

@@ -4,6 +4,8 @@ devices give one line and an exit code, never a traceback (issue 14)."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -153,3 +155,96 @@ def test_train_help_documents_the_tiny_preset():
     proc = run_cli("train", "--help")
     help_text = " ".join(proc.stdout.split())
     assert "tiny (a seconds-long smoke test" in help_text
+
+
+def _float_options():
+    """(command, option) for every float option of every command, read from the click commands
+    themselves: an option added later is covered without a change here."""
+    import click
+
+    from phrasescore.cli import cli
+
+    found = []
+    for name, command in sorted(cli.commands.items()):
+        for param in command.params:
+            if isinstance(param, click.Option) and isinstance(
+                param.type, click.types.FloatParamType
+            ):
+                found.append((name, max(param.opts, key=len)))
+    return found
+
+
+FLOAT_OPTIONS = _float_options()
+
+
+def test_the_float_options_are_found():
+    assert ("train", "--lr") in FLOAT_OPTIONS and ("rescore", "--weight") in FLOAT_OPTIONS
+    assert len(FLOAT_OPTIONS) >= 12
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e999"])
+@pytest.mark.parametrize("command, option", FLOAT_OPTIONS, ids=lambda x: x)
+def test_every_float_option_refuses_non_finite_values_at_parse_time(command, option, value):
+    """Issue 41, item 8: ``train --lr nan`` gave a traceback, ``--epochs nan`` a 0-step model,
+    ``--lr inf`` "no such model file"; click's FloatRange lets nan through every bound."""
+    from click.testing import CliRunner
+
+    from phrasescore.cli import cli
+
+    result = CliRunner().invoke(cli, [command, f"{option}={value}"])
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for '{option}'" in result.output
+    assert f"{value!r} is not a finite number" in result.output
+
+
+@pytest.mark.parametrize(
+    "args, option",
+    [
+        (["translate", "I", "-m", "M", "--bleu-tokenize", "bogus"], "--bleu-tokenize"),
+        (["evaluate", "H", "R", "--tokenize", "bogus"], "--tokenize"),
+        (["ab", "--bleu-tokenize", "bogus"], "--bleu-tokenize"),
+    ],
+    ids=["translate", "evaluate", "ab"],
+)
+def test_an_unknown_bleu_tokenizer_is_a_usage_error_before_any_work(args, option):
+    """Issue 41, item 10: ``translate --bleu-tokenize bogus`` was refused after decoding."""
+    from click.testing import CliRunner
+
+    from phrasescore.cli import cli
+
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for '{option}': 'bogus' is not one of 'none', " in result.output
+    assert "'13a'" in result.output
+
+
+def test_sample_with_nothing_to_do_is_a_usage_error(tmp_path):
+    """Issue 41, item 10: ``sample -n 0`` (no --beam) exited 1, the docs say usage errors
+    exit 2."""
+    proc = run_cli("sample", "a dog", "-m", "M", "-n", "0", cwd=tmp_path)
+    assert one_line_error(proc, 2).strip().splitlines()[-1] == (
+        "Error: nothing to do: -n 0 without --beam"
+    )
+
+
+@pytest.mark.parametrize(
+    "compress, name, tool",
+    [("bz2", "bzip2", "bunzip2"), ("lzma", "xz", "unxz")],
+    ids=["bzip2", "xz"],
+)
+def test_bzip2_and_xz_data_named_gz_are_named_for_what_they_are(tmp_path, compress, name, tool):
+    """Issue 41, item 10: they were read as text and reported as invalid UTF-8."""
+    import importlib
+
+    data = importlib.import_module(compress).compress(b"a ||| b ||| 0.5\n")
+    table = tmp_path / "phrase-table.gz"
+    table.write_bytes(data)
+    expected = (f"is {name} data, not gzip or plain text: decompress it first ({tool}), or "
+                "recompress it with gzip")  # fmt: skip
+    proc = run_cli("check-table", table)
+    assert one_line_error(proc, 1).strip() == f"phrasescore: error: {table}: {expected}"
+    proc = subprocess.run(
+        [sys.executable, "-m", "phrasescore", "check-table", "-"], input=data, capture_output=True
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.decode().strip() == f"phrasescore: error: <stdin>: {expected}"

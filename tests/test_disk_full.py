@@ -148,3 +148,36 @@ def test_merge_on_a_full_disk_is_one_line_and_leaves_nothing(tiny_model_path, tm
     proc = run_cli("merge-shards", *parts, "-o", merged)
     _one_error_line(proc, f"{merged}: cannot write: {FULL}")
     assert os.listdir(small_disk) == []
+
+
+def test_a_full_disk_during_train_is_one_line_and_leaves_nothing(corpus_files, small_disk):
+    """Issue 41, item 9: the model (600 KB) fits, its checkpoint (1.8 MB) does not: before, a
+    traceback, ``.checkpoint.tmp`` left and the model of an earlier validation under the final
+    name."""
+    assert _mount(small_disk, "1500k", remount=True).returncode == 0
+    model = small_disk / "m.safetensors"
+    args = ["train", *corpus_files, "-o", model, "--preset", "tiny", "--max-steps", "4"]
+    proc = run_cli(*args, "--valid-every", "2", "--no-progress", "--threads", "1")
+    _one_error_line(proc, f"{model}.checkpoint: cannot write: {FULL}")
+    assert os.listdir(small_disk) == []
+
+
+STDOUT_COMMANDS = {
+    "sample": lambda m, tmp: ["sample", "a dog", "-m", m, "-n", "5"],
+    "info": lambda m, tmp: ["info", m],
+    "represent": lambda m, tmp: ["represent", "-m", m, "-o", tmp / "rep", "--phrase-table",
+                                 DATA / "moses" / "tiny.phrase-table", "--neighbours", "2"],
+    "evaluate": lambda m, tmp: ["evaluate", NBEST_SOURCE, NBEST_SOURCE],
+    "ini-tables": lambda m, tmp: ["ini-tables", INI],
+    "compare": lambda m, tmp: ["compare", DATA / "moses" / "tiny.phrase-table", "-m", m,
+                               "--sample", "2", "--min-targets", "1"],
+}  # fmt: skip
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+@pytest.mark.parametrize("command", sorted(STDOUT_COMMANDS))
+def test_every_report_to_a_full_standard_output_is_one_line(tiny_model_path, tmp_path, command):
+    """Issue 41, item 9: ``sample`` exited 0 with its output lost, the others printed
+    tracebacks."""
+    proc = _to_dev_full(*STDOUT_COMMANDS[command](tiny_model_path, tmp_path))
+    _one_error_line(proc, f"<stdout>: cannot write: {FULL}")

@@ -213,6 +213,8 @@ def dup_feature_list(tmp_path: Path, model: str) -> str:
         ("malformed line", "bad.nbest:8: expected at least 4 fields"),
         ("empty source line", "labelled-50best.nbest:101: the source sentence of id 2"),
         ("source too long", "ends with sentence id 4 but the source has 8 lines"),
+        ("empty list", "empty.nbest: the n-best list is empty but the source has 5 lines"),
+        ("empty source", "sentence id 0 is out of range: the source "),
         ("no weight for the feature", "gives no weight for the new feature RNNEncDec0"),
         ("one-best without weights", "--one-best needs --weights"),
         ("underscore in name", "contains '_'"),
@@ -232,6 +234,11 @@ def test_bad_input_is_one_line_and_no_output(tmp_path, tiny_model_path, case, me
         source = write_lines(tmp_path / "source.en", src[:2] + [""] + src[3:5])
     elif case == "source too long":
         source = write_lines(tmp_path / "source.en", src[:8])
+    elif case == "empty list":  # issue 41: "ends with sentence id -1"
+        nbest = write_lines(tmp_path / "empty.nbest", [])
+    elif case == "empty source":  # issue 41: "(ids 0--1)"
+        source = write_lines(tmp_path / "source.en", [])
+        message += f"{source} has no line; the list and the source do not match"
     elif case == "no weight for the feature":
         extra = ["--weights", str(MOSES / "multi30k.moses.ini")]
     elif case == "one-best without weights":
@@ -297,3 +304,25 @@ def test_a_later_run_removes_the_temporaries_a_killed_run_left(tmp_path, tiny_mo
         "removed 1 temporary file(s) of an earlier run that was killed: " + os.path.basename(stale)
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out.gz", *others])
+
+
+def test_a_model_of_the_other_direction_is_warned_about(
+    tiny_model_path, tiny_inverse_model_path, tmp_path
+):
+    """Issue 41, item 10: rescore warned, nbest did not (the same check now)."""
+    from .conftest import run_cli
+
+    nbest = NBEST / "multi30k.test2016.ids0-4.100best.nbest.gz"
+    source = NBEST / "multi30k.test2016.head5.tok.lc.en"
+    flags = ["--source", source, "--no-progress", "-o", tmp_path / "out.gz"]
+    proc = run_cli("nbest", nbest, "-m", tiny_inverse_model_path, *flags)
+    assert proc.returncode == 0, proc.stderr
+    assert f"{tiny_inverse_model_path} (fr->en) looks trained in the other direction" in (
+        proc.stderr
+    )
+    assert "the n-best list's words read the other way round" in proc.stderr
+    assert proc.stderr.count("other direction") == 1 and "--inverse" in proc.stderr
+    for args in (["-m", tiny_model_path], ["-m", tiny_inverse_model_path, "--inverse"]):
+        proc = run_cli("nbest", nbest, *args, *flags)
+        assert proc.returncode == 0, proc.stderr
+        assert "other direction" not in proc.stderr

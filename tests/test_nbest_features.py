@@ -177,7 +177,7 @@ def test_a_model_of_the_other_direction_is_warned_of_per_model(
                       progress=False)  # fmt: skip
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "feature Wrong" in warnings[0], warnings
-    assert "--inverse-model NAME=MODEL" in warnings[0]
+    assert "--inverse-model Wrong=MODEL" in warnings[0]
     caplog.clear()
     options = NBestOptions(inverse_models=(f"Inv={tiny_inverse_model_path}",))
     with caplog.at_level("WARNING"):

@@ -63,7 +63,10 @@ def test_train_no_progress_and_resume_with_nothing_to_resume(corpus_files, tmp_p
     # with a checkpoint, --resume goes on from it (here: the run is over at step 6)
     again = run_cli(*args, "--resume")
     assert again.returncode == 0, again.stderr
-    assert "resuming from" in again.stderr
+    assert f"resuming at step 6 of {model}.checkpoint (epoch 1, best validation perplexity " in (
+        again.stderr
+    )
+    assert "\tsteps=6\t" in again.stdout  # a finished run makes no step more (issue 41)
     assert len(_bar_lines(again.stderr, "step/s")) == 2 and "\r" not in again.stderr
 
 

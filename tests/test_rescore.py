@@ -521,3 +521,28 @@ def test_an_empty_table_is_said_in_a_warning_and_in_the_summary(tiny_model_path,
     assert lines[-1].endswith("; the table is empty: so is the output")
     assert gzip.decompress(out.read_bytes()) == b""
     assert sorted(os.listdir(tmp_path)) == sorted([name, "out.gz"])
+
+
+def test_an_ini_declaring_fewer_scores_than_the_table_has_is_warned_about(
+    tiny_model_path, tmp_path
+):
+    """Issue 41, item 10: a moses.ini of num-features=4 for a table of 5 scores per line was
+    carried over (4 + 1) without a word."""
+    import shutil
+
+    table = tmp_path / "phrase-table.gz"
+    shutil.copy(DATA / "moses" / "de-en.5scores.slice300.phrase-table.gz", table)
+    ini = tmp_path / "moses.ini"
+    shutil.copy(DATA / "moses" / "multi30k.moses.ini", ini)  # num-features=4, line 21
+    flags = ["-m", tiny_model_path, "--no-progress", "--moses-ini", ini]
+    proc = run_cli("rescore", table, *flags, "-o", tmp_path / "out.gz")
+    assert proc.returncode == 0, proc.stderr
+    assert (
+        f"{ini}:21: TranslationModel0 declares 4 features but {table} has 5 scores per line "
+        f"(line 1): the new ini carries that over (4 + 1); fix num-features= in {ini}"
+    ) in proc.stderr
+    # the table of 4 scores the ini declares: no warning
+    shutil.copy(DATA / "moses" / "multi30k.head300.phrase-table.gz", table)
+    proc = run_cli("rescore", table, *flags, "-o", tmp_path / "out2.gz")
+    assert proc.returncode == 0, proc.stderr
+    assert "declares 4 features" not in proc.stderr

@@ -211,7 +211,7 @@ def test_sample_from_stdin_with_beam_and_phrase_table(tmp_path, tiny_model_path)
 
 def test_sample_needs_something_to_do(tiny_model_path):
     result = invoke("sample", "a man", "-m", tiny_model_path, "-n", "0")
-    assert result.exit_code == 1 and "-n 0 without --beam" in result.stderr
+    assert result.exit_code == 2 and "-n 0 without --beam" in result.stderr  # a usage error
 
 
 # ---------------------------------------------------------------------------- issue 30, item 13

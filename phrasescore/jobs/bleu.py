@@ -46,6 +46,20 @@ def require_sacrebleu():
     return sacrebleu
 
 
+SACREBLEU_TOKENIZERS = ("none", "zh", "13a", "intl", "char", "ja-mecab", "ko-mecab", "spm")
+"""sacrebleu's BLEU tokenizers (2.x) where sacrebleu is not installed to say them."""
+
+
+def tokenizer_names() -> tuple[str, ...]:
+    """The BLEU tokenizers sacrebleu knows: the choices of ``--bleu-tokenize``/``--tokenize``,
+    checked when the options are parsed, before any work."""
+    try:
+        from sacrebleu.metrics.bleu import BLEU
+    except ImportError:
+        return SACREBLEU_TOKENIZERS
+    return tuple(BLEU.TOKENIZERS)
+
+
 def bleu_metric(tokenize: str = "13a", lowercase: bool = False, force: bool | None = None):
     """sacrebleu's BLEU with ``tokenize``: for ``none`` (text tokenised already, as
     multi-bleu.perl scores it) with ``force=True``, so that sacrebleu does not warn that the lines

@@ -6,6 +6,7 @@ written and renamed into place together with it.
 from __future__ import annotations
 
 import logging
+import os
 
 from phrasescore import __version__
 from phrasescore.errors import InputError
@@ -15,6 +16,7 @@ from phrasescore.files import (
     iter_lines,
 )
 from phrasescore.moses.ini import update_moses_ini_text
+from phrasescore.moses.phrase_table import read_phrase_table
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +62,35 @@ class IniUpdate:
         self.n_new = n_new
         self.weights = [weight] * n_new
         self.text = "".join(iter_lines(ini_path, keep_ends=True))
-        self._update()
+        self._warn_score_count(self._update())
+
+    def _warn_score_count(self, update) -> None:
+        """Warn when the ini declares another number of scores than the table's lines have
+        (read from its first line; a table on standard input or a pipe is not read twice):
+        the new ini would carry the wrong count over, and Moses would refuse it or misread the
+        scores."""
+        if not os.path.isfile(self.table):
+            return
+        try:
+            first = next(read_phrase_table(self.table, validate=False), None)
+        except InputError:
+            return  # the rescoring reports the table's own error
+        if first is None or len(first.scores) == update.old_num_features:
+            return
+        log.warning(
+            "%s:%d: %s declares %d features but %s has %d scores per line (line %d): the new "
+            "ini carries that over (%d + %d); fix num-features= in %s",
+            display_name(self.ini_path),
+            update.line,
+            update.feature,
+            update.old_num_features,
+            self.table,
+            len(first.scores),
+            first.lineno,
+            update.old_num_features,
+            self.n_new,
+            display_name(self.ini_path),
+        )
 
     def _update(self, comment: str | None = None):
         try:

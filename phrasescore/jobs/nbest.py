@@ -195,9 +195,10 @@ def _blocks(groups: Iterable[list[NBestEntry]], size: int) -> Iterator[list[list
 
 def _source_of(entry: NBestEntry, sources: list[str], source_path: str) -> str:
     if entry.id >= len(sources):
+        has = f"{len(sources)} lines (ids 0-{len(sources) - 1})" if sources else "no line"
         raise InputError(
             f"sentence id {entry.id} is out of range: the source {display_name(source_path)} has "
-            f"{len(sources)} lines (ids 0-{len(sources) - 1}); the list and the source do not match",
+            f"{has}; the list and the source do not match",
             entry.path,
             entry.lineno,
         )
@@ -713,8 +714,9 @@ class _Writer:
     def finish(self, out, nbest: str) -> None:
         """Refuse a list that ends before the source; write the 1-best texts."""
         if self.last_id + 1 != self.n_sources:
+            ends = "is empty" if self.last_id < 0 else f"ends with sentence id {self.last_id}"
             raise InputError(
-                f"the n-best list ends with sentence id {self.last_id} but the source has "
+                f"the n-best list {ends} but the source has "
                 f"{self.n_sources} lines: the list and the source do not match (give exactly "
                 "the source lines that were decoded)",
                 display_name(nbest),

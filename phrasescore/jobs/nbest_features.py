@@ -33,7 +33,7 @@ from phrasescore.bundle import load_model
 from phrasescore.engine.scoring import EnsembleScorer, PairScorer, check_ensemble
 from phrasescore.errors import InputError
 from phrasescore.files import check_input_file
-from phrasescore.jobs.rescore_columns import direction_evidence
+from phrasescore.jobs.rescore_columns import warn_if_reversed
 from phrasescore.moses.nbest import check_feature_name
 
 log = logging.getLogger(__name__)
@@ -193,29 +193,15 @@ class ModelFeatures:
         hypotheses = list(dict.fromkeys(hypotheses))
         for feature, models in zip(self.features, self.models, strict=True):
             src, tgt = (hypotheses, sources) if feature.inverse else (sources, hypotheses)
+            hint = (
+                f"if it translates the source language into the hypotheses' language, give "
+                f"feature {feature.name} as -m {feature.name}=MODEL (without --inverse)"
+                if feature.inverse
+                else f"if it translates the hypotheses' language into the source language, give "
+                f"feature {feature.name} as --inverse-model {feature.name}=MODEL (or --inverse)"
+            )
             for model, path in zip(models, feature.paths, strict=True):
-                evidence = direction_evidence(model, src, tgt)
-                if evidence is None:
-                    continue
-                given, swapped = evidence
-                hint = (
-                    "-m NAME=MODEL (without --inverse)"
-                    if feature.inverse
-                    else "--inverse-model NAME=MODEL (or --inverse)"
-                )
-                log.warning(
-                    "%s (%s->%s, feature %s) looks trained in the other direction: its "
-                    "vocabularies know %.0f%% of the list's words read the other way round, "
-                    "%.0f%% as given; if it translates the list's target language into its "
-                    "source language, give it as %s",
-                    path,
-                    model.src_text.lang,
-                    model.tgt_text.lang,
-                    feature.name,
-                    100 * swapped,
-                    100 * given,
-                    hint,
-                )
+                warn_if_reversed(model, path, src, tgt, "the n-best list's", hint)
 
 
 @dataclass

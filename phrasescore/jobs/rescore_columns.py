@@ -187,6 +187,28 @@ def direction_evidence(model, sources: list[str], targets: list[str]) -> tuple[f
     return None
 
 
+def warn_if_reversed(model, path, sources, targets, whose: str, hint: str) -> bool:
+    """Log a warning when ``model`` looks trained in the other direction on these phrases
+    (:func:`direction_evidence`), ``whose`` naming the input (``the table's``) and ``hint``
+    saying what to do; whether it warned. ``rescore`` and ``nbest`` share it."""
+    evidence = direction_evidence(model, sources, targets)
+    if evidence is None:
+        return False
+    given, swapped = evidence
+    log.warning(
+        "%s (%s->%s) looks trained in the other direction: its vocabularies know %.0f%% of %s "
+        "words read the other way round, %.0f%% as given; %s",
+        path or model.signature,
+        model.src_text.lang,
+        model.tgt_text.lang,
+        100 * swapped,
+        whose,
+        100 * given,
+        hint,
+    )
+    return True
+
+
 def check_directions(models, inverse_models, model_paths, inverse_paths) -> None:
     """Refuse models that disagree on the table's direction (before anything is written).
 
@@ -281,21 +303,14 @@ class NewColumns:
         targets = list(dict.fromkeys(e.target for e in chunk))
         for model, inverse, path in zip(self.models, self.directions, self.paths, strict=True):
             src, tgt = (targets, sources) if inverse else (sources, targets)
-            evidence = direction_evidence(model, src, tgt)
-            if evidence is None:
-                continue
-            given, swapped = evidence
-            lang = f"{model.src_text.lang}->{model.tgt_text.lang}"
-            hint = "--model" if inverse else "--inverse-model"
-            log.warning(
-                "%s (%s) looks trained in the other direction: its vocabularies know "
-                "%.0f%% of the table's words read the other way round, %.0f%% as given; if it "
-                "translates the table's target language into its source language, give it as %s",
-                path or model.signature,
-                lang,
-                100 * swapped,
-                100 * given,
-                hint,
+            warn_if_reversed(
+                model,
+                path,
+                src,
+                tgt,
+                "the table's",
+                "if it translates the table's target language into its source language, give it "
+                f"as {'--model' if inverse else '--inverse-model'}",
             )
 
     def warm_up(self) -> None:

@@ -53,6 +53,12 @@ class LMData(TrainingData):
             "lowercase": self.lowercase,
         }
 
+    def files(self) -> list[tuple[str, str | None]]:
+        return [("CORPUS", self.tgt_path), ("--valid", self.valid_tgt)]
+
+    def flags(self) -> dict[str, Any]:
+        return {"--lang": self.tgt_lang, "--tokenize": self.tokenize, "--lowercase": self.lowercase}
+
 
 def read_sentences(path: str, text: TextNormalizer, max_length: int | None) -> Iterator[list[str]]:
     """The token lists of the non-empty lines of ``path`` with at most ``max_length`` tokens."""
@@ -108,7 +114,7 @@ class LMTrainer(Trainer):
         return FeedForwardLM(self.mcfg)
 
     def write_model(self, network, texts, vocabs, info: dict[str, Any]) -> str:
-        return save_lm(self.model_path, TrainedLM(network, vocabs[1], texts[1], info))
+        return save_lm(self.best_path, TrainedLM(network, vocabs[1], texts[1], info))
 
     def read_signature(self) -> str:
         return read_lm_metadata(self.model_path)["signature"]

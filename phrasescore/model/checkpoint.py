@@ -103,6 +103,8 @@ def write_safetensors(
 
 def read_header(path: str, what: str = "model") -> dict[str, str]:
     """The metadata header of a safetensors file; :class:`ModelFileError` for anything else."""
+    if os.path.isdir(path):
+        raise ModelFileError(f"is a directory, not a {what} file", path)
     if not os.path.isfile(path):
         raise ModelFileError(f"no such {what} file", path)
     try:

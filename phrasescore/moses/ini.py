@@ -115,6 +115,8 @@ class IniUpdate:
     binarise_command: list[str] | None = None
     """A command to run before Moses can read the new table (binarised tables), else None."""
     notes: list[str] = field(default_factory=list)
+    line: int = 0
+    """1-based line of the table's ``[feature]`` (or ``[ttable-file]``) entry in the ini."""
 
     @property
     def binarise_command_line(self) -> str | None:
@@ -455,6 +457,7 @@ def update_moses_ini_text(
         added_weights=new_weights,
         binarise_command=command,
         notes=notes,
+        line=target.line_index + 1,
     )
 
 

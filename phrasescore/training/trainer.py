@@ -11,12 +11,21 @@ budget (or a fixed number of pairs for ``--preset paper``, as the paper's miniba
 
 Files written next to the model ``MODEL``:
 
-``MODEL``              the best model so far (lowest validation perplexity), a safetensors file
-``MODEL.checkpoint``   the full training state (weights, optimiser, RNG, position in the epoch),
-                       written every ``checkpoint_every`` steps, on Ctrl-C and at the end;
-                       ``--resume`` continues from it exactly (same weights as an uninterrupted run)
+``MODEL``              the model: the best of the run (lowest validation perplexity), a
+                       safetensors file, put there when the run ends or is interrupted
+``MODEL.best``         the best model so far while the run goes on (renamed to ``MODEL`` at the
+                       end; kept with the checkpoint when a run fails, for ``--resume``)
+``MODEL.checkpoint``   the full training state (weights, optimiser, RNG, position in the epoch)
+                       with the run's recipe and a checksum (:mod:`.checkpoint_file`,
+                       :mod:`.recipe`), written every ``checkpoint_every`` steps, on Ctrl-C and
+                       at the end; ``--resume`` continues from it exactly (same weights as an
+                       uninterrupted run), and only the same run: other data or flags are
+                       refused in one line
 ``MODEL.log``          the training log
 ``MODEL.curve.png``    train/validation perplexity against steps
+
+A run that fails (a full disk, bad data) leaves nothing under ``MODEL``; what it wrote beside it
+is removed unless it saved a checkpoint to ``--resume`` from.
 
 Under torchrun (``WORLD_SIZE`` = W > 1) one model is trained with DistributedDataParallel. Every
 rank builds the same seeded epoch plan of token-budget batches and takes every W-th batch from
@@ -47,7 +56,7 @@ from phrasescore import __version__
 from phrasescore.bundle import TrainedModel, save_model
 from phrasescore.errors import InputError
 from phrasescore.figures import new_figure, save_figure
-from phrasescore.files import is_pipe
+from phrasescore.files import disk_errors, is_pipe
 from phrasescore.hardware import deterministic_kernels
 from phrasescore.model import build_network
 from phrasescore.model.base import bf16_autocast
@@ -67,6 +76,8 @@ from phrasescore.text.corpus import (
 )
 from phrasescore.text.tokenize import TextNormalizer
 from phrasescore.text.vocab import EOS_ID, SubwordVocabulary, WordVocabulary, vocabulary_from_state
+from phrasescore.training import checkpoint_file
+from phrasescore.training.recipe import BUDGETS, make_recipe, recipe_difference
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +100,24 @@ class TrainingData:
 
     def describe(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not None}
+
+    def files(self) -> list[tuple[str, str | None]]:
+        """(role, path) of every data file, as the recipe names them (None: not given)."""
+        if self.phrase_table:
+            roles = [("--phrase-table", self.phrase_table)]
+        else:
+            roles = [("SOURCE", self.src_path), ("TARGET", self.tgt_path)]
+        return roles + [("--valid SRC", self.valid_src), ("--valid TGT", self.valid_tgt)]
+
+    def flags(self) -> dict[str, Any]:
+        """The flags that say how the data is read, for the recipe."""
+        return {
+            "--src-lang": self.src_lang,
+            "--tgt-lang": self.tgt_lang,
+            "--tokenize": self.tokenize,
+            "--lowercase": self.lowercase,
+            "--inverse": self.inverse,
+        }
 
 
 @dataclass
@@ -335,8 +364,12 @@ class Trainer:
         self.amp = amp
         self.progress = progress and self.is_main
         self.checkpoint_path = model_path + ".checkpoint"
+        self.best_path = model_path + ".best"
         self.log_path = model_path + ".log"
         self.curve_path = model_path + ".curve.png"
+        self.recipe: dict[str, Any] = {}
+        self.checkpointed = False
+        """Whether this run saved a checkpoint (a failed run then keeps its files)."""
 
     # ------------------------------------------------------------------ what is trained
     # Hooks that a trainer of another kind of network overrides (phrasescore.jobs.train_lm).
@@ -352,9 +385,9 @@ class Trainer:
         return build_network(self.mcfg)
 
     def write_model(self, network, texts, vocabs, info: dict[str, Any]) -> str:
-        """Save the best network so far to ``model_path``; returns its signature."""
+        """Save the best network so far to ``best_path``; returns its signature."""
         return save_model(
-            self.model_path,
+            self.best_path,
             TrainedModel(
                 network=network,
                 src_vocab=vocabs[0],
@@ -371,6 +404,16 @@ class Trainer:
 
         return read_metadata(self.model_path)["signature"]
 
+    def make_recipe(self) -> dict[str, Any]:
+        """What this run is made of (:mod:`phrasescore.training.recipe`), before any resume."""
+        return make_recipe(
+            self.data.files(),
+            self.data.flags(),
+            self.preset,
+            self.mcfg.to_dict(),
+            self.tcfg.to_dict(),
+        )
+
     # ------------------------------------------------------------------ state
     def _checkpoint_state(self, network, optimizer, position, vocab_states) -> dict[str, Any]:
         meta = {
@@ -381,6 +424,7 @@ class Trainer:
             "preset": self.preset,
             "vocab": vocab_states,
             "version": __version__,
+            "recipe": self.recipe,
         }
         state = {
             "network": network.state_dict(),
@@ -400,20 +444,33 @@ class Trainer:
         state = self._checkpoint_state(network, optimizer, position, vocab_states)
         if not self.is_main:
             return
-        tmp = self.checkpoint_path + ".tmp"
-        torch.save(state, tmp)
-        os.replace(tmp, self.checkpoint_path)
+        checkpoint_file.write_checkpoint(self.checkpoint_path, state)
+        self.checkpointed = True
 
     @staticmethod
     def read_checkpoint(path: str) -> dict[str, Any]:
-        if not os.path.isfile(path):
+        """The checkpoint at ``path``, checked (:func:`.checkpoint_file.read_checkpoint`)."""
+        if not os.path.exists(path):
             raise InputError("no checkpoint to resume from", path)
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-            state["meta"] = json.loads(state["meta"])
-        except Exception as exc:  # noqa: BLE001 - any unreadable file is the user's to fix
-            raise InputError(f"not a phrasescore training checkpoint ({exc})", path) from None
-        return state
+        return checkpoint_file.read_checkpoint(path)
+
+    def _publish(self) -> None:
+        """The best model of the run under its final name (rank 0)."""
+        if self.is_main and os.path.exists(self.best_path):
+            os.replace(self.best_path, self.model_path)
+
+    def _remove_failed_run(self, resume: bool) -> None:
+        """After a failure, what this fresh run wrote beside the model, unless it saved a
+        checkpoint to resume from (then all is kept for ``--resume``)."""
+        if resume or self.checkpointed or not self.is_main:
+            if self.checkpointed:
+                log.warning(
+                    "the last checkpoint is kept: rerun with --resume once the cause is fixed"
+                )
+            return
+        for path in (self.best_path, self.curve_path, self.log_path):
+            if os.path.isfile(path):
+                os.unlink(path)
 
     # ------------------------------------------------------------------ run
     def run(self, resume: bool = False) -> TrainResult:
@@ -425,17 +482,26 @@ class Trainer:
                 return self._run(resume)
             finally:
                 quiet.setLevel(level)
-        file_log = logging.FileHandler(self.log_path, mode="a" if resume else "w")
+        file_log = _TrainingLog(self.log_path, mode="a" if resume else "w")
         file_log.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
         root = logging.getLogger("phrasescore")
         root.addHandler(file_log)
+        failed = True
         try:
-            return self._run(resume)
+            result = self._run(resume)
+            failed = False
+            return result
+        except KeyboardInterrupt:
+            failed = False  # the checkpoint is saved: --resume goes on
+            raise
         finally:
             root.removeHandler(file_log)
             file_log.close()
+            if failed:
+                self._remove_failed_run(resume)
 
     def _run(self, resume: bool) -> TrainResult:
+        self.recipe = self.make_recipe()
         if resume and not os.path.exists(self.checkpoint_path):
             log.info(
                 "nothing to resume: no checkpoint %s yet; training from the beginning",
@@ -452,6 +518,7 @@ class Trainer:
                     f"{how} (resume with the same torchrun --nproc-per-node x --nnodes)",
                     self.checkpoint_path,
                 )
+            self._check_recipe(ckpt["meta"])
             self._restore_configs(ckpt["meta"])
         run = self._start(ckpt)
         bar = progress_bar(
@@ -465,24 +532,50 @@ class Trainer:
                 raise
             run.position["elapsed"] = time.monotonic() - run.started
             self._save_checkpoint(run.network, run.optimizer, run.position, run.vocab_states)
+            self._publish()
             log.warning(
-                "interrupted at step %d; checkpoint saved, continue with --resume",
-                run.position["step"],
+                "interrupted at step %s; checkpoint saved, continue with --resume",
+                f"{run.position['step']:,}",
             )
             raise
         finally:
             bar.close()
         return self._finish(run, stopped)
 
+    def _check_recipe(self, meta: dict[str, Any]) -> None:
+        """Refuse to resume a checkpoint of other data or flags (:func:`recipe_difference`)."""
+        saved = meta.get("recipe")
+        if saved is None:
+            log.warning(
+                "%s was written before checkpoints recorded their data and flags: they cannot "
+                "be checked against this run's",
+                self.checkpoint_path,
+            )
+            return
+        difference = recipe_difference(saved, self.recipe, self.checkpoint_path)
+        if difference:
+            raise InputError(
+                f"{difference} (resume with the data and flags of the run, or train without "
+                "--resume to start again)"
+            )
+
     def _restore_configs(self, meta: dict[str, Any]) -> None:
         """The configuration of the run resumed; only the budgets may be changed on resume."""
         self.mcfg = self.config_class.from_dict(meta["model_config"])
         saved = TrainConfig.from_dict(meta["train_config"])
-        for key in ("epochs", "max_steps", "max_minutes", "patience"):
+        for key in BUDGETS:
             setattr(saved, key, getattr(self.tcfg, key))
         self.tcfg = saved
         self.preset = meta["preset"]
-        log.info("resuming from %s at %s", self.checkpoint_path, meta["position"])
+        position = meta["position"]
+        best = position.get("best", math.inf)
+        log.info(
+            "resuming at step %s of %s (epoch %d%s)",
+            f"{position.get('step', 0):,}",
+            self.checkpoint_path,
+            position.get("epoch", 0) + 1,
+            f", best validation perplexity {best:.2f}" if math.isfinite(best) else "",
+        )
 
     def _start(self, ckpt: dict[str, Any] | None) -> _Run:
         """Data, network, optimiser and position: fresh, or those of the checkpoint."""
@@ -500,8 +593,15 @@ class Trainer:
         if self.launch is not None and self.launch.rank:
             torch.manual_seed(tcfg.seed + self.launch.rank)  # other dropout masks on each rank
         if ckpt is not None:
-            network.load_state_dict(ckpt["network"])
-            optimizer.load_state_dict(ckpt["optimizer"])
+            try:
+                network.load_state_dict(ckpt["network"])
+                optimizer.load_state_dict(ckpt["optimizer"])
+            except (RuntimeError, ValueError, KeyError) as exc:
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise InputError(
+                    f"the checkpoint does not fit this run's network ({first})",
+                    self.checkpoint_path,
+                ) from None
             if self.launch is not None:
                 torch.set_rng_state(ckpt["rank_rng"][self.launch.rank].clone())  # no view
             else:
@@ -574,6 +674,9 @@ class Trainer:
                 epoch_position = position["epoch"] + position["batch"] / steps
                 if epoch_position >= tcfg.epochs:  # a fractional number of epochs
                     return "epochs"
+                spent = self._budget_spent(position)  # a resumed run that has reached it
+                if spent:
+                    return spent
                 self._schedule_learning_rate(run, epoch_position)
                 self._step(run, *self._rank_batch(batches, position["batch"]), bar)
                 stopped = self._after_step(run)
@@ -651,10 +754,18 @@ class Trainer:
             position["elapsed"] = distributed.from_main(position["elapsed"])
         if step % tcfg.checkpoint_every == 0:
             self._save_checkpoint(run.network, run.optimizer, position, run.vocab_states)
-        if tcfg.max_steps is not None and step >= tcfg.max_steps:
+        return self._budget_spent(position)
+
+    def _budget_spent(self, position: dict[str, Any]) -> str | None:
+        """Why the run stops now (a budget reached), or None. Checked after each step, and
+        before one: a resumed run that has reached its budget makes no step."""
+        tcfg = self.tcfg
+        if tcfg.max_steps is not None and position["step"] >= tcfg.max_steps:
             return "max steps"
         if tcfg.max_minutes is not None and position["elapsed"] >= 60 * tcfg.max_minutes:
             return "time limit"
+        if position["bad"] >= tcfg.patience:
+            return "early stopping"
         return None
 
     def _finish(self, run: _Run, stopped: str) -> TrainResult:
@@ -663,7 +774,17 @@ class Trainer:
         position["elapsed"] = time.monotonic() - run.started
         if self._window_tokens(run) or not position["history"]:
             run.signature = self._validate(run, scheduled=False)
+        nothing = not (os.path.exists(self.best_path) or os.path.exists(self.model_path))
+        if self.launch is not None:
+            nothing = distributed.from_main(nothing)
+        if nothing:  # e.g. --lr 1e10: no checkpoint of it either
+            raise InputError(
+                "no validation perplexity was finite (the training diverged): no model written; "
+                "try a smaller --lr",
+                self.model_path,
+            )
         self._save_checkpoint(run.network, run.optimizer, position, run.vocab_states)
+        self._publish()
         distributed.barrier()
         signature = run.signature or self.read_signature()
         steps = max(self._steps_per_epoch(run.batcher, 0), 1)
@@ -740,19 +861,17 @@ class Trainer:
             notes.append("best so far, saved")
         if scheduled:
             notes.append(self._count_plateau(position, ppl))
-        note = "; ".join(n for n in notes if n)
+        notes.append(f"{time.monotonic() - run.started:.0f} s")
+        notes.append(f"{self._training_rate(run):.0f} target tokens/s")
         log.info(
-            "step %d: train perplexity %.2f, validation perplexity %.2f%s (%s; %.0f s, "
-            "%.0f target tokens/s)",
-            position["step"],
+            "step %s: train perplexity %.2f, validation perplexity %.2f%s (%s)",
+            f"{position['step']:,}",
             train_ppl,
             ppl,
             ""
             if validation.mean_abs_log_z is None
             else f", mean |log Z| {validation.mean_abs_log_z:.3f}",
-            note,
-            time.monotonic() - run.started,
-            self._training_rate(run),
+            "; ".join(n for n in notes if n),
         )
         try:
             _plot_curve(self.curve_path, position["history"])
@@ -797,7 +916,23 @@ class Trainer:
         last = run.position["history"][-1] if run.position["history"] else {}
         if "valid_abs_log_z" in last:
             info["valid_mean_abs_log_z"] = round(last["valid_abs_log_z"], 6)
-        return self.write_model(run.network, run.texts, run.vocabs, info=info)
+        with disk_errors(self.best_path):
+            return self.write_model(run.network, run.texts, run.vocabs, info=info)
+
+
+class _TrainingLog(logging.FileHandler):
+    """``MODEL.log``. A write that fails (a full disk) ends the file's part of the log quietly:
+    logging's own handler prints a traceback for each record it cannot write, and the run's
+    one-line error comes from the checkpoint or model it cannot write."""
+
+    failed = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.failed:
+            super().emit(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        self.failed = True
 
 
 @dataclass
