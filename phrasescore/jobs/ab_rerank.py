@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from phrasescore.errors import InputError
-from phrasescore.files import AtomicOutput, check_input_file
+from phrasescore.files import AtomicOutput, check_input_file, refuse_outputs_onto_inputs
 from phrasescore.moses.ini import read_weights
 from phrasescore.moses.nbest import check_feature_name
 from phrasescore.runners.shards import file_sha256
@@ -186,6 +186,9 @@ def rerank_weights(
     output): ``Name= w ...`` lines (:func:`write_weights_file`)."""
     if (start is None) == (tuned is None):
         raise InputError("give one of --start INI (mert's init.opt) or --tuned WEIGHTS")
+    refuse_outputs_onto_inputs(
+        {"FEATURES_DAT": features_dat, "--start": start, "--tuned": tuned}, {"-o": output}
+    )
     names = dense_feature_names(Path(features_dat))
     if start is not None:
         weights = read_weights(Path(start).read_text(encoding="utf-8"), start)

@@ -345,38 +345,55 @@ def _valid_state(state: dict) -> bool:
 
 
 class StdoutOutput:
-    """Standard output as a sink of chunks: nothing to resume, publish or discard."""
+    """Standard output (``-``) or a named pipe or device (``output``:
+    :func:`~phrasescore.files.is_stream_target`) as a sink of chunks, written as a stream:
+    nothing to resume, publish or discard. Standard output is written as it is, never gzip; a
+    pipe or device as its name says (a ``.gz`` name: gzip members)."""
 
-    compress = False  # standard output is written as it is, never gzip
-    output = "-"
-
-    def __init__(self):
+    def __init__(self, output: str = "-"):
         import sys
 
-        self.stream = sys.stdout.buffer
+        self.output = output
+        self.compress = output != "-" and output.endswith(".gz")
+        self.stream = sys.stdout.buffer if output == "-" else None
+        self.written = False
 
     def open(self, resume: bool) -> int:
         if resume:
-            raise InputError("--resume needs an output file, not standard output")
+            where = "standard output" if self.output == "-" else "a named pipe or a device"
+            raise InputError(f"--resume needs an output file, not {where}")
+        if self.stream is None:
+            try:  # appending: /dev/stdout of a shell's >> keeps what the file held
+                self.stream = open(self.output, "ab")
+            except OSError as exc:
+                raise InputError(f"cannot write ({exc.strerror})", self.output) from None
         return 0
 
     def append_chunk(self, data: bytes, n_lines: int) -> None:
-        with disk_errors("-"):
+        with disk_errors(self.output):
             self.stream.write(data)
             self.stream.flush()
+        self.written = self.written or bool(data)
 
     def complete(self) -> None:
-        with disk_errors("-"):
+        with disk_errors(self.output):
+            if self.compress and not self.written:  # an empty table: an empty gzip stream
+                with gzip_writer(self.stream):
+                    pass
             self.stream.flush()
+            if self.output != "-":
+                self.stream.close()
 
     def publish(self) -> None:
         pass
 
     def close_incomplete(self) -> None:
-        pass
+        if self.output != "-" and self.stream is not None and not self.stream.closed:
+            with contextlib.suppress(OSError):
+                self.stream.close()
 
     def discard(self) -> None:
-        pass
+        self.close_incomplete()
 
 
 def table_identity(table: str) -> dict:
