@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import os
 import select
@@ -26,6 +27,7 @@ import pytest
 from click.testing import CliRunner
 
 from phrasescore.cli import cli
+from phrasescore.errors import InputError
 from phrasescore.files import output_lock
 from phrasescore.moses.nbest import read_weights
 
@@ -459,3 +461,59 @@ def test_a_second_training_onto_the_same_model_is_refused(command, workspace):
         f"phrasescore: error: model.new: another run is writing this output (process "
         f"{os.getpid()} holds its lock .model.new.lock): wait for it to end, or stop it\n"
     )
+
+
+def _rescore(table: Path, model: str, out: Path, resume: bool = False):
+    from phrasescore.jobs.rescore import RescoreOptions, rescore_table
+
+    options = RescoreOptions(chunk_lines=40)
+    return rescore_table(str(table), [model], str(out), options, resume=resume, progress=False)
+
+
+def _interrupted_rescore(monkeypatch, model: str, table: Path, out: Path) -> None:
+    """A rescore of ``table`` stopped (KeyboardInterrupt) after 2 chunks of 40 lines, as
+    tests/test_resume.py stops one."""
+    from phrasescore.jobs.rescore_columns import NewColumns
+
+    original, calls = NewColumns.format_chunk, []
+
+    def interrupted(self, chunk):
+        calls.append(1)
+        if len(calls) > 2:
+            raise KeyboardInterrupt
+        return original(self, chunk)
+
+    monkeypatch.setattr(NewColumns, "format_chunk", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _rescore(table, model, out)
+    monkeypatch.undo()
+
+
+def test_resume_refuses_another_table_of_the_same_name_size_and_time(
+    workspace, monkeypatch, tiny_model_path
+):
+    """The resume key's path, size and mtime cannot tell a table rewritten with its time kept
+    (``cp -p``, ``rsync -t``): the CRC-32 of the lines read again does."""
+    table, out = workspace / "table", workspace / "out"
+    table.write_bytes(gzip.decompress((MOSES / "multi30k.head300.phrase-table.gz").read_bytes()))
+    _interrupted_rescore(monkeypatch, tiny_model_path, table, out)
+    lines = table.read_bytes().splitlines(keepends=True)
+    times = os.stat(table)
+    lines[0], lines[1] = lines[1], lines[0]  # another table: same bytes, same size
+    table.write_bytes(b"".join(lines))
+    os.utime(table, ns=(times.st_atime_ns, times.st_mtime_ns))
+    before = snapshot(workspace)
+    with pytest.raises(InputError) as refused:
+        _rescore(table, tiny_model_path, out, resume=True)
+    assert str(refused.value) == (
+        f"{out}: cannot resume: the first 80 lines of the input are not those the partial "
+        "output was made from (their CRC-32 differs); run without --resume to start again"
+    )
+    assert snapshot(workspace) == before
+    # the same lines again: the resume goes on, to the bytes of an uninterrupted run
+    lines[0], lines[1] = lines[1], lines[0]
+    table.write_bytes(b"".join(lines))
+    os.utime(table, ns=(times.st_atime_ns, times.st_mtime_ns))
+    assert _rescore(table, tiny_model_path, out, resume=True).resumed_from_line == 80
+    _rescore(table, tiny_model_path, workspace / "whole")
+    assert out.read_bytes() == (workspace / "whole").read_bytes()

@@ -329,7 +329,11 @@ def _write_table(run: RescoreRun, columns, sink, start_line: int, device, before
     options = run.options
     counter = Progress(run.progress, position, start_line, started, options.max_phrase_length)
     records: list[dict] = []  # a shard's chunk records (shards.chunk_record), for its manifest
-    index = skip_done_lines(reader, counter, start_line, run.shard, options, run.table, records)
+    index, input_crc = skip_done_lines(
+        reader, counter, start_line, run.shard, options, run.table, records
+    )
+    if start_line:
+        sink.check_input(input_crc, counter.close)
     score = ChunkScorer(columns, sink.compress, reader.name)
     again = "run again" if isinstance(sink, StdoutOutput) else "rerun with --resume"
     try:
@@ -385,8 +389,8 @@ def _write_chunks(done, sink, counter: Progress, shard: Shard | None, records: l
     """Append the scored chunks ``done`` (``(chunk, ChunkOutput)`` in input order) to ``sink``
     (a shard: each one's record appended to ``records``); returns the model scores clamped."""
     clamped = 0
-    for _, out in done:
-        sink.append_chunk(out.data, out.record["lines"])
+    for chunk, out in done:
+        sink.append_chunk(out.data, out.record["lines"], chunk.data)
         clamped += out.clamped
         counter.update(out.record, out.too_long)
         if shard is not None:

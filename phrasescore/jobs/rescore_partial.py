@@ -111,6 +111,11 @@ class PartialOutput:
         """[size, CRC-32] of the last chunk written: checked against the file on resume."""
         self.crc = 0
         """CRC-32 of all the bytes written: the whole kept prefix is checked against it."""
+        self.input_crc = 0
+        """CRC-32 of the input lines those bytes were made from: a resume reads them again and
+        checks that they are the same (:meth:`check_input`)."""
+        self.input_crc_recorded = True
+        """False for a state of an earlier version, which records no input CRC-32."""
         self.handle = None
 
     @contextlib.contextmanager
@@ -218,6 +223,8 @@ class PartialOutput:
             raise
         self.lines_done, self.bytes_done, self.last_chunk = lines, size, last
         self.crc = state["crc32"]
+        self.input_crc = state.get("input_crc32", 0)
+        self.input_crc_recorded = "input_crc32" in state
         self.handle.truncate(size)
         self.handle.seek(size)
         return True
@@ -270,8 +277,26 @@ class PartialOutput:
                 self.path,
             )
 
-    def append_chunk(self, data: bytes, n_lines: int) -> None:
-        """Append a chunk's bytes (:func:`chunk_bytes`: one gzip member for a ``.gz`` output)."""
+    def check_input(self, input_crc: int, before_refusal=None) -> None:
+        """Refuse to resume when the input lines read again (their CRC-32: ``input_crc``) are
+        not those the partial output was made from: another table under the same name, size
+        and modification time. ``before_refusal`` runs first (the progress bar's close)."""
+        if not self.input_crc_recorded or input_crc == self.input_crc:
+            self.input_crc_recorded = True
+            self.input_crc = input_crc
+            return
+        if before_refusal is not None:
+            before_refusal()
+        raise InputError(
+            f"cannot resume: the first {self.lines_done} lines of the input are not those the "
+            "partial output was made from (their CRC-32 differs); run without --resume to "
+            "start again",
+            self.output,
+        )
+
+    def append_chunk(self, data: bytes, n_lines: int, source: bytes = b"") -> None:
+        """Append a chunk's bytes (:func:`chunk_bytes`: one gzip member for a ``.gz`` output)
+        made from the input lines ``source``."""
         with self._writing():
             self.handle.write(data)
             self.handle.flush()
@@ -280,6 +305,7 @@ class PartialOutput:
         self.bytes_done += len(data)
         self.last_chunk = [len(data), zlib.crc32(data)] if data else self.last_chunk
         self.crc = zlib.crc32(data, self.crc)
+        self.input_crc = zlib.crc32(source, self.input_crc)
         with self._writing():
             self._write_state()
 
@@ -292,6 +318,7 @@ class PartialOutput:
                     "bytes": self.bytes_done,
                     "last_chunk": self.last_chunk,
                     "crc32": self.crc,
+                    "input_crc32": self.input_crc,
                 },
                 fh,
             )
@@ -369,7 +396,10 @@ class StdoutOutput:
                 raise InputError(f"cannot write ({exc.strerror})", self.output) from None
         return 0
 
-    def append_chunk(self, data: bytes, n_lines: int) -> None:
+    def check_input(self, input_crc: int, before_refusal=None) -> None:
+        pass  # nothing resumed
+
+    def append_chunk(self, data: bytes, n_lines: int, source: bytes = b"") -> None:
         with disk_errors(self.output):
             self.stream.write(data)
             self.stream.flush()
