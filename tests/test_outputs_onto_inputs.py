@@ -6,7 +6,8 @@
   (:func:`phrasescore.files.refuse_outputs_onto_inputs`): one case per command and input.
 * A named pipe or a device as ``-o`` is written as a stream (it stays what it was, its reader
   gets the bytes a file would have held), or refused where the output must be a file (a model).
-* ``rescore - --resume`` is refused: standard input cannot be proven the same table.
+* ``rescore --resume`` reads the lines done again and refuses another table (on standard input,
+  or a file rewritten with its size and time kept) by their CRC-32.
 * A second training onto a model being trained is refused, naming the process that holds it.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import os
 import select
 import shutil
@@ -420,34 +422,6 @@ def test_a_model_onto_a_pipe_or_device_is_refused(command, workspace):
     assert stat.S_ISCHR(os.lstat("/dev/null").st_mode)
 
 
-# ---------------------------------------------------------------------------- item 5
-def test_rescore_resume_from_standard_input_is_refused(workspace):
-    table = (workspace / "phrase-table.gz").read_bytes()
-    before = snapshot(workspace)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "phrasescore",
-            *RESCORE[:1],
-            "-",
-            *RESCORE[2:],
-            "-o",
-            "out.gz",
-            "--resume",
-        ],
-        input=table,
-        capture_output=True,
-        cwd=workspace,
-    )
-    assert proc.returncode == 1
-    assert proc.stderr.decode() == (
-        "phrasescore: error: <stdin>: --resume reads the table again from its start and checks "
-        "it is the same: give the file, not a pipe or standard input\n"
-    )
-    assert snapshot(workspace) == before
-
-
 # ---------------------------------------------------------------------------- item 6
 @pytest.mark.parametrize("command", ["train", "train-lm"])
 def test_a_second_training_onto_the_same_model_is_refused(command, workspace):
@@ -470,10 +444,17 @@ def _rescore(table: Path, model: str, out: Path, resume: bool = False):
     return rescore_table(str(table), [model], str(out), options, resume=resume, progress=False)
 
 
-def _interrupted_rescore(monkeypatch, model: str, table: Path, out: Path) -> None:
-    """A rescore of ``table`` stopped (KeyboardInterrupt) after 2 chunks of 40 lines, as
-    tests/test_resume.py stops one."""
+def _table_bytes() -> bytes:
+    return gzip.decompress((MOSES / "multi30k.head300.phrase-table.gz").read_bytes())
+
+
+def _interrupted_rescore(monkeypatch, model: str, table, out: Path, stdin: bytes = b"") -> None:
+    """A rescore of ``table`` (``-``: ``stdin`` on standard input) stopped (KeyboardInterrupt)
+    after 2 chunks of 40 lines, as tests/test_resume.py stops one."""
     from phrasescore.jobs.rescore_columns import NewColumns
+
+    if table == "-":
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
 
     original, calls = NewColumns.format_chunk, []
 
@@ -495,7 +476,7 @@ def test_resume_refuses_another_table_of_the_same_name_size_and_time(
     """The resume key's path, size and mtime cannot tell a table rewritten with its time kept
     (``cp -p``, ``rsync -t``): the CRC-32 of the lines read again does."""
     table, out = workspace / "table", workspace / "out"
-    table.write_bytes(gzip.decompress((MOSES / "multi30k.head300.phrase-table.gz").read_bytes()))
+    table.write_bytes(_table_bytes())
     _interrupted_rescore(monkeypatch, tiny_model_path, table, out)
     lines = table.read_bytes().splitlines(keepends=True)
     times = os.stat(table)
@@ -517,3 +498,41 @@ def test_resume_refuses_another_table_of_the_same_name_size_and_time(
     assert _rescore(table, tiny_model_path, out, resume=True).resumed_from_line == 80
     _rescore(table, tiny_model_path, workspace / "whole")
     assert out.read_bytes() == (workspace / "whole").read_bytes()
+
+
+def test_rescore_resume_from_standard_input_checks_the_lines_it_reads_again(
+    workspace, monkeypatch, tiny_model_path
+):
+    """``rescore - --resume`` with another table on standard input: before, exit 0 and a table
+    mixed of both published; now one line, nothing published, the partial output kept. The
+    same table again resumes to the bytes of an uninterrupted run."""
+    table = _table_bytes()
+    _interrupted_rescore(monkeypatch, tiny_model_path, "-", workspace / "out", stdin=table)
+    other = table.splitlines(keepends=True)
+    other[0], other[1] = other[1], other[0]
+    args = ["rescore", "-", "-m", "model.st", "--chunk-lines", "40", "--dtype", "float32"]
+    args += ["--no-progress", "-o"]
+    before = snapshot(workspace)
+    proc = subprocess.run(
+        [sys.executable, "-m", "phrasescore", *args, "out", "--resume"],
+        input=b"".join(other),
+        capture_output=True,
+        cwd=workspace,
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.decode().splitlines()[-1] == (
+        "phrasescore: error: out: cannot resume: the first 80 lines of the input are not those "
+        "the partial output was made from (their CRC-32 differs); run without --resume to "
+        "start again"
+    )
+    assert snapshot(workspace) == before
+    for out, resume in (("out", ["--resume"]), ("whole", [])):
+        proc = subprocess.run(
+            [sys.executable, "-m", "phrasescore", *args, out, *resume],
+            input=table,
+            capture_output=True,
+            cwd=workspace,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert ("resuming after line 80" in proc.stderr.decode()) == bool(resume)
+    assert (workspace / "out").read_bytes() == (workspace / "whole").read_bytes()

@@ -205,11 +205,9 @@ def _check_request(run: RescoreRun, output: str) -> None:
         raise InputError("--shard needs an input file and an output file (for the manifest)")
     check_files_exist([table])
     refuse_outputs_onto_inputs(run.inputs(), _outputs(output, shard))
-    if resume and is_pipe(table):
+    if resume and table != "-" and is_pipe(table):
         raise InputError(
-            "--resume reads the table again from its start and checks it is the same: give "
-            "the file, not a pipe or standard input",
-            display_name(table),
+            "--resume reads the table again from its start: give the file, not a pipe", table
         )
     if shard is not None and is_pipe(table):
         raise InputError("--shard reads the table again for its manifest: give the file", table)
@@ -332,8 +330,8 @@ def _write_table(run: RescoreRun, columns, sink, start_line: int, device, before
     index, input_crc = skip_done_lines(
         reader, counter, start_line, run.shard, options, run.table, records
     )
-    if start_line:
-        sink.check_input(input_crc, counter.close)
+    if start_line:  # standard input: the CRC-32 of the lines read again is the only proof
+        sink.check_input(input_crc, counter.close, provable=run.table != "-")
     score = ChunkScorer(columns, sink.compress, reader.name)
     again = "run again" if isinstance(sink, StdoutOutput) else "rerun with --resume"
     try:

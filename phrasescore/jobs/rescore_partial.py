@@ -277,16 +277,27 @@ class PartialOutput:
                 self.path,
             )
 
-    def check_input(self, input_crc: int, before_refusal=None) -> None:
+    def check_input(self, input_crc: int, before_refusal=None, provable: bool = True) -> None:
         """Refuse to resume when the input lines read again (their CRC-32: ``input_crc``) are
-        not those the partial output was made from: another table under the same name, size
-        and modification time. ``before_refusal`` runs first (the progress bar's close)."""
-        if not self.input_crc_recorded or input_crc == self.input_crc:
-            self.input_crc_recorded = True
-            self.input_crc = input_crc
+        not those the partial output was made from: another table on standard input, or under
+        the same name, size and modification time (``cp -p``). A state of an earlier version
+        records no such CRC-32: a file's name, size and time must do, standard input
+        (``provable`` False) is refused. The partial output is kept either way.
+        ``before_refusal`` runs first (the progress bar's close)."""
+        if self.input_crc_recorded and input_crc == self.input_crc:
+            return
+        if not self.input_crc_recorded and provable:
+            self.input_crc, self.input_crc_recorded = input_crc, True
             return
         if before_refusal is not None:
             before_refusal()
+        if not self.input_crc_recorded:
+            raise InputError(
+                "cannot resume from standard input: the partial output's state (of an earlier "
+                "version) records no CRC-32 of its input lines to check them against; give the "
+                "table as a file, or run without --resume to start again",
+                self.output,
+            )
         raise InputError(
             f"cannot resume: the first {self.lines_done} lines of the input are not those the "
             "partial output was made from (their CRC-32 differs); run without --resume to "
@@ -396,7 +407,7 @@ class StdoutOutput:
                 raise InputError(f"cannot write ({exc.strerror})", self.output) from None
         return 0
 
-    def check_input(self, input_crc: int, before_refusal=None) -> None:
+    def check_input(self, input_crc: int, before_refusal=None, provable: bool = True) -> None:
         pass  # nothing resumed
 
     def append_chunk(self, data: bytes, n_lines: int, source: bytes = b"") -> None:
