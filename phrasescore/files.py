@@ -352,6 +352,8 @@ def refuse_outputs_onto_inputs(inputs: PathsByRole, outputs: PathsByRole) -> Non
     terminal (``/dev/stdin``) is read as a stream and cannot be written over; ``-`` is standard
     input or output; an input that does not exist is :func:`check_files_exist`'s to report.
     ``inputs`` and ``outputs`` map what a file is (``input corpus``, ``-o``) to its path or paths.
+    (Issue 41: ``train -o`` onto its corpus, ``copy-table t -o t``, ``rescore --ini-out`` onto
+    ``--moses-ini`` and 20 more destroyed their input with exit 0.)
     """
     known = []
     for role, path in _paths_by_role(inputs):
