@@ -16,6 +16,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import json
 import os
 import select
 import shutil
@@ -526,6 +527,23 @@ def test_rescore_resume_from_standard_input_checks_the_lines_it_reads_again(
         "start again"
     )
     assert snapshot(workspace) == before
+    # a state of an earlier version records no CRC-32 of its input: standard input is refused
+    state_path = workspace / ".out.partial.json"
+    state = json.loads(state_path.read_text())
+    state_path.write_text(json.dumps({k: v for k, v in state.items() if k != "input_crc32"}))
+    proc = subprocess.run(
+        [sys.executable, "-m", "phrasescore", *args, "out", "--resume"],
+        input=table,
+        capture_output=True,
+        cwd=workspace,
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.decode().splitlines()[-1] == (
+        "phrasescore: error: out: cannot resume from standard input: the partial output's state "
+        "(of an earlier version) records no CRC-32 of its input lines to check them against; "
+        "give the table as a file, or run without --resume to start again"
+    )
+    state_path.write_text(json.dumps(state))
     for out, resume in (("out", ["--resume"]), ("whole", [])):
         proc = subprocess.run(
             [sys.executable, "-m", "phrasescore", *args, out, *resume],
