@@ -6,7 +6,11 @@
 * Outputs are written to a temporary file next to the target and renamed into place only when the
   whole output was written (:class:`AtomicOutput`); a name ending in ``.gz`` is written as gzip with
   a fixed header (no name, mtime 0), so the same content always gives the same bytes. ``-`` is
-  standard output.
+  standard output; a named pipe or a device (``/dev/null``, ``/dev/stdout``, ``mkfifo``) is written
+  in place as a stream (:func:`is_stream_target`), and refused where the output must be a file
+  (:func:`atomic_path`: models, checkpoints).
+* An output never overwrites an input: :func:`refuse_outputs_onto_inputs` compares them by
+  identity (device and inode, links resolved) before any work.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import sys
 import tempfile
 import threading
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import BinaryIO
@@ -298,15 +302,28 @@ def gzip_writer(raw: BinaryIO) -> gzip.GzipFile:
     return gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=GZIP_LEVEL, mtime=0)
 
 
-def check_output_path(path: str | None, what: str = "output", create_dirs: bool = False) -> None:
+def check_output_path(
+    path: str | None, what: str = "output", create_dirs: bool = False, stream: bool = True
+) -> None:
     """Refuse an output location that cannot be written, with one :class:`InputError` line.
 
     Every job calls this for each file it will write before it does any work, so that a typo in
     ``-o`` costs nothing: a name that is an existing directory, a directory that does not exist
     (unless the job creates it: ``create_dirs``, then its nearest existing ancestor counts), or
-    one this user cannot write in. None and ``-`` (standard output) pass.
+    one this user cannot write in. None and ``-`` (standard output) pass. A named pipe or device
+    (:func:`is_stream_target`) passes when it can be written and the output may be a stream;
+    an output that must be a file (``stream=False``: a model) refuses it.
     """
     if not path or path == "-":
+        return
+    if is_stream_target(path):
+        if not stream:
+            raise InputError(
+                f"is a named pipe or a device, not a file: the {what} must be a regular file",
+                path,
+            )
+        if not os.access(path, os.W_OK):
+            raise InputError(f"{what} is not writable (permission denied)", path)
         return
     if os.path.isdir(path):
         raise InputError(f"is a directory: give a file name for the {what}", path)
@@ -344,6 +361,78 @@ def check_output_paths(paths: dict[str, str | None]) -> None:
             if key in seen:
                 raise InputError(f"the {what} and the {seen[key]} would be the same file", path)
             seen[key] = what
+
+
+_KERNEL_FD_DIRECTORY = re.compile(r"/proc/\d+(/task/\d+)?/fd")
+
+
+def is_stream_target(path: str) -> bool:
+    """True for an output written in place as a stream, not through a temporary file renamed
+    onto it (which would replace the node with a regular file and leave a pipe's reader
+    waiting forever): an existing named pipe, device or socket (``mkfifo``, ``/dev/null``), or
+    a name of the kernel's for an open file (``/dev/stdout``, ``/dev/fd/N``,
+    ``/proc/self/fd/N``) whatever it points at. ``-`` is the callers' (standard output)."""
+    if not path or path == "-":
+        return False
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    if stat.S_ISDIR(mode):
+        return False
+    if not stat.S_ISREG(mode):
+        return True
+    parent = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+    return parent == "/dev" or _KERNEL_FD_DIRECTORY.fullmatch(parent) is not None
+
+
+PathsByRole = Mapping[str, "str | Iterable[str | None] | None"]
+"""``{role: path}`` or ``{role: [paths]}`` (``-m`` given twice); None, ``""`` and ``-`` are
+skipped."""
+
+
+def _paths_by_role(named: PathsByRole) -> Iterator[tuple[str, str]]:
+    for role, paths in named.items():
+        for path in [paths] if isinstance(paths, str) or paths is None else paths:
+            if path and path != "-":
+                yield role, path
+
+
+def refuse_outputs_onto_inputs(inputs: PathsByRole, outputs: PathsByRole) -> None:
+    """Refuse, in one :class:`InputError` line naming both, an output that is one of the
+    inputs: ``-o en-fr.txt is the input corpus (train.en): refusing to overwrite an input``.
+
+    Every command calls this once with all the files it reads and all it writes (the files it
+    writes beside an output too: a training's checkpoint and log, rescore's partial output)
+    before any work. Files are compared by identity, not by name: device and inode after
+    following links (a symlink to the input, a hard link of it, the input reached through a
+    symlinked directory), and resolved paths too. Only regular inputs count: a pipe or a
+    terminal (``/dev/stdin``) is read as a stream and cannot be written over; ``-`` is standard
+    input or output; an input that does not exist is :func:`check_files_exist`'s to report.
+    ``inputs`` and ``outputs`` map what a file is (``input corpus``, ``-o``) to its path or paths.
+    (Issue 41: ``train -o`` onto its corpus, ``copy-table t -o t``, ``rescore --ini-out`` onto
+    ``--moses-ini`` and 20 more destroyed their input with exit 0.)
+    """
+    known = []
+    for role, path in _paths_by_role(inputs):
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            known.append((role, path, (st.st_dev, st.st_ino), os.path.realpath(path)))
+    for option, output in _paths_by_role(outputs):
+        resolved = os.path.realpath(output)
+        try:
+            st = os.stat(output)
+            identity = (st.st_dev, st.st_ino)
+        except OSError:
+            identity = None
+        for role, path, input_identity, input_resolved in known:
+            if identity == input_identity or resolved == input_resolved:
+                raise InputError(
+                    f"{option} {output} is the {role} ({path}): refusing to overwrite an input"
+                )
 
 
 def _temporary_beside(path: str) -> tuple[int, str]:
@@ -395,8 +484,11 @@ def atomic_path(path: str) -> Iterator[str]:
     """Yield a temporary file name beside ``path`` for a writer that wants a name (safetensors,
     ``torch.save``); it is renamed to ``path`` when the block completes and removed otherwise.
 
-    The one atomic-write rule of the package, as :class:`AtomicOutput` for streams.
+    The one atomic-write rule of the package, as :class:`AtomicOutput` for streams. Such an
+    output must be a file: a named pipe or a device (:func:`is_stream_target`) is refused.
     """
+    if is_stream_target(path):
+        raise InputError("is a named pipe or a device, not a file: give a file name", path)
     tmp = None
     try:
         with _stop_signals_held():
@@ -421,6 +513,11 @@ class AtomicOutput:
     :func:`write_error`'s one line. ``-`` writes to standard output (no atomicity possible).
     A ``.gz`` name is written gzip-compressed. ``before_rename(tmp)``, if given, runs once the
     complete file ``tmp`` is synced, before it takes its name (what it raises discards it).
+
+    A named pipe or a device (:func:`is_stream_target`: ``/dev/null``, ``/dev/stdout``, a
+    ``mkfifo``) is written in place as a stream, as ``-`` is: renaming a file onto it would
+    replace it with a regular file, and its reader would wait forever. Such a target cannot
+    take ``before_rename`` (an output with a file beside it: a shard's manifest).
     """
 
     def __init__(
@@ -438,10 +535,24 @@ class AtomicOutput:
         self._raw: BinaryIO | None = None
         self._gz: gzip.GzipFile | None = None
         self._text: io.TextIOWrapper | None = None
+        self._stream = False
+        """A named pipe or device written in place (closed at the end, never renamed)."""
 
     def __enter__(self):
         if self.path == "-":
             return self._wrap(sys.stdout.buffer)
+        if is_stream_target(self.path):
+            if self.before_rename is not None:
+                raise InputError(
+                    "is a named pipe or a device: this output needs a file (a file goes beside it)",
+                    self.path,
+                )
+            try:  # appending: /dev/stdout of a shell's >> keeps what the file held
+                raw = open(self.path, "ab", buffering=_READ_BUFFER)
+            except OSError as exc:
+                raise InputError(f"cannot write ({exc.strerror})", self.path) from None
+            self._stream = True
+            return self._wrap(raw)
         fd = -1
         try:  # __exit__ does not run when __enter__ fails: the temporary file is removed here
             with _stop_signals_held():  # made and named together
@@ -478,7 +589,12 @@ class AtomicOutput:
                     if exc_type is None:
                         os.fsync(self._raw.fileno())
                     self._raw.close()
+                elif self._stream:
+                    self._raw.close()
         except BaseException as error:
+            if self._stream and not self._raw.closed:
+                with suppress(OSError):  # the reader has gone, or the device is full
+                    self._raw.close()
             self._discard()
             stopped = write_error(error, self.path)
             if stopped is not None:
@@ -561,9 +677,10 @@ def output_lock(output: str) -> Iterator[None]:
     process ends, however it ends (``kill -9`` included): a lock file left by a dead run holds
     nothing. The file stays empty and is removed when the block ends, while still locked; a run
     that locked a file just removed so tries again on the new one. On a file system without
-    locks the run goes on unlocked, with a warning. ``-`` (standard output) needs no lock.
+    locks the run goes on unlocked, with a warning. ``-`` (standard output) and a named pipe or
+    device written as a stream (:func:`is_stream_target`: no file to replace) need no lock.
     """
-    if output == "-":
+    if output == "-" or is_stream_target(output):
         yield
         return
     path = lock_path(output)

@@ -237,10 +237,9 @@ def test_merge_refuses_an_output_onto_a_parts_manifest(parts, tmp_path):
             args = ["merge-shards", *parts, "-o", tmp_path / "all.gz", "--moses-ini",
                     DATA / "moses" / "multi30k.moses.ini", "--ini-out", manifest]  # fmt: skip
         line = one_line_error(invoke(*args))
-        what = "output" if flag == "-o" else "moses.ini"
         assert line == (
-            f"phrasescore: error: {manifest}: the {what} would overwrite the manifest of the "
-            f"part {parts[1]}"
+            f"phrasescore: error: {flag} {manifest} is the part's manifest ({manifest}): "
+            "refusing to overwrite an input"
         )
         assert Path(manifest).read_bytes() == before
     assert not (tmp_path / "all.gz").exists()

@@ -38,7 +38,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from phrasescore.errors import InputError
-from phrasescore.files import AtomicOutput, check_files_exist, iter_lines
+from phrasescore.files import (
+    AtomicOutput,
+    check_files_exist,
+    iter_lines,
+    refuse_outputs_onto_inputs,
+)
 from phrasescore.jobs.nbest_features import FeatureModel, parse_feature_models
 from phrasescore.moses.nbest import read_weights
 from phrasescore.runners.shards import file_sha256
@@ -219,6 +224,9 @@ def rerank_weights(
     output): ``Name= w ...`` lines (:func:`write_weights_file`)."""
     if (start is None) == (tuned is None):
         raise InputError("give one of --start INI (mert's init.opt) or --tuned WEIGHTS")
+    refuse_outputs_onto_inputs(
+        {"FEATURES_DAT": features_dat, "--start": start, "--tuned": tuned}, {"-o": output}
+    )
     names = dense_feature_names(Path(features_dat))
     if start is not None:
         check_files_exist([start])

@@ -43,6 +43,7 @@ from phrasescore.files import (
     check_output_dir,
     check_output_path,
     iter_lines,
+    refuse_outputs_onto_inputs,
 )
 from phrasescore.hardware import resolve_device
 from phrasescore.jobs.common import model_for
@@ -182,6 +183,9 @@ def align_files(
     model: TrainedModel | None = None,
 ) -> AlignResult:
     """Write the hard alignment of every pair to ``output`` (and PNGs to ``plot_dir``)."""
+    refuse_outputs_onto_inputs(
+        {"source": src_path, "target": tgt_path, "model": model_path}, {"-o": output}
+    )
     check_output_path(output)
     check_output_dir(plot_dir, "--plot")
     dev = resolve_device(device)

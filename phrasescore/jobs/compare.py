@@ -34,7 +34,7 @@ from phrasescore.bundle import TrainedModel
 from phrasescore.engine.scoring import PairScorer
 from phrasescore.errors import InputError
 from phrasescore.figures import new_figure, save_figure
-from phrasescore.files import check_output_path, display_name
+from phrasescore.files import check_output_path, display_name, refuse_outputs_onto_inputs
 from phrasescore.hardware import resolve_device
 from phrasescore.jobs.common import model_for
 from phrasescore.moses.phrase_table import iter_source_groups, read_phrase_table
@@ -228,6 +228,10 @@ def compare(
     options = options or CompareOptions()
     if options.top < 1 or options.sample < 0 or options.max_pairs < 0 or options.proposals < 0:
         raise InputError("--top must be >= 1; --sample, --max-pairs, --proposals >= 0")
+    refuse_outputs_onto_inputs(
+        {"phrase table": table, "model": model_path, "--sources": options.sources_path},
+        {"--scatter": options.scatter_path},
+    )
     check_output_path(options.scatter_path, "--scatter", create_dirs=True)
     dev = resolve_device(device)
     model = model_for(model, model_path, dev)

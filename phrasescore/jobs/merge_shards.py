@@ -9,13 +9,14 @@ import os
 from dataclasses import dataclass
 
 from phrasescore.errors import InputError
-from phrasescore.files import check_output_paths
+from phrasescore.files import check_output_paths, is_stream_target, refuse_outputs_onto_inputs
 from phrasescore.jobs.ini_update import IniUpdate, default_ini_out, ini_report_lines
 from phrasescore.runners.shards import (
     NBEST,
     PHRASE_TABLE,
     check_not_a_part,
     check_parts,
+    manifest_path,
     merge_shards,
 )
 
@@ -53,9 +54,20 @@ def run_merge(
     table is the input the shards read)."""
     ini = None
     if moses_ini:
-        if output == "-":
-            raise InputError("--moses-ini needs an output file, not standard output")
+        if output == "-" or is_stream_target(output):
+            raise InputError(
+                "--moses-ini needs an output file for the ini to name, not standard output, a "
+                "named pipe or a device"
+            )
         ini_out = ini_out or default_ini_out(moses_ini)
+    refuse_outputs_onto_inputs(
+        {
+            "part": parts,
+            "part's manifest": [manifest_path(part) for part in parts],
+            "--moses-ini": moses_ini,
+        },
+        {"-o": output, "--ini-out": ini_out if moses_ini else None},
+    )
     check_output_paths({"output table": output, "moses.ini": ini_out if moses_ini else None})
     check_not_a_part(output, parts)
     check_not_a_part(ini_out if moses_ini else None, parts, "moses.ini")

@@ -68,7 +68,6 @@ import collections
 import hashlib
 import logging
 import math
-import os
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -84,8 +83,10 @@ from phrasescore.files import (
     check_output_path,
     display_name,
     is_pipe,
+    is_stream_target,
     iter_lines,
     output_lock,
+    refuse_outputs_onto_inputs,
     remove_stale_temporaries,
 )
 from phrasescore.hardware import resolve_device
@@ -247,12 +248,15 @@ def rescore_nbest(
     )
     with_model = _with_model(options, bool(features))
     names = _check_options(nbest, source, options, with_model, features)
+    _refuse_onto_inputs(
+        nbest, source, [p for f in features for p in f.paths], options, output, shard
+    )
     if shard is not None:
         _check_shard(nbest, output, options)
     check_output_path(output)
     # one run at a time on an output: a second is refused before it loads anything
     with output_lock(output):
-        if output != "-":
+        if output != "-" and not is_stream_target(output):
             remove_stale_temporaries(output)  # of a run killed before (kill -9)
             remove_stale_temporaries(manifest_path(output))
         weights = _read_weights(options.weights, names) if options.weights else None
@@ -462,6 +466,7 @@ def run_nbest(
     check_torchrun_options(launch, shard, workers)
     if source == "-":
         raise InputError("under torchrun give --source as a file (every rank reads it)")
+    _refuse_onto_inputs(nbest, source, model_paths(model_path), options, output, None)
     _check_shard(nbest, output, options)
     check_output_path(output)
     started = time.monotonic()
@@ -521,7 +526,7 @@ def _changed_sum(result: NBestResult | None) -> list[int]:
 def _check_shard(nbest: str, output: str, options: NBestOptions) -> None:
     """What ``--shard`` needs: a list file (its identity goes in the manifest), an output file
     (the manifest goes beside it), and a part of the list as output."""
-    if nbest == "-" or output == "-":
+    if nbest == "-" or output == "-" or is_stream_target(output):
         raise InputError(
             "--shard and torchrun need an n-best list file and an output file (for the manifest)"
         )
@@ -535,8 +540,26 @@ def _check_shard(nbest: str, output: str, options: NBestOptions) -> None:
             "--one-best writes one line per source sentence, not a part of the list: shard "
             "without it (merge-shards joins re-ranked parts)"
         )
-    if os.path.abspath(output) == os.path.abspath(nbest):
-        raise InputError("the output would overwrite the n-best list", output)
+
+
+def _refuse_onto_inputs(
+    nbest: str, source: str, paths: list[str], options: NBestOptions, output: str, shard
+) -> None:
+    """:func:`~phrasescore.files.refuse_outputs_onto_inputs` of every file ``nbest`` reads and
+    writes (a shard's manifest beside the output too)."""
+    refuse_outputs_onto_inputs(
+        {
+            "n-best list": nbest,
+            "--source": source,
+            "model": paths,
+            "--lm": options.lm,
+            "--weights": options.weights,
+        },
+        {
+            "-o": output,
+            "-o's manifest": manifest_path(output) if shard is not None and output != "-" else None,
+        },
+    )
 
 
 def _with_model(options: NBestOptions, model_given: bool) -> bool:

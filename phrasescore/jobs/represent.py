@@ -48,7 +48,13 @@ import torch
 from phrasescore.bundle import TrainedModel
 from phrasescore.errors import InputError
 from phrasescore.figures import new_figure, save_figure
-from phrasescore.files import AtomicOutput, check_output_path, display_name, iter_lines
+from phrasescore.files import (
+    AtomicOutput,
+    check_output_path,
+    display_name,
+    iter_lines,
+    refuse_outputs_onto_inputs,
+)
 from phrasescore.hardware import resolve_device
 from phrasescore.jobs.common import model_for
 from phrasescore.text.vocab import EOS_ID, SPECIAL_TOKENS
@@ -376,6 +382,21 @@ def represent(
         raise InputError("give PHRASES (a file, - for stdin), --phrase-table TABLE or --words N")
     if options.neighbours < 0 or options.words < 0:
         raise InputError("--neighbours and --words must not be negative")
+    refuse_outputs_onto_inputs(
+        {"phrase file": phrases_path, "model": model_path, "--phrase-table": options.phrase_table},
+        {
+            **{
+                f"-o's {suffix}": output_prefix + suffix
+                for suffix in (
+                    ".npy",
+                    ".tsv",
+                    *(f".{t}-words.{e}" for t in ("src", "tgt") for e in ("npy", "tsv")),
+                )
+            },
+            "--map": options.map_path,
+            "--word-map": options.word_map_path,
+        },
+    )
     check_output_path(output_prefix + ".npy", "output", create_dirs=True)
     check_output_path(options.map_path, "--map", create_dirs=True)
     check_output_path(options.word_map_path, "--word-map", create_dirs=True)

@@ -28,7 +28,6 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +40,7 @@ from phrasescore.files import (
     display_name,
     iter_lines,
     output_lock,
+    refuse_outputs_onto_inputs,
 )
 from phrasescore.jobs.ab import MosesInstall, Programs
 from phrasescore.jobs.ab_rerank import RERANK_TUNERS, MosesTuning, write_weights_file
@@ -194,15 +194,6 @@ def _plain(path: str, work: Path, name: str) -> Path:
     return copy
 
 
-def _check_distinct(output: str, inputs: Iterable[str | None]) -> None:
-    """Refuse an output that is one of the inputs (the same file, links resolved)."""
-    if not os.path.exists(output):
-        return
-    for path in inputs:
-        if path and path != "-" and os.path.samefile(output, path):
-            raise InputError(f"the output would overwrite the input {path}", output)
-
-
 def rerank_tune(
     nbest: str,
     reference: str,
@@ -221,7 +212,9 @@ def rerank_tune(
     if "-" in (nbest, reference, start):
         raise InputError("rerank-tune reads its inputs as files (the tools read them too)")
     check_output_path(output)
-    _check_distinct(output, [nbest, reference, start])
+    refuse_outputs_onto_inputs(
+        {"n-best list": nbest, "--reference": reference, "--start": start}, {"-o": output}
+    )
     references = list(iter_lines(reference))
     start_weights = read_weights(start) if start else {}
     hypotheses = check_tuning_list(nbest, len(references), reference)

@@ -28,7 +28,9 @@ from phrasescore.files import (
     check_output_paths,
     display_name,
     is_pipe,
+    is_stream_target,
     output_lock,
+    refuse_outputs_onto_inputs,
     remove_stale_temporaries,
 )
 from phrasescore.hardware import resolve_device, resolve_dtype
@@ -140,6 +142,15 @@ class RescoreRun:
         self.inverse_model_paths = list(self.inverse_model_paths or [])
         self.lm_paths = list(self.lm_paths or [])
 
+    def inputs(self) -> dict:
+        """The files the run reads, by role (:func:`refuse_outputs_onto_inputs`)."""
+        return {
+            "input table": self.table,
+            "model": self.model_paths,
+            "--inverse-model": self.inverse_model_paths,
+            "--lm": self.lm_paths,
+        }
+
     @property
     def new_columns(self) -> int:
         """Columns added to each line."""
@@ -171,15 +182,29 @@ def default_output_path(table: str, shard: Shard | None = None) -> str:
     return table + f".rescored{part}"
 
 
-def _check_request(
-    table: str, output: str, options: RescoreOptions, resume: bool, shard: Shard | None
-) -> None:
+def _outputs(output: str, shard: Shard | None, ini_out: str | None = None) -> dict:
+    """The files a run on ``output`` writes, by option: the table, the partial output and its
+    state beside it, a shard's manifest, the moses.ini."""
+    if output == "-" or is_stream_target(output):
+        return {"-o": output, "--ini-out": ini_out}
+    partial, state = partial_paths(output)
+    return {
+        "-o": output,
+        "-o's partial output": partial,
+        "-o's partial state": state,
+        "-o's manifest": manifest_path(output) if shard is not None else None,
+        "--ini-out": ini_out,
+    }
+
+
+def _check_request(run: RescoreRun, output: str) -> None:
     """Everything about the input, output and flags that can be refused before any work."""
-    if shard is not None and (output == "-" or table == "-"):
+    table, options, resume, shard = run.table, run.options, run.resume, run.shard
+    stream = is_stream_target(output)
+    if shard is not None and (output == "-" or table == "-" or stream):
         raise InputError("--shard needs an input file and an output file (for the manifest)")
-    if output != "-" and table != "-" and os.path.abspath(output) == os.path.abspath(table):
-        raise InputError("the output would overwrite the input table", output)
     check_files_exist([table])
+    refuse_outputs_onto_inputs(run.inputs(), _outputs(output, shard))
     if resume and table != "-" and is_pipe(table):
         raise InputError(
             "--resume reads the table again from its start: give the file, not a pipe", table
@@ -187,7 +212,8 @@ def _check_request(
     if shard is not None and is_pipe(table):
         raise InputError("--shard reads the table again for its manifest: give the file", table)
     check_output_path(output, "output table")
-    check_work_paths(output, shard)
+    if not stream:
+        check_work_paths(output, shard)
     if options.chunk_lines < 1 or options.batch_tokens < 1:
         raise InputError("chunk_lines and batch_tokens must be at least 1")
     if options.logprob:
@@ -236,10 +262,11 @@ def score_table(
 ) -> RescoreResult:
     """:func:`rescore_table` of a :class:`RescoreRun`."""
     output = output or default_output_path(run.table, run.shard)
-    _check_request(run.table, output, run.options, run.resume, run.shard)
+    _check_request(run, output)
+    stream = output == "-" or is_stream_target(output)
     # one run at a time on an output: a second is refused before it loads anything
     with output_lock(output):
-        if output != "-":
+        if not stream:
             for path in (output, *partial_paths(output), manifest_path(output)):
                 remove_stale_temporaries(path)
         # Load everything before writing anything: a bad model leaves no output behind.
@@ -249,7 +276,7 @@ def score_table(
             done = _complete_part(run.table, output, run.shard, run.options, columns)
             if done is not None:
                 return done
-        sink = StdoutOutput() if output == "-" else PartialOutput(output, identity)
+        sink = StdoutOutput(output) if stream else PartialOutput(output, identity)
         start_line = sink.open(run.resume)
         result = _write_table(run, columns, sink, start_line, device, before_publish)
     _log_warnings(result, run.options, run.table)
@@ -300,9 +327,13 @@ def _write_table(run: RescoreRun, columns, sink, start_line: int, device, before
     options = run.options
     counter = Progress(run.progress, position, start_line, started, options.max_phrase_length)
     records: list[dict] = []  # a shard's chunk records (shards.chunk_record), for its manifest
-    index = skip_done_lines(reader, counter, start_line, run.shard, options, run.table, records)
+    index, input_crc = skip_done_lines(
+        reader, counter, start_line, run.shard, options, run.table, records
+    )
+    if start_line:  # standard input: the CRC-32 of the lines read again is the only proof
+        sink.check_input(input_crc, counter.close, provable=run.table != "-")
     score = ChunkScorer(columns, sink.compress, reader.name)
-    again = "run again" if sink.output == "-" else "rerun with --resume"
+    again = "run again" if isinstance(sink, StdoutOutput) else "rerun with --resume"
     try:
         with ChunkScoring(score, run.workers, columns.warm_up, chunk_label, again) as scoring:
             chunks = own_chunks(reader, run.shard, options.chunk_lines, index)
@@ -356,8 +387,8 @@ def _write_chunks(done, sink, counter: Progress, shard: Shard | None, records: l
     """Append the scored chunks ``done`` (``(chunk, ChunkOutput)`` in input order) to ``sink``
     (a shard: each one's record appended to ``records``); returns the model scores clamped."""
     clamped = 0
-    for _, out in done:
-        sink.append_chunk(out.data, out.record["lines"])
+    for chunk, out in done:
+        sink.append_chunk(out.data, out.record["lines"], chunk.data)
         clamped += out.clamped
         counter.update(out.record, out.too_long)
         if shard is not None:
@@ -530,17 +561,21 @@ def _prepare_ini(
     are written under temporary names, and both renamed into place only once both are complete.
     """
     if moses_ini:
-        if output == "-":
-            raise InputError("--moses-ini needs an output file, not standard output")
+        if output == "-" or is_stream_target(output):
+            raise InputError(
+                "--moses-ini needs an output file for the ini to name, not standard output, a "
+                "named pipe or a device"
+            )
         if run.shard is not None:
             raise InputError(
                 "with --shard give --moses-ini to merge-shards, which writes the table"
             )
         ini_out = ini_out or default_ini_out(moses_ini)
-        if os.path.abspath(ini_out) == os.path.abspath(run.table):
-            raise InputError("the moses.ini would overwrite the input table", ini_out)
     else:
         ini_out = None
+    refuse_outputs_onto_inputs(
+        {**run.inputs(), "--moses-ini": moses_ini}, _outputs(output, run.shard, ini_out)
+    )
     check_output_paths({"output table": output, "moses.ini": ini_out})
     if not moses_ini:
         return None
@@ -557,7 +592,8 @@ def _run_torchrun(launch, run: RescoreRun, output: str) -> RescoreResult:
     during the merge) is kept as it is.
     """
     check_files_exist([run.table])
-    if output == "-" or is_pipe(run.table):  # every rank reads the table: not a pipe or stdin
+    # every rank reads the table (not a pipe or stdin) and writes a part beside the output
+    if output == "-" or is_stream_target(output) or is_pipe(run.table):
         raise InputError("under torchrun give an input file and an output file")
     for k in range(1, launch.world_size + 1):  # every rank refuses what is in any rank's way
         shard = Shard(k, launch.world_size)

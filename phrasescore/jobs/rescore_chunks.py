@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
@@ -56,6 +57,7 @@ class RawTable:
         self.lines = iter_raw_lines(table, position)
         self.lineno = 0  # lines read so far
         self.num_scores = -1
+        self.last_data = b""
 
     def _read(self, count: int) -> list[bytes]:
         lines = list(islice(self.lines, count))
@@ -66,9 +68,11 @@ class RawTable:
         return lines
 
     def entries(self, count: int) -> list[PhraseTableEntry]:
-        """The next ``count`` lines, parsed (lines skipped by ``--resume``)."""
+        """The next ``count`` lines, parsed (lines skipped by ``--resume``); their bytes stay in
+        :attr:`last_data` (the CRC-32 of the input a resume proves)."""
         first = self.lineno + 1
         data = b"".join(self._read(count))
+        self.last_data = data
         return parse_raw(self.name, first, data, self.num_scores)
 
     def chunk(self, index: int, count: int) -> RawChunk | None:
@@ -195,32 +199,35 @@ def skip_done_lines(
     reader, counter, start_line: int, shard: Shard | None, options, table, records: list[dict]
 ):
     """After ``--resume``: read past the input lines the partial output already has; returns
-    the index of the next input chunk. A shard appends the records of its chunks done earlier
-    to ``records``."""
+    the index of the next input chunk and the CRC-32 of the input bytes the partial output was
+    made from (a shard: of its own chunks), for :meth:`PartialOutput.check_input`. A shard
+    appends the records of its chunks done earlier to ``records``."""
     if start_line and shard is not None:
         # this shard's first chunks are done: skip to the input chunk after them
         log.info("resuming after line %d of the part", start_line)
         chunk_index = shard.first_unscored_chunk(-(-start_line // options.chunk_lines))
-        input_lines = 0
+        input_lines = input_crc = 0
         for i in range(chunk_index):
             chunk = reader.entries(options.chunk_lines)
             input_lines += len(chunk)
             if chunk and shard.owns(i):
                 records.append(chunk_record(i, [e.source for e in chunk]))
                 counter.count(chunk)  # the summary counts the whole part, as one run does
+                input_crc = zlib.crc32(reader.last_data, input_crc)
         if input_lines < chunk_index * options.chunk_lines and not start_line % options.chunk_lines:
             counter.close()
             raise InputError("cannot resume: the input is shorter than the partial output", table)
-        return chunk_index
+        return chunk_index, input_crc
     if start_line:
         log.info("resuming after line %d", start_line)
         # the lines done count in the summary too (distinct sources of the whole table)
-        skipped = 0
+        skipped = input_crc = 0
         while skipped < start_line:  # a chunk at a time: memory stays that of one chunk
             done = counter.count(reader.entries(min(options.chunk_lines, start_line - skipped)))
             if not done:
                 break
             skipped += done
+            input_crc = zlib.crc32(reader.last_data, input_crc)
         if skipped < start_line:
             counter.close()
             raise InputError(
@@ -236,4 +243,5 @@ def skip_done_lines(
                 f"chunk of {options.chunk_lines} lines (run without --resume to start again)",
                 table,
             )
-    return 0
+        return 0, input_crc
+    return 0, 0

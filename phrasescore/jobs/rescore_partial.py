@@ -111,6 +111,11 @@ class PartialOutput:
         """[size, CRC-32] of the last chunk written: checked against the file on resume."""
         self.crc = 0
         """CRC-32 of all the bytes written: the whole kept prefix is checked against it."""
+        self.input_crc = 0
+        """CRC-32 of the input lines those bytes were made from: a resume reads them again and
+        checks that they are the same (:meth:`check_input`)."""
+        self.input_crc_recorded = True
+        """False for a state of an earlier version, which records no input CRC-32."""
         self.handle = None
 
     @contextlib.contextmanager
@@ -218,6 +223,8 @@ class PartialOutput:
             raise
         self.lines_done, self.bytes_done, self.last_chunk = lines, size, last
         self.crc = state["crc32"]
+        self.input_crc = state.get("input_crc32", 0)
+        self.input_crc_recorded = "input_crc32" in state
         self.handle.truncate(size)
         self.handle.seek(size)
         return True
@@ -270,8 +277,37 @@ class PartialOutput:
                 self.path,
             )
 
-    def append_chunk(self, data: bytes, n_lines: int) -> None:
-        """Append a chunk's bytes (:func:`chunk_bytes`: one gzip member for a ``.gz`` output)."""
+    def check_input(self, input_crc: int, before_refusal=None, provable: bool = True) -> None:
+        """Refuse to resume when the input lines read again (their CRC-32: ``input_crc``) are
+        not those the partial output was made from: another table on standard input, or under
+        the same name, size and modification time (``cp -p``). A state of an earlier version
+        records no such CRC-32: a file's name, size and time must do, standard input
+        (``provable`` False) is refused. The partial output is kept either way.
+        ``before_refusal`` runs first (the progress bar's close)."""
+        if self.input_crc_recorded and input_crc == self.input_crc:
+            return
+        if not self.input_crc_recorded and provable:
+            self.input_crc, self.input_crc_recorded = input_crc, True
+            return
+        if before_refusal is not None:
+            before_refusal()
+        if not self.input_crc_recorded:
+            raise InputError(
+                "cannot resume from standard input: the partial output's state (of an earlier "
+                "version) records no CRC-32 of its input lines to check them against; give the "
+                "table as a file, or run without --resume to start again",
+                self.output,
+            )
+        raise InputError(
+            f"cannot resume: the first {self.lines_done} lines of the input are not those the "
+            "partial output was made from (their CRC-32 differs); run without --resume to "
+            "start again",
+            self.output,
+        )
+
+    def append_chunk(self, data: bytes, n_lines: int, source: bytes = b"") -> None:
+        """Append a chunk's bytes (:func:`chunk_bytes`: one gzip member for a ``.gz`` output)
+        made from the input lines ``source``."""
         with self._writing():
             self.handle.write(data)
             self.handle.flush()
@@ -280,6 +316,7 @@ class PartialOutput:
         self.bytes_done += len(data)
         self.last_chunk = [len(data), zlib.crc32(data)] if data else self.last_chunk
         self.crc = zlib.crc32(data, self.crc)
+        self.input_crc = zlib.crc32(source, self.input_crc)
         with self._writing():
             self._write_state()
 
@@ -292,6 +329,7 @@ class PartialOutput:
                     "bytes": self.bytes_done,
                     "last_chunk": self.last_chunk,
                     "crc32": self.crc,
+                    "input_crc32": self.input_crc,
                 },
                 fh,
             )
@@ -345,38 +383,58 @@ def _valid_state(state: dict) -> bool:
 
 
 class StdoutOutput:
-    """Standard output as a sink of chunks: nothing to resume, publish or discard."""
+    """Standard output (``-``) or a named pipe or device (``output``:
+    :func:`~phrasescore.files.is_stream_target`) as a sink of chunks, written as a stream:
+    nothing to resume, publish or discard. Standard output is written as it is, never gzip; a
+    pipe or device as its name says (a ``.gz`` name: gzip members)."""
 
-    compress = False  # standard output is written as it is, never gzip
-    output = "-"
-
-    def __init__(self):
+    def __init__(self, output: str = "-"):
         import sys
 
-        self.stream = sys.stdout.buffer
+        self.output = output
+        self.compress = output != "-" and output.endswith(".gz")
+        self.stream = sys.stdout.buffer if output == "-" else None
+        self.written = False
 
     def open(self, resume: bool) -> int:
         if resume:
-            raise InputError("--resume needs an output file, not standard output")
+            where = "standard output" if self.output == "-" else "a named pipe or a device"
+            raise InputError(f"--resume needs an output file, not {where}")
+        if self.stream is None:
+            try:  # appending: /dev/stdout of a shell's >> keeps what the file held
+                self.stream = open(self.output, "ab")
+            except OSError as exc:
+                raise InputError(f"cannot write ({exc.strerror})", self.output) from None
         return 0
 
-    def append_chunk(self, data: bytes, n_lines: int) -> None:
-        with disk_errors("-"):
+    def check_input(self, input_crc: int, before_refusal=None, provable: bool = True) -> None:
+        pass  # nothing resumed
+
+    def append_chunk(self, data: bytes, n_lines: int, source: bytes = b"") -> None:
+        with disk_errors(self.output):
             self.stream.write(data)
             self.stream.flush()
+        self.written = self.written or bool(data)
 
     def complete(self) -> None:
-        with disk_errors("-"):
+        with disk_errors(self.output):
+            if self.compress and not self.written:  # an empty table: an empty gzip stream
+                with gzip_writer(self.stream):
+                    pass
             self.stream.flush()
+            if self.output != "-":
+                self.stream.close()
 
     def publish(self) -> None:
         pass
 
     def close_incomplete(self) -> None:
-        pass
+        if self.output != "-" and self.stream is not None and not self.stream.closed:
+            with contextlib.suppress(OSError):
+                self.stream.close()
 
     def discard(self) -> None:
-        pass
+        self.close_incomplete()
 
 
 def table_identity(table: str) -> dict:

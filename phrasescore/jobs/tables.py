@@ -6,7 +6,7 @@ import logging
 from dataclasses import dataclass
 
 from phrasescore.errors import InputError
-from phrasescore.files import check_output_path
+from phrasescore.files import check_output_path, refuse_outputs_onto_inputs
 from phrasescore.moses.ini_tables import format_table_rows, read_ini_tables
 from phrasescore.moses.phrase_table import check_phrase_table, copy_phrase_table
 
@@ -28,6 +28,7 @@ def check_table(table: str):
 
 def copy_table(table: str, output: str):
     """Copy a phrase table through phrasescore's reader and writer (validating it)."""
+    refuse_outputs_onto_inputs({"input table": table}, {"-o": output})
     check_output_path(output)
     stats = copy_phrase_table(table, output)
     log.info(

@@ -4,11 +4,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 
 from phrasescore.errors import InputError
-from phrasescore.files import check_files_exist, check_output_path, is_pipe
+from phrasescore.files import (
+    check_files_exist,
+    check_output_path,
+    is_pipe,
+    output_lock,
+    refuse_outputs_onto_inputs,
+)
 from phrasescore.hardware import set_threads
 from phrasescore.model.config import (
     ARCH_PRESETS,
@@ -58,34 +65,58 @@ def run_training(
     meaning the preset's. On ``resume`` both come from the checkpoint instead.
     """
     _check_arguments(model_path, source, target, phrase_table, valid, preset, arch, inverse)
-    set_threads(threads)
-    launch, dev = distributed.start_job(device)
-    mcfg, tcfg = _configure(preset, arch, overrides, model_overrides, resume, bool(phrase_table))
-    data = TrainingData(
-        src_path=source,
-        tgt_path=target,
-        phrase_table=phrase_table,
-        inverse=inverse,
-        valid_src=valid[0] if valid else None,
-        valid_tgt=valid[1] if valid else None,
-        src_lang=src_lang,
-        tgt_lang=tgt_lang,
-        tokenize=tokenize,
-        lowercase=lowercase,
-    )
-    return train_to_end(
-        Trainer,
-        model_path,
-        data,
-        mcfg,
-        tcfg,
-        dev,
-        preset=preset,
-        amp=amp,
-        progress=progress,
-        launch=launch,
-        resume=resume,
-    )
+    with training_lock(model_path):
+        set_threads(threads)
+        launch, dev = distributed.start_job(device)
+        mcfg, tcfg = _configure(
+            preset, arch, overrides, model_overrides, resume, bool(phrase_table)
+        )
+        data = TrainingData(
+            src_path=source,
+            tgt_path=target,
+            phrase_table=phrase_table,
+            inverse=inverse,
+            valid_src=valid[0] if valid else None,
+            valid_tgt=valid[1] if valid else None,
+            src_lang=src_lang,
+            tgt_lang=tgt_lang,
+            tokenize=tokenize,
+            lowercase=lowercase,
+        )
+        return train_to_end(
+            Trainer,
+            model_path,
+            data,
+            mcfg,
+            tcfg,
+            dev,
+            preset=preset,
+            amp=amp,
+            progress=progress,
+            launch=launch,
+            resume=resume,
+        )
+
+
+def training_outputs(model_path: str) -> dict[str, str]:
+    """The files a training writes, by option: the model and, beside it, its checkpoint, log
+    and curve (:class:`~phrasescore.training.trainer.Trainer`)."""
+    return {
+        "-o": model_path,
+        "-o's checkpoint": model_path + ".checkpoint",
+        "-o's log": model_path + ".log",
+        "-o's curve": model_path + ".curve.png",
+    }
+
+
+def training_lock(model_path: str):
+    """:func:`~phrasescore.files.output_lock` of the model, taken by the one process that
+    writes it (rank 0 under torchrun): a second training onto the same model at the same time
+    is refused in one line naming the process that holds it."""
+    launch = distributed.from_env()
+    if launch is not None and not launch.is_main:
+        return contextlib.nullcontext()
+    return output_lock(model_path)
 
 
 def _check_arguments(
@@ -114,7 +145,18 @@ def _check_arguments(
                     "standard input",
                     path,
                 )
-    check_output_path(model_path, "model")  # and its .checkpoint, .log, .curve.png beside it
+    refuse_outputs_onto_inputs(
+        {
+            "source corpus": source,
+            "target corpus": target,
+            "--phrase-table": phrase_table,
+            "validation source": valid[0] if valid else None,
+            "validation target": valid[1] if valid else None,
+        },
+        training_outputs(model_path),
+    )
+    # and its .checkpoint, .log, .curve.png beside it: files, never a pipe or a device
+    check_output_path(model_path, "model", stream=False)
 
 
 def _configure(

@@ -21,8 +21,15 @@ from typing import Any
 
 from phrasescore.bundle import TrainedLM, read_lm_metadata, save_lm
 from phrasescore.errors import InputError
-from phrasescore.files import check_files_exist, check_output_path, is_pipe, iter_lines
+from phrasescore.files import (
+    check_files_exist,
+    check_output_path,
+    is_pipe,
+    iter_lines,
+    refuse_outputs_onto_inputs,
+)
 from phrasescore.hardware import set_threads
+from phrasescore.jobs.train import training_lock, training_outputs
 from phrasescore.model.config import TrainConfig
 from phrasescore.model.cslm import LM_PRESETS, FeedForwardLM, LMConfig, lm_preset
 from phrasescore.runners import distributed
@@ -148,28 +155,31 @@ def run_lm_training(
             raise InputError(
                 "train-lm reads its files twice: give a file, not a pipe or standard input", path
             )
-    check_output_path(model_path, "LM")  # and its .checkpoint, .log beside it
-    set_threads(threads)
-    launch, dev = distributed.start_job(device)
-    mcfg, tcfg = lm_preset(preset)
-    if order is not None:
-        if order < 2:
-            raise InputError(f"--order must be at least 2, got {order}")
-        mcfg.order = order
-    apply_overrides(tcfg, overrides)
-    data = LMData(
-        tgt_path=corpus, valid_tgt=valid, tgt_lang=lang, tokenize=tokenize, lowercase=lowercase
-    )
-    return train_to_end(
-        LMTrainer,
-        model_path,
-        data,
-        mcfg,
-        tcfg,
-        dev,
-        preset=preset,
-        amp=amp,
-        progress=progress,
-        launch=launch,
-        resume=resume,
-    )
+    refuse_outputs_onto_inputs({"corpus": corpus, "--valid": valid}, training_outputs(model_path))
+    # and its .checkpoint, .log beside it: files, never a pipe or a device
+    check_output_path(model_path, "LM", stream=False)
+    with training_lock(model_path):
+        set_threads(threads)
+        launch, dev = distributed.start_job(device)
+        mcfg, tcfg = lm_preset(preset)
+        if order is not None:
+            if order < 2:
+                raise InputError(f"--order must be at least 2, got {order}")
+            mcfg.order = order
+        apply_overrides(tcfg, overrides)
+        data = LMData(
+            tgt_path=corpus, valid_tgt=valid, tgt_lang=lang, tokenize=tokenize, lowercase=lowercase
+        )
+        return train_to_end(
+            LMTrainer,
+            model_path,
+            data,
+            mcfg,
+            tcfg,
+            dev,
+            preset=preset,
+            amp=amp,
+            progress=progress,
+            launch=launch,
+            resume=resume,
+        )

@@ -34,7 +34,12 @@ from phrasescore.engine.search import (
     check_beam,
 )
 from phrasescore.errors import InputError
-from phrasescore.files import AtomicOutput, check_output_path, iter_lines
+from phrasescore.files import (
+    AtomicOutput,
+    check_output_path,
+    iter_lines,
+    refuse_outputs_onto_inputs,
+)
 from phrasescore.hardware import resolve_device
 from phrasescore.jobs.bleu import Evaluation, evaluate, require_sacrebleu
 from phrasescore.jobs.common import model_for
@@ -191,6 +196,9 @@ def translate_file(
     tokenised text, as ``ab`` scores it)."""
     options = options or TranslateOptions()
     _check_options(options, input_path, reference)
+    refuse_outputs_onto_inputs(
+        {"input": input_path, "model": model_path, "--reference": reference}, {"-o": output}
+    )
     check_output_path(output)
     dev = resolve_device(device)
     model = model_for(model, model_path, dev)
