@@ -737,13 +737,24 @@ def merge_shards(parts, output, moses_ini, ini_out, ini_table, weight):
     "--model",
     "model_path",
     multiple=True,
-    help="Model file (optional with --lm); several -m: one feature, their ensemble.",
+    metavar="[NAME=]MODEL[,MODEL]",
+    help="NAME=MODEL: one feature NAME per -m, in order, all in one pass (NAME=A,B: the "
+    "ensemble of A and B). Plain MODEL (optional with --lm): one feature named --name; several "
+    "plain -m: one feature, their ensemble.",
 )
-@click.option("--name", default="RNNEncDec0", show_default=True, help="Feature name (no '_').")
+@click.option(
+    "--inverse-model",
+    "inverse_models",
+    multiple=True,
+    metavar="NAME=MODEL[,MODEL]",
+    help="A target->source model: feature NAME = log p(source | hypothesis), after the -m "
+    "features; repeatable.",
+)
+@click.option("--name", help="Feature name of plain -m MODEL (no '_'; default RNNEncDec0).")
 @click.option(
     "--inverse",
     is_flag=True,
-    help="-m is a target->source model: add log p(source | hypothesis) instead.",
+    help="Plain -m is a target->source model: add log p(source | hypothesis) instead.",
 )
 @click.option("--lm", help="CSLM (train-lm): also add CSLM0= log p(hypothesis).")
 @click.option("--lm-name", default="CSLM0", show_default=True, help="Name of the --lm feature.")
@@ -770,6 +781,7 @@ def nbest(
     nbest_path,
     source,
     model_path,
+    inverse_models,
     name,
     inverse,
     lm,
@@ -788,8 +800,11 @@ def nbest(
 ):
     """Add log p(hypothesis | source) to every line of a Moses n-best list NBEST (- for stdin).
 
-    With --lm and no -m, adds the CSLM's log p(hypothesis) alone. Under torchrun each rank
-    scores one shard and rank 0 merges them into the output.
+    Several models in one pass: -m L2R=l2r.safetensors -m R2L=r2l.safetensors --inverse-model
+    Inv=fr-en.safetensors adds L2R=, R2L= and Inv= (the same bytes as one call per model, each
+    on the list the previous one wrote). With --lm and no -m, adds the CSLM's log p(hypothesis)
+    alone. With --weights and no model, re-ranks a list that holds every feature already. Under
+    torchrun each rank scores one shard and rank 0 merges them into the output.
     """
     from phrasescore.jobs.nbest import NBestOptions, run_nbest
 
@@ -804,6 +819,7 @@ def nbest(
         lm_name=lm_name,
         scoring=scoring,
         inverse=inverse,
+        inverse_models=tuple(inverse_models),
     )
     result = run_nbest(
         nbest_path,

@@ -9,7 +9,8 @@ wrote), this job
    each run reuses the system's filtered model), at most ``jobs`` runs at a time;
 3. decodes every test set with every tuned configuration (``moses -weight-overwrite``);
 4. with ``rerank`` models (Sutskever et al. 2014, §3.6), decodes the dev and test n-best lists
-   of every tuned run, adds each model's log p(hypothesis | source) (``phrasescore nbest``),
+   of every tuned run, adds each model's log p(hypothesis | source) (one ``phrasescore nbest``
+   call for all models),
    tunes the weights on the fixed dev lists with Moses' extractor and mert
    (:mod:`phrasescore.jobs.ab_rerank`) and re-ranks the test lists: one more system per system,
    ``NAME+rerank`` (``NAME+rerank-kbmira`` when tuned with kbmira);
@@ -40,8 +41,9 @@ from pathlib import Path
 
 from phrasescore.errors import InputError
 from phrasescore.files import AtomicOutput, check_input_file, iter_lines
-from phrasescore.jobs.ab_rerank import RERANK_TUNERS, RerankModel, RerankStep, rerank_models
+from phrasescore.jobs.ab_rerank import RERANK_TUNERS, RerankStep, rerank_models
 from phrasescore.jobs.bleu import bleu_metric
+from phrasescore.jobs.nbest_features import FeatureModel
 from phrasescore.moses.ini import read_weights
 
 log = logging.getLogger(__name__)
@@ -125,7 +127,7 @@ class ComparisonOptions:
     mert_flags: str = ""
     bleu_tokenize: str = "none"
     bootstrap_samples: int = 1000
-    rerank: tuple[RerankModel, ...] = ()
+    rerank: tuple[FeatureModel, ...] = ()
     """The n-best re-ranking models, one feature each (:func:`rerank_models`); empty: none."""
     nbest_size: int = 100
     rerank_restarts: int = 20

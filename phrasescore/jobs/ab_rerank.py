@@ -15,8 +15,8 @@ One tuning is three steps in one working directory:
    file ``phrasescore nbest --weights`` reads to re-rank the test lists.
 
 :class:`RerankStep` runs these for ``ab``: it scores each tuned run's dev and test n-best lists
-with every model (``phrasescore nbest``, one feature per :class:`RerankModel`), tunes on dev and
-re-ranks the tests.
+with every model (one ``phrasescore nbest`` call, one feature per
+:class:`~phrasescore.jobs.nbest_features.FeatureModel`), tunes on dev and re-ranks the tests.
 
 The Moses facts used: the extractor's feature header is ``FEATURES_TXT_BEGIN_0 ID N DIM
 NAME_0 NAME_1 ...`` (``mert/FeatureArray.cpp``); mert's starting point file ``init.opt`` holds
@@ -29,17 +29,18 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import math
+import os
 import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 from phrasescore.errors import InputError
-from phrasescore.files import AtomicOutput, check_input_file
-from phrasescore.moses.ini import read_weights
-from phrasescore.moses.nbest import check_feature_name
+from phrasescore.files import AtomicOutput, check_files_exist, iter_lines
+from phrasescore.jobs.nbest_features import FeatureModel, parse_feature_models
+from phrasescore.moses.nbest import read_weights
 from phrasescore.runners.shards import file_sha256
 
 log = logging.getLogger(__name__)
@@ -55,19 +56,24 @@ k-best MIRA (Cherry & Foster 2012), each run on the fixed dev lists."""
 
 def dense_feature_names(features_dat: Path) -> list[str]:
     """The dense value names (``LM0_0``, ``TranslationModel0_3``) of an extractor's features.dat."""
-    with open(features_dat, encoding="utf-8") as handle:
-        for line in handle:
-            if line.startswith(FEATURES_HEADER):
-                fields = line.split()
+    path = str(features_dat)
+    check_files_exist([path])
+    for lineno, line in enumerate(iter_lines(path), 1):
+        if line.startswith(FEATURES_HEADER):
+            fields = line.split()
+            try:
                 dimension = int(fields[3])
-                names = fields[4:]
-                if len(names) != dimension:
-                    raise InputError(
-                        f"feature header names {len(names)} values, expected {dimension}",
-                        path=str(features_dat),
-                    )
-                return names
-    raise InputError("no feature header: not an extractor features file", path=str(features_dat))
+            except (IndexError, ValueError):
+                raise InputError("feature header without a dimension", path, lineno) from None
+            names = fields[4:]
+            if len(names) != dimension:
+                raise InputError(
+                    f"feature header names {len(names)} values, expected {dimension}",
+                    path,
+                    lineno,
+                )
+            return names
+    raise InputError("no feature header: not an extractor features file", path=path)
 
 
 def weight_vector(names: list[str], weights: dict[str, list[float]], default: float) -> list[float]:
@@ -107,15 +113,38 @@ def write_start_point(path: Path, start: list[float], spread: float = 1.0) -> No
             out.write(" ".join(repr(float(v)) for v in values) + "\n")
 
 
-def read_tuned_weights(weights_txt: Path, names: list[str]) -> dict[str, list[float]]:
-    """mert's ``weights.txt`` (one line, one weight per dense value) by feature name."""
-    text = weights_txt.read_text(encoding="utf-8").split()
+def _finite(text: str, path: str, lineno: int) -> float:
+    """A tuned weight: a finite number, else an error at its line."""
     try:
-        vector = [float(value) for value in text]
+        value = float(text)
     except ValueError:
-        raise InputError("not a mert weights file", path=str(weights_txt)) from None
+        raise InputError(f"not a number: {text!r}", path, lineno) from None
+    if not math.isfinite(value):
+        raise InputError(f"weight {text!r} is not a finite number", path, lineno)
+    return value
+
+
+def _tuner_lines(path: Path) -> list[str]:
+    """The lines of a tuner's output (plain or gzip; missing or invalid UTF-8: one line)."""
+    check_files_exist([str(path)])
+    return list(iter_lines(str(path)))
+
+
+def read_tuned_weights(weights_txt: Path, names: list[str]) -> dict[str, list[float]]:
+    """mert's ``weights.txt`` (one line, one weight per dense value) by feature name; every
+    weight a finite number."""
+    path = str(weights_txt)
+    vector = []
+    for lineno, line in enumerate(_tuner_lines(weights_txt), 1):
+        for field in line.split():
+            try:
+                vector.append(_finite(field, path, lineno))
+            except InputError as exc:
+                if "not a number" not in exc.message:
+                    raise
+                raise InputError("not a mert weights file", path, lineno) from None
     if len(vector) != len(names):
-        raise InputError(f"{len(vector)} weights for {len(names)} features", path=str(weights_txt))
+        raise InputError(f"{len(vector)} weights for {len(names)} features", path=path)
     return weights_by_feature(names, vector)
 
 
@@ -124,25 +153,29 @@ def read_kbmira_weights(output: Path, names: list[str]) -> dict[str, list[float]
 
     Started from a legacy ``init.opt`` (:func:`write_start_point`), kbmira names the dense
     weights ``F0 .. F(n-1)`` in the order of the extractor's features (``mert/kbmira.cpp``);
-    lines of sparse features (other names) are not expected from dense feature files.
+    lines of sparse features (other names) are not expected from dense feature files. Each
+    weight is given once, a finite number.
     """
+    path = str(output)
     vector: list[float | None] = [None] * len(names)
-    for lineno, line in enumerate(output.read_text(encoding="utf-8").splitlines(), 1):
+    lines: dict[int, int] = {}  # dense value index -> the line that gave it
+    for lineno, line in enumerate(_tuner_lines(output), 1):
         fields = line.split()
         if not fields:
             continue
         match = _KBMIRA_NAME.match(fields[0])
         if len(fields) != 2 or not match or int(match.group(1)) >= len(names):
-            raise InputError(f"not a dense kbmira weight: {line!r}", path=str(output), line=lineno)
-        try:
-            vector[int(match.group(1))] = float(fields[1])
-        except ValueError:
+            raise InputError(f"not a dense kbmira weight: {line!r}", path=path, line=lineno)
+        index = int(match.group(1))
+        if index in lines:
             raise InputError(
-                f"not a number: {fields[1]!r}", path=str(output), line=lineno
-            ) from None
+                f"{fields[0]} given twice (first on line {lines[index]})", path, lineno
+            )
+        lines[index] = lineno
+        vector[index] = _finite(fields[1], path, lineno)
     if any(value is None for value in vector):
         raise InputError(f"kbmira gave {sum(v is not None for v in vector)} of {len(names)} weights",
-                         path=str(output))  # fmt: skip
+                         path=path)  # fmt: skip
     total = sum(abs(value) for value in vector) or 1.0
     return weights_by_feature(names, [value / total for value in vector])
 
@@ -158,8 +191,8 @@ def write_weights_file(path: Path, weights: dict[str, list[float]]) -> None:
 def read_tuner_output(path: Path, names: list[str]) -> dict[str, list[float]]:
     """mert's ``weights.txt`` or kbmira's ``-o`` file (``F0 w`` lines), told apart by their
     first field, by feature name."""
-    first = path.read_text(encoding="utf-8").split(maxsplit=1)[:1]
-    if first and _KBMIRA_NAME.match(first[0]):
+    first = next((line.split()[0] for line in _tuner_lines(path) if line.split()), None)
+    if first and _KBMIRA_NAME.match(first):
         return read_kbmira_weights(path, names)
     return read_tuned_weights(path, names)
 
@@ -188,45 +221,83 @@ def rerank_weights(
         raise InputError("give one of --start INI (mert's init.opt) or --tuned WEIGHTS")
     names = dense_feature_names(Path(features_dat))
     if start is not None:
-        weights = read_weights(Path(start).read_text(encoding="utf-8"), start)
+        check_files_exist([start])
+        weights = read_weights(start)
         write_start_point(Path(output), weight_vector(names, weights, 0.0))
         return RerankWeights(output, "mert start point (init.opt)", len(names))
     write_weights_file(Path(output), read_tuner_output(Path(tuned), names))
     return RerankWeights(output, "tuned weights (Name= w lines)", len(names))
 
 
-class RerankModel(NamedTuple):
-    """One re-ranking feature: its name, its model files (several: their ensemble, ``nbest -m A
-    -m B``) and its direction."""
-
-    name: str
-    paths: tuple[str, ...]
-    inverse: bool = False
-    """A target->source model: the feature is log p(source | hypothesis) (``nbest --inverse``)."""
+BLEU_SCORER = ["--sctype", "BLEU", "--scconfig", "case:true"]
+"""The extractor's and tuners' metric: case-sensitive BLEU (what ``ab`` reports, as sacrebleu
+with ``--tokenize none`` on tokenised text)."""
 
 
-def rerank_models(specs: list[str], inverse_specs: list[str] = ()) -> tuple[RerankModel, ...]:
+@dataclass
+class MosesTuning:
+    """Re-ranking weights tuned on fixed n-best lists with Moses' own tools, the part ``ab
+    --rerank`` (:meth:`RerankStep.tune`) and ``rerank-tune``
+    (:mod:`phrasescore.jobs.rerank_tune`) share: :meth:`extract` once, then :meth:`tune` once
+    per seed."""
+
+    program: Callable[[str], str]
+    """The path of a Moses program (``extractor``, ``mert``, ``kbmira``)."""
+    run: Callable[..., None]
+    """``run(command, cwd, log_name)``: runs one command (``ab``'s ``Programs.run``)."""
+    tuner: str = "mert"
+    """``mert`` or ``kbmira`` (:data:`RERANK_TUNERS`)."""
+    restarts: int = 20
+    """mert's random restarts (``-n``)."""
+
+    def extract(self, scored: Path, reference: Path, work: Path) -> list[str]:
+        """``extractor`` on the scored list ``scored`` and its ``reference``: ``features.dat``
+        and ``scores.dat`` in ``work``; returns the dense value names (``LM0_0``, ...)."""
+        extract = [self.program("extractor"), *BLEU_SCORER, "-r", str(reference)]
+        extract += ["-n", str(scored), "--scfile", "scores.dat", "--ffile", "features.dat"]
+        self.run(extract, work, "extract.log")
+        return dense_feature_names(work / "features.dat")
+
+    def tune(
+        self,
+        work: Path,
+        names: list[str],
+        start: dict[str, list[float]],
+        seed: int,
+        data: Path | None = None,
+    ) -> dict[str, list[float]]:
+        """One run of mert (``restarts`` random restarts) or kbmira seeded with ``seed``, in
+        ``work``, on the extractor's files in ``data`` (default ``work``), from ``start`` (a
+        feature it does not weigh starts at 0, :func:`write_start_point`); the tuned weights
+        by feature name."""
+        rel = os.path.relpath(data or work, work)
+        rel = "" if rel == "." else rel
+        scores, features = (os.path.join(rel, name) for name in ("scores.dat", "features.dat"))
+        write_start_point(work / "init.opt", weight_vector(names, start, 0.0))
+        if self.tuner == "kbmira":
+            mira = [self.program("kbmira"), *BLEU_SCORER, "-r", str(seed)]
+            mira += ["-S", scores, "-F", features, "-d", "init.opt", "-o", "mira.out"]
+            self.run(mira, work, "kbmira.log")
+            return read_kbmira_weights(work / "mira.out", names)
+        mert = [self.program("mert"), "-d", str(len(names)), *BLEU_SCORER]
+        mert += ["-n", str(self.restarts), "-r", str(seed)]
+        mert += ["--scfile", scores, "--ffile", features, "--ifile", "init.opt"]
+        self.run(mert, work, "mert.log")
+        return read_tuned_weights(work / "weights.txt", names)
+
+
+def rerank_models(specs: list[str], inverse_specs: list[str] = ()) -> tuple[FeatureModel, ...]:
     """``[NAME=]MODEL[,MODEL...]`` specs of ``--rerank`` and ``--rerank-inverse`` as features
-    (several comma-separated models: one feature, their ensemble); unnamed ones
-    ``RNNEncDec<i>`` and ``RNNEncDecInv<i>``."""
-    models: list[RerankModel] = []
-    for inverse, option, default, given in (
-        (False, "--rerank", "RNNEncDec", specs),
-        (True, "--rerank-inverse", "RNNEncDecInv", inverse_specs),
-    ):
-        for index, spec in enumerate(given):
-            name, sep, path = spec.partition("=")
-            if not sep:
-                name, path = f"{default}{index}", spec
-            check_feature_name(name)
-            if name in {known.name for known in models}:
-                raise InputError(f"{option} {spec}: feature name {name} given twice")
-            checked = tuple(
-                str(check_input_file(Path(one), f"{option} {name} model"))
-                for one in path.split(",")
-            )
-            models.append(RerankModel(name, checked, inverse))
-    return tuple(models)
+    (:func:`~phrasescore.jobs.nbest_features.parse_feature_models`: several comma-separated
+    models are one feature, their ensemble); unnamed ones ``RNNEncDec<i>`` and
+    ``RNNEncDecInv<i>``; every file checked and its path resolved."""
+    return parse_feature_models(
+        specs,
+        inverse_specs,
+        options=("--rerank", "--rerank-inverse"),
+        default_names=("RNNEncDec", "RNNEncDecInv"),
+        resolve=True,
+    )
 
 
 @dataclass
@@ -234,12 +305,12 @@ class RerankStep:
     """Step 4 of ``ab`` for one tuned run: score its n-best lists with every model, tune the
     weights on the dev lists (extractor, then mert or kbmira), re-rank the test lists.
 
-    Layout in the run's folder: ``scored/`` (lists scored by the first k models, under a digest
-    of those k: another set of models with the same first k scores only the rest) and
-    :attr:`label` (this set of models: the extractor's files, the tuned weights, the re-ranked
-    test outputs)."""
+    Layout in the run's folder: ``scored/`` (the dev lists scored by all the models in one
+    ``nbest`` call, under a digest of them: another set of models that starts with the same k
+    models scores only the rest, from the list of those k) and :attr:`label` (this set of
+    models: the extractor's files, the tuned weights, the re-ranked test outputs)."""
 
-    models: tuple[RerankModel, ...]
+    models: tuple[FeatureModel, ...]
     tuner: str
     restarts: int
     threads: int
@@ -295,28 +366,34 @@ class RerankStep:
         self, nbest: Path, set_name: str, source: Path, run_dir: Path, weights: Path | None = None
     ) -> Path:
         """``nbest`` (of the source sentences ``source`` of the set ``set_name``) with every
-        model's feature added (``phrasescore nbest``, one feature after the other); with
-        ``weights``, the re-ranked 1-best texts of the last call instead."""
-        current = nbest
+        model's feature added by one ``phrasescore nbest`` call, started from the list scored
+        by the longest run of first models already (``scored/``, :meth:`scored_list`); with
+        ``weights``, the re-ranked 1-best texts of that call instead (the whole scored list is
+        then not kept)."""
         work = run_dir / self.label
-        for index, (name, paths, inverse) in enumerate(self.models):
-            rerank = weights is not None and index == len(self.models) - 1
-            if rerank:
-                target = work / f"{set_name}.{self.name}.out"
-            else:
-                target = self.scored_list(run_dir, set_name, index + 1)
-                target.parent.mkdir(exist_ok=True)
-            if not target.exists():
-                command = [sys.executable, "-m", "phrasescore", "nbest", str(current)]
-                command += ["--source", str(source), "--name", name]
-                command += [arg for path in paths for arg in ("-m", path)]
-                command += ["--inverse"] if inverse else []
-                command += ["-o", str(target), "--no-progress", "--threads", str(self.threads)]
-                if rerank:
-                    command += ["--weights", str(weights), "--one-best"]
-                self.run(command, work, f"{target.name}.log")
-            current = target
-        return current
+        if weights is not None:
+            target = work / f"{set_name}.{self.name}.out"
+        else:
+            target = self.scored_list(run_dir, set_name, len(self.models))
+            target.parent.mkdir(exist_ok=True)
+        if target.exists():
+            return target
+        done = max(
+            k for k in range(len(self.models) + 1) if k == 0 or self._scored(run_dir, set_name, k)
+        )
+        current = nbest if done == 0 else self.scored_list(run_dir, set_name, done)
+        command = [sys.executable, "-m", "phrasescore", "nbest", str(current)]
+        command += ["--source", str(source)]
+        for name, paths, inverse in self.models[done:]:
+            command += ["--inverse-model" if inverse else "-m", f"{name}={','.join(paths)}"]
+        command += ["-o", str(target), "--no-progress", "--threads", str(self.threads)]
+        if weights is not None:
+            command += ["--weights", str(weights), "--one-best"]
+        self.run(command, work, f"{target.name}.log")
+        return target
+
+    def _scored(self, run_dir: Path, set_name: str, models: int) -> bool:
+        return self.scored_list(run_dir, set_name, models).exists()
 
     def tune(
         self,
@@ -336,23 +413,9 @@ class RerankStep:
         work.mkdir(parents=True, exist_ok=True)
         source, reference = dev
         scored = self.score(dev_nbest(), "dev", source, run_dir)
-        bleu = ["--sctype", "BLEU", "--scconfig", "case:true"]
-        extract = [self.program("extractor"), *bleu, "-r", str(reference)]
-        extract += ["-n", str(scored), "--scfile", "scores.dat", "--ffile", "features.dat"]
-        self.run(extract, work, "extract.log")
-        names = dense_feature_names(work / "features.dat")
-        write_start_point(work / "init.opt", weight_vector(names, start, 0.0))
-        if self.tuner == "kbmira":
-            mira = [self.program("kbmira"), *bleu, "-r", str(seed)]
-            mira += ["-S", "scores.dat", "-F", "features.dat", "-d", "init.opt", "-o", "mira.out"]
-            self.run(mira, work, "kbmira.log")
-            write_weights_file(tuned, read_kbmira_weights(work / "mira.out", names))
-            return tuned
-        mert = [self.program("mert"), "-d", str(len(names)), *bleu]
-        mert += ["-n", str(self.restarts), "-r", str(seed)]
-        mert += ["--scfile", "scores.dat", "--ffile", "features.dat", "--ifile", "init.opt"]
-        self.run(mert, work, "mert.log")
-        write_weights_file(tuned, read_tuned_weights(work / "weights.txt", names))
+        tuning = MosesTuning(self.program, self.run, self.tuner, self.restarts)
+        names = tuning.extract(scored, reference, work)
+        write_weights_file(tuned, tuning.tune(work, names, start, seed))
         return tuned
 
     def rerank(

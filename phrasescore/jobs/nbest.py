@@ -34,6 +34,15 @@ token-level ensemble of the models (:class:`~phrasescore.engine.scoring.Ensemble
 next-token probabilities averaged), for checkpoints or seeds of one model (Sutskever et al. 2014,
 §3.6); the models must share the target vocabulary and direction.
 
+Several features in one pass: ``-m NAME=MODEL`` (repeatable), ``--inverse-model NAME=MODEL``
+(``options.inverse_models``, target->source) and ``NAME=A,B`` (an ensemble) add one feature per
+name, the ``-m`` ones in their order, then the inverse ones
+(:func:`~phrasescore.jobs.nbest_features.nbest_feature_models`). The list is read and written
+once, every model scores each block in turn, and the output is byte-identical to one call per
+feature, each on the list the previous call wrote: a feature's values do not depend on the
+others', and each is added after the line's last feature as that call would. Every model is
+checked for the list's direction on the first block (a warning per model that looks reversed).
+
 CSLM: with ``lm`` (``--lm``), the feature ``CSLM0= log p(hypothesis </s> | <s>)`` of a target
 language model (:mod:`phrasescore.engine.lm_scoring`, SPEC §3.6) is added too, before the model's
 feature; re-ranking then needs a weight for it as well.
@@ -58,6 +67,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import logging
+import math
 import os
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -65,9 +75,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from phrasescore.bundle import TrainedModel, load_lm
+from phrasescore.bundle import load_lm
 from phrasescore.engine.lm_scoring import LMScorer
-from phrasescore.engine.scoring import EnsembleScorer, PairScorer, check_ensemble
 from phrasescore.errors import InputError
 from phrasescore.files import (
     AtomicOutput,
@@ -80,7 +89,7 @@ from phrasescore.files import (
     remove_stale_temporaries,
 )
 from phrasescore.hardware import resolve_device
-from phrasescore.jobs.common import model_for
+from phrasescore.jobs.nbest_features import FeatureModel, ModelFeatures, nbest_feature_models
 from phrasescore.moses.nbest import (
     NBestEntry,
     check_feature_name,
@@ -116,7 +125,8 @@ log = logging.getLogger(__name__)
 class NBestOptions:
     """Flags of ``phrasescore nbest``."""
 
-    name: str = "RNNEncDec0"
+    name: str | None = None
+    """``--name`` of a plain ``-m MODEL`` (default ``RNNEncDec0``); None with ``NAME=MODEL``."""
     normalize: bool = False
     weights: str | None = None
     one_best: bool = False
@@ -130,6 +140,8 @@ class NBestOptions:
     """``exact`` or ``self-normalized`` (:mod:`phrasescore.engine.scoring`; the model's feature only)."""
     inverse: bool = False
     """The model is target->source: its feature is log p(source | hypothesis)."""
+    inverse_models: tuple[str, ...] = ()
+    """``--inverse-model NAME=MODEL[,MODEL]`` specs: target->source features."""
 
 
 @dataclass
@@ -216,22 +228,24 @@ def rescore_nbest(
     options: NBestOptions | None = None,
     device: str = "cpu",
     progress: bool = True,
-    model: TrainedModel | None = None,
     shard: Shard | None = None,
     workers: int = 1,
 ) -> NBestResult:
-    """Add the model's feature (and the CSLM's) to every hypothesis of ``nbest`` (see the
+    """Add the models' features (and the CSLM's) to every hypothesis of ``nbest`` (see the
     module docstring); with an ``options.lm`` and no model, the CSLM feature alone. With
     ``shard``, only that shard's blocks, and a manifest beside ``output``. ``workers`` > 1
     (CPU): the blocks are scored in that many forked single-threaded processes
     (:mod:`phrasescore.runners.chunk_pool`), with the bytes of one process.
 
-    Several model files (``model_path`` a sequence) are one feature, their ensemble
-    (:class:`~phrasescore.engine.scoring.EnsembleScorer`)."""
+    ``model_path``: the ``-m`` values, plain model files (one feature named ``options.name``;
+    several: their ensemble, :class:`~phrasescore.engine.scoring.EnsembleScorer`) or
+    ``NAME=MODEL[,MODEL]`` specs (one feature each; with ``options.inverse_models``)."""
     options = options or NBestOptions()
-    paths = model_paths(model_path)
-    with_model = _with_model(options, model is not None or bool(paths))
-    names = _check_options(nbest, source, options, with_model)
+    features = nbest_feature_models(
+        model_paths(model_path), options.inverse_models, options.name, options.inverse
+    )
+    with_model = _with_model(options, bool(features))
+    names = _check_options(nbest, source, options, with_model, features)
     if shard is not None:
         _check_shard(nbest, output, options)
     check_output_path(output)
@@ -245,10 +259,7 @@ def rescore_nbest(
         dev = resolve_device(device)
         check_workers_device(workers, dev)
         with loading_for_workers(workers):  # loaded at one thread, to fork from
-            loaded = [model] if model is not None else []
-            if with_model and not loaded:  # -m once, or several times (an ensemble); none: refused
-                loaded = [model_for(None, path, dev) for path in paths or [None]]
-            features, signatures, scorer = _features(options, dev, loaded, paths)
+            scored, signatures, scorer = _features(options, dev, features)
         if shard is not None:
             log.info(
                 "shard %s: blocks i of about %d hypotheses with i %% %d == %d",
@@ -257,18 +268,19 @@ def rescore_nbest(
                 shard.count,
                 shard.index - 1,
             )
-        writer = _Writer(options, weights, len(sources), [name for name, _ in features])
+        writer = _Writer(options, weights, len(sources), [name for name, _ in scored])
         reader = _BlockReader(nbest, sources, source, options.block_hypotheses, shard)
+        reader.first_block = scorer.warn_direction if scorer is not None else None
         manifest = None
         if shard is not None:
-            job = _manifest_job(names, signatures, options, weights, sources)
+            job = _manifest_job(names, signatures, options, weights, sources, features)
             manifest = _PartManifest(output, shard, nbest, options, job, dev.type, reader, writer)
         started = time.monotonic()
         bar = progress_bar(progress, unit=" hyps", unit_scale=True)
         warm_up = scorer.warm_up if scorer is not None else None
         try:
             with (
-                ChunkScoring(BlockScorer(features, scorer), workers, warm_up) as scoring,
+                ChunkScoring(BlockScorer(scored, scorer), workers, warm_up) as scoring,
                 AtomicOutput(output, before_rename=manifest) as out,
             ):
                 clamped = _write_blocks(scoring.results(reader.pairs()), reader, writer, out, bar)
@@ -296,6 +308,9 @@ class _BlockReader:
         self.plan: list[int] = []
         self.pending: collections.deque = collections.deque()
         self.records: list[dict] = []
+        self.first_block = None
+        """Called with the first scored block's ``(sources, hypotheses)`` in this process (the
+        models' direction check, :meth:`~phrasescore.jobs.nbest_features.ModelFeatures.warn_direction`)."""
 
     def pairs(self) -> Iterator[tuple[list[str], list[str]] | None]:
         """The ``(sources, hypotheses)`` of each block to score (None for another shard's)."""
@@ -306,7 +321,14 @@ class _BlockReader:
             srcs = [_source_of(e, self.sources, self.source_path) for e in entries]
             owned = self.shard is None or self.shard.owns(index)
             self.pending.append((index, block, entries))
-            yield (srcs, [e.hypothesis for e in entries]) if owned else None
+            if not owned:
+                yield None
+                continue
+            hyps = [e.hypothesis for e in entries]
+            if self.first_block is not None:
+                self.first_block(srcs, hyps)
+                self.first_block = None
+            yield srcs, hyps
 
     def written(self, index: int, entries: list[NBestEntry]) -> None:
         """Block ``index`` is written: a shard records it."""
@@ -335,8 +357,9 @@ def _write_blocks(done, reader: _BlockReader, writer: _Writer, out, bar) -> int:
     return clamped
 
 
-def _manifest_job(names, signatures, options: NBestOptions, weights, sources) -> dict:
+def _manifest_job(names, signatures, options: NBestOptions, weights, sources, features) -> dict:
     """What every shard of one n-best job must share (the manifest's ``job``)."""
+    inverse = [feature.name for feature in features if feature.inverse]
     return {
         "features": names,
         **signatures,
@@ -345,7 +368,7 @@ def _manifest_job(names, signatures, options: NBestOptions, weights, sources) ->
             "batch_tokens": options.batch_tokens,
             "scoring": options.scoring,
             "weights": weights,
-            **({"inverse": True} if options.inverse else {}),
+            **({"inverse": inverse} if inverse else {}),
         },
         "source": {
             "lines": len(sources),
@@ -452,7 +475,9 @@ def run_nbest(
         merged.lines,
         time.monotonic() - started,
         changed if options.weights else None,
-        scoring=options.scoring if _with_model(options, bool(model_paths(model_path))) else None,
+        scoring=options.scoring
+        if _with_model(options, bool(model_paths(model_path) or options.inverse_models))
+        else None,
     )
     log.info(
         "torchrun: %d ranks scored %d hypotheses in %.1f s (%.0f hypotheses/s)",
@@ -520,21 +545,27 @@ def _with_model(options: NBestOptions, model_given: bool) -> bool:
     return model_given or not (options.lm or options.weights)
 
 
-def _check_options(nbest: str, source: str, options: NBestOptions, with_model: bool) -> list[str]:
+def _check_options(
+    nbest: str, source: str, options: NBestOptions, with_model: bool, features
+) -> list[str]:
     """The names of the features to add, in order, after checking the options."""
     if with_model:
-        check_feature_name(options.name)
+        if not features:
+            raise InputError("give a --model")
+        for feature in features:
+            check_feature_name(feature.name)
     elif options.inverse:
         raise InputError("--inverse needs -m MODEL (a target->source model)")
     if nbest == "-" and source == "-":
         raise InputError("the n-best list and --source cannot both be standard input")
     if options.one_best and not options.weights:
         raise InputError("--one-best needs --weights (the weights that pick the best hypothesis)")
-    names = ([options.lm_name] if options.lm else []) + ([options.name] if with_model else [])
+    model_names = [feature.name for feature in features]
+    names = ([options.lm_name] if options.lm else []) + model_names
     if options.lm:
         check_feature_name(options.lm_name)
-        if with_model and options.lm_name == options.name:
-            raise InputError(f"the model and the LM feature are both named {options.name}")
+        if options.lm_name in model_names:
+            raise InputError(f"the model and the LM feature are both named {options.lm_name}")
     return names
 
 
@@ -562,11 +593,12 @@ def model_paths(model_path: str | Sequence[str] | None) -> list[str]:
     return [model_path] if isinstance(model_path, str) else list(model_path)
 
 
-def _features(options: NBestOptions, device, models: list[TrainedModel], paths: list[str]):
+def _features(options: NBestOptions, device, features: Sequence[FeatureModel]):
     """(name, score(sources, hypotheses) -> values) of each feature to add, in line order:
-    the CSLM's first, then the model's (one model's, or the ensemble of ``models``); the
-    signatures of the LM and models; and the model's scorer (None without a model)."""
-    features = []
+    the CSLM's first, then the models' (:class:`~phrasescore.jobs.nbest_features.ModelFeatures`,
+    one feature per :class:`FeatureModel`); the signatures of the LM and models; and the models'
+    scorers (None without a model)."""
+    scored = []
     signatures: dict[str, list[str]] = {"lms": [], "models": []}
     scorer = None
     if options.lm:
@@ -576,33 +608,12 @@ def _features(options: NBestOptions, device, models: list[TrainedModel], paths: 
         log.info(
             "n-best rescoring with language model %s, feature %s", lm.signature, options.lm_name
         )
-        features.append((options.lm_name, _LMFeature(lm_scorer)))
-    if models:
-        names = paths or [None] * len(models)
-        if len(models) > 1:
-            check_ensemble(models, names)
-        signatures["models"].extend(model.signature for model in models)
-        scorers = [
-            PairScorer(
-                model,
-                device=device,
-                batch_tokens=options.batch_tokens,
-                scoring=options.scoring,
-                model_path=path,
-            )
-            for model, path in zip(models, names, strict=True)
-        ]
-        scorer = scorers[0] if len(scorers) == 1 else EnsembleScorer(scorers)
-        log.info(
-            "n-best rescoring with %s %s, feature %s = log p(%s), %s scoring",
-            "model" if len(models) == 1 else f"the ensemble of {len(models)} models",
-            ", ".join(model.signature for model in models),
-            options.name,
-            "source | hypothesis" if options.inverse else "hypothesis | source",
-            options.scoring,
-        )
-        features.append((options.name, _ModelFeature(scorer, options.normalize, options.inverse)))
-    return features, signatures, scorer
+        scored.append((options.lm_name, _LMFeature(lm_scorer)))
+    if features:
+        scorer = ModelFeatures(features, device, options.batch_tokens, options.scoring)
+        signatures["models"].extend(scorer.signatures)
+        scored.extend(scorer.scorer_features(options.normalize))
+    return scored, signatures, scorer
 
 
 @dataclass
@@ -615,26 +626,7 @@ class _LMFeature:
         return self.scorer.score_sentences(hyps).logprob
 
 
-@dataclass
-class _ModelFeature:
-    """The model's feature: log p(hypothesis | source), or per token with ``normalize``; with
-    ``inverse`` (a target->source model) log p(source | hypothesis)."""
-
-    scorer: PairScorer | EnsembleScorer
-    normalize: bool
-    inverse: bool = False
-
-    def __call__(self, srcs: list[str], hyps: list[str]) -> np.ndarray:
-        if self.inverse:
-            scored = self.scorer.score_phrases(hyps, srcs)
-        else:
-            scored = self.scorer.score_phrases(srcs, hyps)
-        return scored.logprob / scored.n_tokens if self.normalize else scored.logprob
-
-
-def score_block(
-    features, scorer: PairScorer | EnsembleScorer | None, pairs
-) -> tuple[list, int] | None:
+def score_block(features, scorer: ModelFeatures | None, pairs) -> tuple[list, int] | None:
     """Each feature's values for one block's ``(sources, hypotheses)`` (None: another shard's
     block), and the model scores it clamped; the same function runs in this process and in
     ``--workers`` processes."""
@@ -652,7 +644,7 @@ class BlockScorer:
     block, here or in a ``--workers`` process (which inherits it by ``fork``)."""
 
     features: list
-    scorer: PairScorer | EnsembleScorer | None
+    scorer: ModelFeatures | None
 
     def __call__(self, pairs):
         return score_block(self.features, self.scorer, pairs)
@@ -731,6 +723,40 @@ class _Writer:
             out.writelines(text + "\n" for text in self.best_texts)
 
 
+def weighted_totals(group: list[NBestEntry], weights: dict, weights_path: str) -> list[float]:
+    """Each entry's total under ``weights`` (read from ``weights_path``):
+    :func:`~phrasescore.moses.nbest.total_score`. A feature value that is not finite (``nan``,
+    ``inf``), a feature without its weights, or a total that overflows is an error at the
+    entry's line: no order could be drawn from it."""
+    totals = []
+    for entry in group:
+        features = parse_features(entry.features, entry.path, entry.lineno)
+        for name, values in features:
+            if not all(math.isfinite(value) for value in values):
+                bad = next(value for value in values if not math.isfinite(value))
+                raise InputError(
+                    f"feature {name} has a value that is not finite ({bad}): the hypotheses "
+                    "cannot be re-ranked",
+                    entry.path,
+                    entry.lineno,
+                )
+        try:
+            total = total_score(features, weights)
+        except InputError as exc:
+            raise InputError(
+                f"{exc.message} in {display_name(weights_path)}", entry.path, entry.lineno
+            ) from None
+        if not math.isfinite(total):
+            raise InputError(
+                f"the weighted total is not finite ({total}) under the weights of "
+                f"{display_name(weights_path)}: a weight times a feature value overflows",
+                entry.path,
+                entry.lineno,
+            )
+        totals.append(total)
+    return totals
+
+
 def _rerank(
     group: list[NBestEntry], weights: dict, options: NBestOptions
 ) -> tuple[list[str], NBestEntry, NBestEntry]:
@@ -740,15 +766,7 @@ def _rerank(
     The new features enter the total with their values as written (6 significant digits), so
     the totals can be recomputed from the output.
     """
-    totals = []
-    for entry in group:
-        features = parse_features(entry.features, entry.path, entry.lineno)
-        try:
-            totals.append(total_score(features, weights))
-        except InputError as exc:
-            raise InputError(
-                f"{exc.message} in {display_name(options.weights)}", entry.path, entry.lineno
-            ) from None
+    totals = weighted_totals(group, weights, options.weights)
     old_best = max(range(len(group)), key=lambda i: (float(group[i].total), -i))
     order = sorted(range(len(group)), key=lambda i: (-totals[i], i))
     lines = [group[i]._replace(total=_total_field(group[i], totals[i])).line() for i in order]

@@ -36,6 +36,7 @@ The Moses facts this module implements:
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shlex
@@ -619,7 +620,13 @@ def read_weights(ini_text: str, path: str | None = None) -> dict[str, list[float
 
 
 def _floats(tokens: list[str], message: str, path: str | None, index: int) -> list[float]:
+    """The weights ``tokens`` as numbers; a non-number (``message``) or a non-finite weight
+    (``nan``, ``inf``, ``1e999``: no total could be computed with it) is an error at its line."""
     try:
-        return [float(token) for token in tokens]
+        values = [float(token) for token in tokens]
     except ValueError:
         raise InputError(message, path, index + 1) from None
+    for token, value in zip(tokens, values, strict=True):
+        if not math.isfinite(value):
+            raise InputError(f"weight {token!r} is not a finite number", path, index + 1)
+    return values

@@ -1,0 +1,235 @@
+"""The model features of an n-best list: which models give which feature, loaded and scored.
+
+One feature is one :class:`FeatureModel`: a Moses feature name, one model file or several (their
+token-level ensemble, :class:`~phrasescore.engine.scoring.EnsembleScorer`, Sutskever et al. 2014
+§3.6) and a direction (``inverse``: a target->source model whose feature is log p(source |
+hypothesis), the inverse-direction re-ranking feature of Sennrich et al. 2016).
+
+The specs: ``NAME=MODEL`` or ``NAME=MODEL,MODEL`` (:func:`parse_feature_models`), what ``nbest
+-m``/``--inverse-model`` and ``ab --rerank``/``--rerank-inverse`` take; ``ab`` also names an
+unnamed ``MODEL`` ``RNNEncDec<i>`` (``RNNEncDecInv<i>``). ``nbest`` keeps its older form too
+(:func:`nbest_feature_models`): plain ``-m FILE`` (several: one ensemble) named by ``--name``,
+target->source with ``--inverse``. A spec is ``NAME=MODEL`` when it holds ``=`` and is not itself
+a file (a model file whose name holds ``=`` is still given as it is). The direct features come
+first, in the order given, then the target->source ones.
+
+:class:`ModelFeatures` loads every feature's models (all in every ``--workers`` process, which
+inherit them by fork) and scores a block of ``(sources, hypotheses)`` with each, in order; it
+warns once per model when the list looks reversed for it (:meth:`ModelFeatures.warn_direction`,
+the check ``rescore`` makes on a phrase table: :func:`~phrasescore.jobs.rescore_columns.direction_evidence`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from phrasescore.bundle import load_model
+from phrasescore.engine.scoring import EnsembleScorer, PairScorer, check_ensemble
+from phrasescore.errors import InputError
+from phrasescore.files import check_input_file
+from phrasescore.jobs.rescore_columns import direction_evidence
+from phrasescore.moses.nbest import check_feature_name
+
+log = logging.getLogger(__name__)
+
+DEFAULT_NAME = "RNNEncDec0"
+"""The feature name of a plain ``nbest -m MODEL`` without ``--name``."""
+
+
+class FeatureModel(NamedTuple):
+    """One feature: its name, its model files (several: their ensemble) and its direction."""
+
+    name: str
+    paths: tuple[str, ...]
+    inverse: bool = False
+    """A target->source model: the feature is log p(source | hypothesis)."""
+
+
+def is_named_spec(spec: str) -> bool:
+    """Whether ``spec`` is ``NAME=MODEL`` (it holds ``=`` and is not a file itself)."""
+    return "=" in spec and not Path(spec).is_file()
+
+
+def parse_feature_models(
+    specs: Sequence[str],
+    inverse_specs: Sequence[str] = (),
+    options: tuple[str, str] = ("-m", "--inverse-model"),
+    default_names: tuple[str, str] | None = None,
+    resolve: bool = False,
+) -> tuple[FeatureModel, ...]:
+    """``NAME=MODEL[,MODEL...]`` specs as features, the direct ones (``specs``) first, then the
+    target->source ones; each name a valid Moses dense feature name
+    (:func:`~phrasescore.moses.nbest.check_feature_name`) given once. ``options`` names the two
+    options in messages; with ``default_names`` (``ab``'s ``RNNEncDec``, ``RNNEncDecInv``) an
+    unnamed ``MODEL`` is named ``<default><i>``, without them it is refused. With ``resolve``,
+    each file is checked and its path resolved (:func:`~phrasescore.files.check_input_file`)."""
+    models: list[FeatureModel] = []
+    for inverse, option, default, given in (
+        (False, options[0], default_names and default_names[0], specs),
+        (True, options[1], default_names and default_names[1], inverse_specs),
+    ):
+        for index, spec in enumerate(given):
+            name, sep, path = spec.partition("=") if is_named_spec(spec) else ("", "", spec)
+            if not sep:
+                if default is None:
+                    raise InputError(f"{option} {spec}: give NAME=MODEL (the feature's name)")
+                name = f"{default}{index}"
+            try:
+                check_feature_name(name)
+            except InputError as exc:
+                raise InputError(f"{option} {spec}: {exc.message}") from None
+            if name in {known.name for known in models}:
+                raise InputError(f"{option} {spec}: feature name {name} given twice")
+            paths = path.split(",")
+            if not all(paths):
+                raise InputError(f"{option} {spec}: a model file name is empty")
+            if resolve:
+                paths = [
+                    str(check_input_file(Path(one), f"{option} {name} model")) for one in paths
+                ]
+            models.append(FeatureModel(name, tuple(paths), inverse))
+    return tuple(models)
+
+
+def nbest_feature_models(
+    model_specs: Sequence[str],
+    inverse_specs: Sequence[str] = (),
+    name: str | None = None,
+    inverse: bool = False,
+) -> tuple[FeatureModel, ...]:
+    """The features of ``nbest -m ... --inverse-model ...``: every ``-m`` ``NAME=MODEL`` (one
+    feature each, :func:`parse_feature_models`), or every ``-m`` a plain file (the older form:
+    one feature, their ensemble, named ``name``, target->source with ``inverse``). The two forms
+    do not mix; ``--name`` and ``--inverse`` belong to the older one."""
+    named = [spec for spec in model_specs if is_named_spec(spec)]
+    if not named and not inverse_specs:
+        if not model_specs:
+            return ()
+        return (FeatureModel(name or DEFAULT_NAME, tuple(model_specs), inverse),)
+    if len(named) != len(model_specs):
+        plain = next(spec for spec in model_specs if not is_named_spec(spec))
+        raise InputError(
+            f"-m {plain}: give every -m as NAME=MODEL (one feature each) or every -m as a plain "
+            "MODEL file (one feature, named by --name), not both"
+        )
+    if name is not None or inverse:
+        flag = "--name" if name is not None else "--inverse"
+        raise InputError(
+            f"{flag} is for plain -m MODEL: with NAME=MODEL the name is in the spec, and a "
+            "target->source model goes in --inverse-model NAME=MODEL"
+        )
+    return parse_feature_models(model_specs, inverse_specs)
+
+
+class ModelFeatures:
+    """The models of every feature, loaded on ``device``, and their scorers: one
+    :class:`PairScorer` per model, an :class:`EnsembleScorer` per feature of several."""
+
+    def __init__(
+        self, features: Sequence[FeatureModel], device, batch_tokens: int, scoring: str
+    ) -> None:
+        self.features = tuple(features)
+        self.models = []
+        """The loaded models of each feature, in order."""
+        self.scorers: list[PairScorer | EnsembleScorer] = []
+        for feature in self.features:
+            models = [load_model(path, device) for path in feature.paths]
+            if len(models) > 1:
+                check_ensemble(models, list(feature.paths))
+            scorers = [
+                PairScorer(
+                    model,
+                    device=device,
+                    batch_tokens=batch_tokens,
+                    scoring=scoring,
+                    model_path=path,
+                )
+                for model, path in zip(models, feature.paths, strict=True)
+            ]
+            self.models.append(models)
+            self.scorers.append(scorers[0] if len(scorers) == 1 else EnsembleScorer(scorers))
+            log.info(
+                "n-best rescoring with %s %s, feature %s = log p(%s), %s scoring",
+                "model" if len(models) == 1 else f"the ensemble of {len(models)} models",
+                ", ".join(model.signature for model in models),
+                feature.name,
+                "source | hypothesis" if feature.inverse else "hypothesis | source",
+                scoring,
+            )
+
+    @property
+    def signatures(self) -> list[str]:
+        """Every model's signature, feature after feature (a shard manifest's ``models``)."""
+        return [model.signature for models in self.models for model in models]
+
+    @property
+    def clamped(self) -> int:
+        """Self-normalized scoring: the model scores clamped at log p = 0 so far."""
+        return sum(scorer.clamped for scorer in self.scorers)
+
+    def warm_up(self) -> None:
+        for scorer in self.scorers:
+            scorer.warm_up()
+
+    def scorer_features(self, normalize: bool) -> list[tuple[str, ModelFeature]]:
+        """``(name, score(sources, hypotheses) -> values)`` of each feature, in order."""
+        return [
+            (feature.name, ModelFeature(scorer, normalize, feature.inverse))
+            for feature, scorer in zip(self.features, self.scorers, strict=True)
+        ]
+
+    def warn_direction(self, sources: list[str], hypotheses: list[str]) -> None:
+        """Warn for each model the list looks reversed for: its vocabularies know the list's
+        words better read the other way round
+        (:func:`~phrasescore.jobs.rescore_columns.direction_evidence`). ``nbest`` calls it on
+        the first block it scores."""
+        sources = list(dict.fromkeys(sources))
+        hypotheses = list(dict.fromkeys(hypotheses))
+        for feature, models in zip(self.features, self.models, strict=True):
+            src, tgt = (hypotheses, sources) if feature.inverse else (sources, hypotheses)
+            for model, path in zip(models, feature.paths, strict=True):
+                evidence = direction_evidence(model, src, tgt)
+                if evidence is None:
+                    continue
+                given, swapped = evidence
+                hint = (
+                    "-m NAME=MODEL (without --inverse)"
+                    if feature.inverse
+                    else "--inverse-model NAME=MODEL (or --inverse)"
+                )
+                log.warning(
+                    "%s (%s->%s, feature %s) looks trained in the other direction: its "
+                    "vocabularies know %.0f%% of the list's words read the other way round, "
+                    "%.0f%% as given; if it translates the list's target language into its "
+                    "source language, give it as %s",
+                    path,
+                    model.src_text.lang,
+                    model.tgt_text.lang,
+                    feature.name,
+                    100 * swapped,
+                    100 * given,
+                    hint,
+                )
+
+
+@dataclass
+class ModelFeature:
+    """One feature's values: log p(hypothesis | source), or per token with ``normalize``; with
+    ``inverse`` (a target->source model) log p(source | hypothesis)."""
+
+    scorer: PairScorer | EnsembleScorer
+    normalize: bool
+    inverse: bool = False
+
+    def __call__(self, srcs: list[str], hyps: list[str]) -> np.ndarray:
+        if self.inverse:
+            scored = self.scorer.score_phrases(hyps, srcs)
+        else:
+            scored = self.scorer.score_phrases(srcs, hyps)
+        return scored.logprob / scored.n_tokens if self.normalize else scored.logprob

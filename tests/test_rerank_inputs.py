@@ -1,0 +1,189 @@
+"""Bad inputs of re-ranking by hand (issue 41, item 7): ``rerank-weights`` and ``nbest
+--weights`` refuse non-finite weights and feature values, duplicated kbmira weights and
+unreadable files in one line naming file:line, exit 1, nothing under the output name."""
+
+from __future__ import annotations
+
+import gzip
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from phrasescore.cli import cli
+
+DATA = Path(__file__).parent / "data"
+MERT = DATA / "nbest" / "mert"
+LIST = DATA / "nbest" / "multi30k.test2016.ids0-4.100best.nbest.gz"
+SOURCE = DATA / "nbest" / "multi30k.test2016.head5.tok.lc.en"
+INI = DATA / "moses" / "multi30k.moses.ini"
+
+
+def fails_in_one_line(args: list, out: Path, where: str, message: str) -> None:
+    """``phrasescore ARGS`` exits 1 with one error line ``where: ...message...``, no traceback,
+    and leaves nothing under ``out`` (nor a temporary beside it)."""
+    result = CliRunner().invoke(cli, ["-q", *map(str, args)])
+    assert result.exit_code == 1, result.output
+    errors = [line for line in result.output.splitlines() if line.strip()]
+    assert len(errors) == 1, result.output
+    assert errors[0].startswith(f"phrasescore: error: {where}"), errors[0]
+    assert message in errors[0], errors[0]
+    assert not out.exists()
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}")]
+
+
+def copy_with(tmp_path: Path, source: Path, name: str, edit) -> Path:
+    path = tmp_path / name
+    text = source.read_text(encoding="utf-8")
+    path.write_text(edit(text), encoding="utf-8")
+    return path
+
+
+# ---------------------------------------------------------------------------- rerank-weights
+@pytest.mark.parametrize("bad", ["nan", "inf", "-inf", "1e999"])
+def test_rerank_weights_refuses_a_non_finite_mert_weight(tmp_path, bad):
+    tuned = copy_with(
+        tmp_path, MERT / "weights.txt", "weights.txt", lambda t: t.replace("0.461622", bad)
+    )
+    out = tmp_path / "out" / "w.ini"
+    out.parent.mkdir()
+    args = ["rerank-weights", MERT / "features.dat", "--tuned", tuned, "-o", out]
+    fails_in_one_line(args, out, f"{tuned}:1:", f"{bad!r} is not a finite number")
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "1e999"])
+def test_rerank_weights_refuses_a_non_finite_kbmira_weight(tmp_path, bad):
+    tuned = copy_with(
+        tmp_path, MERT / "kbmira.out", "mira.out", lambda t: t.replace("F8 -1.0288", f"F8 {bad}")
+    )
+    out = tmp_path / "out" / "w.ini"
+    out.parent.mkdir()
+    args = ["rerank-weights", MERT / "features.dat", "--tuned", tuned, "-o", out]
+    fails_in_one_line(args, out, f"{tuned}:9:", f"{bad!r} is not a finite number")
+
+
+def test_rerank_weights_refuses_a_kbmira_weight_given_twice(tmp_path):
+    tuned = copy_with(tmp_path, MERT / "kbmira.out", "mira.out", lambda t: t + "F3 0.5\n")
+    out = tmp_path / "out" / "w.ini"
+    out.parent.mkdir()
+    args = ["rerank-weights", MERT / "features.dat", "--tuned", tuned, "-o", out]
+    fails_in_one_line(args, out, f"{tuned}:15:", "F3 given twice (first on line 4)")
+
+
+@pytest.mark.parametrize("bad", ["nan", "1e999"])
+def test_rerank_weights_refuses_a_non_finite_start_weight(tmp_path, bad):
+    ini = copy_with(tmp_path, INI, "moses.ini", lambda t: t.replace("LM0= 0.5", f"LM0= {bad}"))
+    line = ini.read_text().splitlines().index(f"LM0= {bad}") + 1
+    out = tmp_path / "out" / "init.opt"
+    out.parent.mkdir()
+    args = ["rerank-weights", MERT / "features.dat", "--start", ini, "-o", out]
+    fails_in_one_line(args, out, f"{ini}:{line}:", f"{bad!r} is not a finite number")
+
+
+@pytest.mark.parametrize("which", ["features", "tuned", "start"])
+@pytest.mark.parametrize("problem", ["missing", "not UTF-8"])
+def test_rerank_weights_unreadable_inputs_are_one_line(tmp_path, which, problem):
+    files = {"features": MERT / "features.dat", "tuned": MERT / "weights.txt", "start": INI}
+    bad = tmp_path / f"bad.{which}"
+    if problem == "not UTF-8":
+        bad.write_bytes(files[which].read_bytes()[:40] + b"\xff\xfe\n")
+    files[which] = bad
+    out = tmp_path / "out" / "w"
+    out.parent.mkdir()
+    option = ["--start", files["start"]] if which == "start" else ["--tuned", files["tuned"]]
+    args = ["rerank-weights", files["features"], *option, "-o", out]
+    line = files[which].read_bytes()[:40].count(b"\n") + 1 if problem != "missing" else 0
+    where = f"{bad}:" if problem == "missing" else f"{bad}:{line}:"
+    fails_in_one_line(args, out, where, "no such file" if problem == "missing" else "invalid UTF-8")
+
+
+def test_rerank_weights_reads_gzipped_inputs_as_plain_ones(tmp_path):
+    plain, zipped = tmp_path / "plain.ini", tmp_path / "zipped.ini"
+    for name in ("features.dat", "weights.txt"):
+        with gzip.open(tmp_path / f"{name}.gz", "wb") as out:
+            out.write((MERT / name).read_bytes())
+    runner = CliRunner()
+    args = ["rerank-weights", MERT / "features.dat", "--tuned", MERT / "weights.txt", "-o", plain]
+    assert runner.invoke(cli, list(map(str, args))).exit_code == 0
+    args = ["rerank-weights", tmp_path / "features.dat.gz", "--tuned", tmp_path / "weights.txt.gz"]
+    result = runner.invoke(cli, [*map(str, args), "-o", str(zipped)])
+    assert result.exit_code == 0, result.output
+    assert zipped.read_bytes() == plain.read_bytes()
+
+
+# ---------------------------------------------------------------------------- nbest --weights
+def weights_with(tmp_path, lm: str) -> Path:
+    return copy_with(tmp_path, INI, "w.ini", lambda t: t.replace("LM0= 0.5", f"LM0= {lm}"))
+
+
+FLAGS = [[], ["--one-best"], ["--workers", "2", "--chunk-lines", "100"],
+         ["--workers", "2", "--one-best"]]  # fmt: skip
+
+
+@pytest.mark.parametrize("flags", FLAGS, ids=" ".join)
+@pytest.mark.parametrize("bad", ["nan", "inf", "1e999"])
+def test_nbest_refuses_a_non_finite_weight(tmp_path, flags, bad):
+    weights = weights_with(tmp_path, bad)
+    line = weights.read_text().splitlines().index(f"LM0= {bad}") + 1
+    out = tmp_path / "out" / "best"
+    out.parent.mkdir()
+    args = [
+        "nbest",
+        LIST,
+        "--source",
+        SOURCE,
+        "--weights",
+        weights,
+        *flags,
+        "-o",
+        out,
+        "--no-progress",
+    ]
+    fails_in_one_line(args, out, f"{weights}:{line}:", f"{bad!r} is not a finite number")
+
+
+@pytest.mark.parametrize("flags", FLAGS, ids=" ".join)
+@pytest.mark.parametrize("bad", ["nan", "inf", "-1e999"])
+def test_nbest_refuses_a_non_finite_feature_value_when_it_reranks(tmp_path, flags, bad):
+    lines = gzip.decompress(LIST.read_bytes()).decode().splitlines(keepends=True)
+    lines[150] = re.sub(r" LM0= \S+", f" LM0= {bad}", lines[150], count=1)
+    nbest = tmp_path / "list.nbest"
+    nbest.write_text("".join(lines), encoding="utf-8")
+    weights = tmp_path / "w.ini"
+    shutil.copyfile(INI, weights)
+    out = tmp_path / "out" / "best"
+    out.parent.mkdir()
+    args = [
+        "nbest",
+        nbest,
+        "--source",
+        SOURCE,
+        "--weights",
+        weights,
+        *flags,
+        "-o",
+        out,
+        "--no-progress",
+    ]
+    fails_in_one_line(args, out, f"{nbest}:151:", "feature LM0 has a value that is not finite")
+
+
+def test_nbest_refuses_a_total_that_overflows(tmp_path):
+    weights = weights_with(tmp_path, "1e308")
+    out = tmp_path / "out" / "best"
+    out.parent.mkdir()
+    args = [
+        "nbest",
+        LIST,
+        "--source",
+        SOURCE,
+        "--weights",
+        weights,
+        "--one-best",
+        "-o",
+        out,
+        "--no-progress",
+    ]
+    fails_in_one_line(args, out, f"{LIST}:1:", "the weighted total is not finite")
