@@ -1171,6 +1171,54 @@ def rerank_weights(features_dat, start, tuned, output):
     _echo(run_rerank_weights(features_dat, output, start=start, tuned=tuned), err=True)
 
 
+@cli.command("rerank-tune", short_help="Tune re-ranking weights on a scored dev n-best list.")
+@click.argument("nbest_path", metavar="DEV_NBEST")
+@click.option(
+    "--reference", required=True, help="The dev set's reference (tokenised like the list)."
+)
+@click.option(
+    "--start",
+    metavar="INI",
+    help="moses.ini (or Name= w file) to start from: the decoder's tuned weights; a feature it "
+    "lacks (a model's) starts at 0. Without it every weight starts at 0.",
+)
+@click.option("--moses-home", help="mosesdecoder build (default: $MOSES_HOME, else $MOSES).")
+@click.option(
+    "--tuner",
+    type=click.Choice(["mert", "kbmira"]),
+    default="mert",
+    show_default=True,
+    help="Moses' mert (line search, random restarts) or kbmira (batch MIRA).",
+)
+@click.option(
+    "--runs",
+    type=POSITIVE,
+    default=1,
+    show_default=True,
+    help="Tune this many times (seeds SEED, SEED+1, ...) and keep the best dev BLEU.",
+)
+@click.option("--seed", type=SEED, default=1234, show_default=True, help="The first run's seed.")
+@click.option(
+    "--restarts", type=POSITIVE, default=20, show_default=True, help="mert's random restarts."
+)
+@click.option("--workdir", help="Keep the tools' files here (default: a temporary directory).")
+@click.option("-o", "--output", required=True, help="The Name= w weights file to write.")
+@_fail_cleanly
+def rerank_tune(nbest_path, reference, start, moses_home, tuner, runs, seed, restarts, workdir,
+                output):  # fmt: skip
+    """Tune the weights of every feature of DEV_NBEST (a Moses n-best list with the models'
+    features, from one nbest call) on the fixed list with Moses' extractor and mert or kbmira,
+    and write the Name= w lines that nbest --weights W --one-best applies to the test lists.
+    docs/moses.md: re-ranking by hand.
+    """
+    from phrasescore.jobs.rerank_tune import TuneOptions
+    from phrasescore.jobs.rerank_tune import rerank_tune as run_rerank_tune
+
+    options = TuneOptions(tuner=tuner, runs=runs, seed=seed, restarts=restarts, workdir=workdir)
+    result = run_rerank_tune(nbest_path, reference, output, start, moses_home, options)
+    _echo(result, err=True)
+
+
 @cli.command("ini-tables", short_help="List the phrase tables of a moses.ini.")
 @click.argument("moses_ini")
 @click.option("--factors", is_flag=True, help="Add INPUT_FACTORS and OUTPUT_FACTORS columns.")

@@ -65,16 +65,20 @@ class MosesInstall:
     home: Path
 
     @classmethod
-    def find(cls, home: str | None) -> MosesInstall:
-        """The Moses installation at ``home`` (else $MOSES_HOME, else $MOSES), checked."""
+    def find(cls, home: str | None, needs: list[str] | None = None) -> MosesInstall:
+        """The Moses installation at ``home`` (else $MOSES_HOME, else $MOSES), checked for the
+        programs ``needs`` (names in :data:`MOSES_PROGRAMS` or ``RERANK_TUNERS``; default:
+        everything ``ab`` runs)."""
+        programs = {**MOSES_PROGRAMS, **RERANK_TUNERS}
+        wanted = list(MOSES_PROGRAMS.values()) if needs is None else [programs[n] for n in needs]
         home = home or os.environ.get("MOSES_HOME") or os.environ.get("MOSES")
         if not home:
             raise InputError(
                 "Moses not found: set MOSES_HOME (or --moses-home) to a mosesdecoder build "
-                "with " + ", ".join(MOSES_PROGRAMS.values())
+                "with " + ", ".join(wanted)
             )
         install = cls(Path(home).resolve())
-        missing = [rel for rel in MOSES_PROGRAMS.values() if not (install.home / rel).is_file()]
+        missing = [rel for rel in wanted if not (install.home / rel).is_file()]
         if missing:
             raise InputError(f"Moses at {install.home} lacks {', '.join(missing)}")
         return install

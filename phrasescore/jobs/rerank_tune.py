@@ -1,0 +1,286 @@
+"""``phrasescore rerank-tune``: the weights of a scored dev n-best list tuned in one command.
+
+Re-ranking by hand (docs/moses.md) takes Moses' ``extractor``, ``mert`` or ``kbmira`` and two
+``rerank-weights`` calls; this job runs them in a working directory and writes the ``Name= w``
+lines that ``phrasescore nbest --weights W --one-best`` applies to the test lists:
+
+1. the list is checked first (:func:`check_tuning_list`: every line has the fields, the ids
+   increase and lie within the reference, every line carries the same dense features with the
+   same number of finite values), before any Moses tool runs;
+2. ``extractor`` once, then ``runs`` tunings (mert with ``restarts`` random restarts, or
+   kbmira) seeded ``seed``, ``seed + 1``, ...: the part ``ab --rerank`` runs too
+   (:class:`~phrasescore.jobs.ab_rerank.MosesTuning`), from the weights of ``start`` (a
+   moses.ini or ``Name= w`` file; a feature it does not weigh, e.g. a model's, starts at 0);
+3. each run's weights re-rank the dev list (:func:`best_hypotheses`, the order ``nbest
+   --weights`` gives) and the run with the best dev BLEU (sacrebleu, ``--tokenize none``: the
+   tuners' case-sensitive BLEU on tokenised text) is kept; every run's BLEU is reported
+   (Clark et al. 2011: one tuning run is one draw of an optimiser's variance).
+
+The output is written atomically (nothing under its name after a failure). The tools' files go
+to ``workdir`` (kept), or to a temporary directory beside the output that is removed after a
+run that succeeds and kept, with the tools' logs, after one that fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from phrasescore.errors import InputError
+from phrasescore.files import (
+    GZIP_MAGIC,
+    AtomicOutput,
+    check_files_exist,
+    check_output_path,
+    display_name,
+    iter_lines,
+    output_lock,
+)
+from phrasescore.jobs.ab import MosesInstall, Programs
+from phrasescore.jobs.ab_rerank import RERANK_TUNERS, MosesTuning, write_weights_file
+from phrasescore.jobs.bleu import bleu_metric
+from phrasescore.jobs.nbest import weighted_totals
+from phrasescore.moses.nbest import NBestEntry, iter_nbest_groups, read_nbest, read_weights
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TuneOptions:
+    """Flags of ``phrasescore rerank-tune``."""
+
+    tuner: str = "mert"
+    """``mert`` or ``kbmira`` (:data:`~phrasescore.jobs.ab_rerank.RERANK_TUNERS`)."""
+    runs: int = 1
+    seed: int = 1234
+    """The first run's seed (mert ``-r``, kbmira ``-r``); run k has ``seed + k``."""
+    restarts: int = 20
+    """mert's random restarts per run (``ab --rerank-restarts``'s default)."""
+    workdir: str | None = None
+
+
+@dataclass
+class TuningRun:
+    seed: int
+    bleu: float
+    weights: dict[str, list[float]]
+
+
+@dataclass
+class TuneResult:
+    """What ``rerank-tune`` did: the dev BLEU before, each run's, the run kept."""
+
+    output: str
+    tuner: str
+    sentences: int
+    hypotheses: int
+    bleu_before: float
+    runs: list[TuningRun] = field(default_factory=list)
+    kept: int = 0
+
+    def lines(self) -> list[str]:
+        lines = [
+            f"phrasescore: {self.hypotheses} hypotheses of {self.sentences} sentences, dev BLEU "
+            f"{self.bleu_before:.2f} before (the list's own best), tuned by {self.tuner}:"
+        ]
+        for index, run in enumerate(self.runs):
+            kept = ""
+            if index == self.kept:
+                kept = "  <- kept" + (
+                    f" (the best dev BLEU of {len(self.runs)} runs)" if len(self.runs) > 1 else ""
+                )
+            lines.append(f"  seed {run.seed}: dev BLEU {run.bleu:.2f}{kept}")
+        lines.append(f"phrasescore: weights -> {self.output}")
+        return lines
+
+
+def check_tuning_list(nbest: str, sentences: int, reference: str) -> int:
+    """Refuse a list the extractor would misread, at its line: a missing field (:func:`read_nbest`),
+    ids that go back (Moses writes them in order; the tools pair id i with reference line i+1),
+    an id beyond the ``sentences`` lines of ``reference``, and a line whose dense features
+    (names without ``_``) or their numbers of values differ from the first line's, or whose
+    values are not finite. Returns the number of hypotheses."""
+    first: list[tuple[str, int]] | None = None
+    last_id = -1
+    count = 0
+    for entry in read_nbest(nbest):
+        count += 1
+        if entry.id < last_id:
+            raise InputError(
+                f"sentence id {entry.id} after id {last_id}: the ids of a Moses n-best list "
+                "increase (the tools pair id i with reference line i + 1)",
+                entry.path,
+                entry.lineno,
+            )
+        last_id = entry.id
+        if entry.id >= sentences:
+            raise InputError(
+                f"sentence id {entry.id} is beyond the reference {display_name(reference)} "
+                f"({sentences} lines): the list and the reference do not match",
+                entry.path,
+                entry.lineno,
+            )
+        dense = _dense_features(entry)
+        if first is None:
+            first = dense
+        elif dense != first:
+            raise InputError(
+                f"the dense features are {_describe(dense)}, the list's first line has "
+                f"{_describe(first)}: every hypothesis needs the same features (score the whole "
+                "list with the same nbest call)",
+                entry.path,
+                entry.lineno,
+            )
+    if count == 0:
+        raise InputError("the n-best list is empty", display_name(nbest))
+    return count
+
+
+def _dense_features(entry: NBestEntry) -> list[tuple[str, int]]:
+    features = entry.parsed_features()
+    for name, values in features:
+        if not all(math.isfinite(value) for value in values):
+            raise InputError(
+                f"feature {name} has a value that is not finite: it cannot be tuned",
+                entry.path,
+                entry.lineno,
+            )
+    return [(name, len(values)) for name, values in features if "_" not in name]
+
+
+def _describe(features: list[tuple[str, int]]) -> str:
+    values = sum(n for _, n in features)
+    return f"{values} values ({' '.join(f'{name}={n}' for name, n in features)})"
+
+
+def best_hypotheses(
+    nbest: str, sentences: int, weights: dict | None = None, weights_path: str = ""
+) -> list[str]:
+    """The best hypothesis of each sentence id (an empty line for an id without any): under
+    ``weights`` (:func:`~phrasescore.jobs.nbest.weighted_totals`, ties to the first listed, as
+    ``nbest --weights --one-best`` picks it), or without them by the list's own totals."""
+    best = [""] * sentences
+    for group in iter_nbest_groups(read_nbest(nbest)):
+        if weights is None:
+            totals = [float(entry.total) for entry in group]
+        else:
+            totals = weighted_totals(group, weights, weights_path)
+        best[group[0].id] = group[max(range(len(group)), key=lambda i: (totals[i], -i))].hypothesis
+    return best
+
+
+def dev_bleu(hypotheses: list[str], references: list[str]) -> float:
+    """Corpus BLEU of tokenised text (sacrebleu ``--tokenize none``, case-sensitive)."""
+    return bleu_metric("none").corpus_score(hypotheses, [references]).score
+
+
+def _plain(path: str, work: Path, name: str) -> Path:
+    """``path`` as the Moses tools can read it: itself, or a plain copy in ``work`` when it is
+    gzip (the tools tell gzip by the name alone) or a pipe."""
+    with open(path, "rb") as handle:
+        gzipped = handle.read(2) == GZIP_MAGIC
+    if not gzipped and os.path.isfile(path):
+        return Path(path).resolve()
+    copy = work / name
+    with AtomicOutput(str(copy)) as out:
+        for line in iter_lines(path, keep_ends=True):
+            out.write(line)
+    return copy
+
+
+def _check_distinct(output: str, inputs: Iterable[str | None]) -> None:
+    """Refuse an output that is one of the inputs (the same file, links resolved)."""
+    if not os.path.exists(output):
+        return
+    for path in inputs:
+        if path and path != "-" and os.path.samefile(output, path):
+            raise InputError(f"the output would overwrite the input {path}", output)
+
+
+def rerank_tune(
+    nbest: str,
+    reference: str,
+    output: str,
+    start: str | None = None,
+    moses_home: str | None = None,
+    options: TuneOptions | None = None,
+) -> TuneResult:
+    """``phrasescore rerank-tune``: see the module docstring."""
+    options = options or TuneOptions()
+    if options.tuner not in RERANK_TUNERS:
+        raise InputError(f"--tuner {options.tuner}: give mert or kbmira")
+    if options.runs < 1 or options.restarts < 1:
+        raise InputError("--runs and --restarts must be at least 1")
+    check_files_exist([nbest, reference, start])
+    if "-" in (nbest, reference, start):
+        raise InputError("rerank-tune reads its inputs as files (the tools read them too)")
+    check_output_path(output)
+    _check_distinct(output, [nbest, reference, start])
+    references = list(iter_lines(reference))
+    start_weights = read_weights(start) if start else {}
+    hypotheses = check_tuning_list(nbest, len(references), reference)
+    moses = MosesInstall.find(moses_home, needs=["extractor", options.tuner])
+    with output_lock(output):
+        work, temporary = _workdir(options.workdir, output)
+        programs = Programs()
+        try:
+            result = _tune(nbest, reference, references, start_weights, work, moses, programs,
+                           options, output)  # fmt: skip
+            result.hypotheses = hypotheses
+        except BaseException:  # a failed tool, Ctrl-C, SIGTERM: stop the tools that run
+            programs.stop()
+            if temporary:
+                log.warning("the tools' files and logs are kept in %s", work)
+            raise
+        if temporary:
+            shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+def _workdir(workdir: str | None, output: str) -> tuple[Path, bool]:
+    """The tools' working directory, and whether it is a temporary one."""
+    if workdir:
+        path = Path(workdir)
+        path.mkdir(parents=True, exist_ok=True)
+        return path.resolve(), False
+    parent = os.path.dirname(os.path.abspath(output))
+    name = f".{os.path.basename(output)}.tune."
+    return Path(tempfile.mkdtemp(prefix=name, dir=parent)), True
+
+
+def _tune(
+    nbest, reference, references, start_weights, work, moses, programs, options, output
+) -> TuneResult:
+    tuning = MosesTuning(moses.program, programs.run, options.tuner, options.restarts)
+    before = dev_bleu(best_hypotheses(nbest, len(references)), references)
+    log.info("dev BLEU before tuning (the list's own best): %.2f", before)
+    scored = _plain(nbest, work, "dev.nbest")
+    ref = _plain(reference, work, "dev.ref")
+    names = tuning.extract(scored, ref, work)
+    result = TuneResult(output, options.tuner, len(references), 0, before)
+    for k in range(options.runs):
+        seed = options.seed + k
+        run_dir = work / f"{options.tuner}-{seed}"
+        run_dir.mkdir(exist_ok=True)
+        weights = tuning.tune(run_dir, names, start_weights, seed, data=work)
+        bleu = dev_bleu(best_hypotheses(nbest, len(references), weights, str(run_dir)), references)
+        log.info("run %d of %d (seed %d): dev BLEU %.2f", k + 1, options.runs, seed, bleu)
+        result.runs.append(TuningRun(seed, bleu, weights))
+    result.kept = max(range(options.runs), key=lambda k: (result.runs[k].bleu, -k))
+    kept = result.runs[result.kept]
+    if options.runs > 1:
+        log.info(
+            "kept the run of seed %d: the best dev BLEU of %d runs (%.2f; the others %s)",
+            kept.seed,
+            options.runs,
+            kept.bleu,
+            ", ".join(f"{run.bleu:.2f}" for run in result.runs if run is not kept),
+        )
+    write_weights_file(Path(output), kept.weights)
+    return result

@@ -1,0 +1,213 @@
+"""``phrasescore rerank-tune`` (issue 40, items 2 and 6): bad lists refused in one line before any
+Moses tool runs, and, with a real Moses build (MOSES_HOME: bin/extractor, bin/mert, bin/kbmira),
+the weights ``ab --rerank``'s step tunes on the same list with the same seed, byte for byte."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from sacrebleu.metrics import BLEU
+
+from phrasescore.cli import cli
+
+from .conftest import DATA
+
+NBEST = DATA / "nbest"
+LIST = NBEST / "multi30k.test2016.ids0-4.100best.nbest.gz"
+SOURCE = NBEST / "multi30k.test2016.head5.tok.lc.en"
+REFERENCE = NBEST / "multi30k.test2016.head5.tok.lc.fr"
+INI = DATA / "moses" / "multi30k.moses.ini"
+MOSES_HOME = os.environ.get("MOSES_HOME")
+HAS_TOOLS = bool(MOSES_HOME) and all(
+    Path(MOSES_HOME, "bin", tool).is_file() for tool in ("extractor", "mert", "kbmira")
+)
+needs_moses = pytest.mark.skipif(
+    not HAS_TOOLS, reason="needs a Moses build: set MOSES_HOME (bin/extractor, mert, kbmira)"
+)
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, ["-q", *map(str, args)])
+
+
+def list_lines() -> list[str]:
+    return gzip.decompress(LIST.read_bytes()).decode("utf-8").splitlines(keepends=True)
+
+
+def test_help():
+    result = invoke("rerank-tune", "--help")
+    assert result.exit_code == 0
+    for option in ("--reference", "--start", "--moses-home", "--tuner", "--runs", "--seed", "-o"):
+        assert option in result.output
+
+
+def _edit(lines: list[str], case: str) -> tuple[list[str], int, str]:
+    """The list with one defect, the line it is on and what the error says."""
+    lines = list(lines)
+    if case == "ids out of order":
+        first_1 = next(i for i, line in enumerate(lines) if line.startswith("1 |||"))
+        lines.insert(first_1 + 3, lines[0])
+        return lines, first_1 + 4, "sentence id 0 after id 1"
+    if case == "a missing field":
+        lines[40] = lines[40].rsplit(" ||| ", 1)[0] + "\n"
+        return lines, 41, "expected at least 4 fields"
+    if case == "a wrong feature count":
+        lines[60] = lines[60].replace(" Distortion0= 0 ", " Distortion0= 0 0 ", 1)
+        return lines, 61, "the dense features are 15 values"
+    if case == "a feature missing":
+        lines[61] = re.sub(r" LM0= \S+", "", lines[61], count=1)
+        return lines, 62, "the dense features are 13 values"
+    if case == "a non-finite value":
+        lines[62] = re.sub(r" LM0= \S+", " LM0= nan", lines[62], count=1)
+        return lines, 63, "feature LM0 has a value that is not finite"
+    if case == "an id beyond the reference":
+        lines[-1] = "5" + lines[-1][1:]
+        return lines, len(lines), "sentence id 5 is beyond the reference"
+    raise AssertionError(case)
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["ids out of order", "a missing field", "a wrong feature count", "a feature missing",
+     "a non-finite value", "an id beyond the reference"],
+)  # fmt: skip
+def test_bad_lists_are_one_line_naming_file_and_line_before_any_tool(tmp_path, case):
+    lines, line, message = _edit(list_lines(), case)
+    bad = tmp_path / "dev.nbest"
+    bad.write_text("".join(lines), encoding="utf-8")
+    out = tmp_path / "out" / "weights"
+    out.parent.mkdir()
+    # a Moses home without any tool: the list is refused before Moses is even looked for
+    args = ["rerank-tune", bad, "--reference", REFERENCE, "--moses-home", tmp_path, "-o", out]
+    result = invoke(*args)
+    assert result.exit_code == 1, result.output
+    [error] = result.output.splitlines()
+    assert error.startswith(f"phrasescore: error: {bad}:{line}: "), error
+    assert message in error
+    assert list(out.parent.iterdir()) == []
+
+
+def test_without_moses_one_line_and_no_output(tmp_path, monkeypatch):
+    monkeypatch.delenv("MOSES_HOME", raising=False)
+    monkeypatch.delenv("MOSES", raising=False)
+    out = tmp_path / "weights"
+    result = invoke("rerank-tune", LIST, "--reference", REFERENCE, "-o", out)
+    assert result.exit_code == 1
+    [error] = result.output.splitlines()
+    assert "Moses not found: set MOSES_HOME" in error and "bin/extractor, bin/mert" in error
+    result = invoke(
+        "rerank-tune", LIST, "--reference", REFERENCE, "--moses-home", tmp_path, "-o", out
+    )
+    assert result.exit_code == 1 and "lacks bin/extractor" in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_output_never_overwrites_an_input(tmp_path):
+    reference = tmp_path / "ref.fr"
+    reference.write_bytes(REFERENCE.read_bytes())
+    result = invoke("rerank-tune", LIST, "--reference", reference, "-o", reference)
+    assert result.exit_code == 1 and "would overwrite the input" in result.output
+    assert reference.read_bytes() == REFERENCE.read_bytes()
+
+
+# ---------------------------------------------------------------------------- with Moses
+@pytest.fixture(scope="module")
+def scored_list(tmp_path_factory, tiny_model_path, tiny_inverse_model_path) -> Path:
+    """The shipped list with two model features (one nbest call)."""
+    out = tmp_path_factory.mktemp("scored") / "dev.scored.nbest"
+    result = invoke("nbest", LIST, "--source", SOURCE, "-m", f"L2R={tiny_model_path}",
+                    "--inverse-model", f"Inv={tiny_inverse_model_path}", "-o", out, "--no-progress")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def ab_step_weights(tmp_path: Path, scored: Path, tuner: str, seed: int) -> bytes:
+    """What ``ab --rerank``'s step (:class:`RerankStep`) tunes on ``scored`` from the ini's
+    weights: the weights file it writes."""
+    from phrasescore.jobs.ab import MosesInstall, Programs
+    from phrasescore.jobs.ab_rerank import RerankStep
+    from phrasescore.moses.nbest import read_weights
+
+    moses = MosesInstall.find(MOSES_HOME, needs=["extractor", tuner])
+    step = RerankStep((), tuner, 20, 1, moses.program, Programs().run)
+    run_dir = tmp_path / "ab-run"
+    (run_dir / "scored").mkdir(parents=True)
+    # the step's own scored dev list: the one given (RerankStep with no models scores nothing)
+    cached = step.scored_list(run_dir, "dev", 0)
+    cached.write_bytes(scored.read_bytes())
+    tuned = step.tune(run_dir, lambda: cached, (SOURCE, REFERENCE), seed, read_weights(str(INI)))
+    return tuned.read_bytes()
+
+
+@needs_moses
+@pytest.mark.parametrize("tuner", ["mert", "kbmira"])
+def test_rerank_tune_gives_the_weights_of_ab_reranks_step(tmp_path, scored_list, tuner):
+    out = tmp_path / "rerank.weights"
+    result = invoke("rerank-tune", scored_list, "--reference", REFERENCE, "--start", INI,
+                    "--tuner", tuner, "--seed", 1234, "--moses-home", MOSES_HOME, "-o", out)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert out.read_bytes() == ab_step_weights(tmp_path, scored_list, tuner, 1234)
+    assert {line.split("=")[0] for line in out.read_text().splitlines()} >= {"LM0", "L2R", "Inv"}
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".rerank.weights")]
+
+
+@needs_moses
+def test_runs_report_every_dev_bleu_keep_the_best_and_apply_to_it(tmp_path, scored_list):
+    out = tmp_path / "rerank.weights"
+    work = tmp_path / "work"
+    proc = subprocess.run(
+        [sys.executable, "-m", "phrasescore", "rerank-tune", str(scored_list), "--reference",
+         str(REFERENCE), "--start", str(INI), "--runs", "3", "--seed", "7", "--restarts", "5",
+         "--workdir", str(work), "-o", str(out)],
+        capture_output=True, text=True, env={**os.environ, "MOSES_HOME": MOSES_HOME},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    runs = dict(re.findall(r"  seed (\d+): dev BLEU (\d+\.\d+)", proc.stderr))
+    assert sorted(runs) == ["7", "8", "9"]
+    [kept] = re.findall(
+        r"  seed (\d+): dev BLEU \S+  <- kept \(the best dev BLEU of 3 runs\)", proc.stderr
+    )
+    assert float(runs[kept]) == max(map(float, runs.values()))
+    # each run's BLEU is mert's own on the fixed list (its best point)
+    for seed, bleu in runs.items():
+        best = (work / f"mert-{seed}" / "mert.log").read_text()
+        merts = float(re.search(r"Best point:.*=> (\S+)", best).group(1))
+        assert float(bleu) == pytest.approx(100 * merts, abs=0.01)
+    # the weights kept, applied by nbest --weights --one-best without a model: that BLEU
+    best = tmp_path / "best.fr"
+    result = invoke("nbest", scored_list, "--source", SOURCE, "--weights", out, "--one-best",
+                    "-o", best, "--no-progress")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    references = REFERENCE.read_text(encoding="utf-8").splitlines()
+    hyps = best.read_text(encoding="utf-8").splitlines()
+    assert BLEU(tokenize="none").corpus_score(hyps, [references]).score == pytest.approx(
+        float(runs[kept]), abs=0.01
+    )
+
+
+@needs_moses
+def test_a_failing_tool_is_one_line_and_leaves_no_output(tmp_path, scored_list):
+    """A tuner that fails (a stand-in mert that exits 3, beside the real extractor): one line
+    naming its log, nothing under the output name, the tools' files kept for that log."""
+    home = tmp_path / "moses"
+    (home / "bin").mkdir(parents=True)
+    (home / "bin" / "extractor").symlink_to(Path(MOSES_HOME, "bin", "extractor"))
+    (home / "bin" / "mert").write_text("#!/bin/sh\necho 'mert: out of memory' >&2\nexit 3\n")
+    (home / "bin" / "mert").chmod(0o755)
+    out = tmp_path / "out" / "rerank.weights"
+    out.parent.mkdir()
+    result = invoke("rerank-tune", scored_list, "--reference", REFERENCE, "--moses-home", home,
+                    "-o", out)  # fmt: skip
+    assert result.exit_code == 1
+    errors = [line for line in result.output.splitlines() if "error" in line]
+    assert len(errors) == 1 and "mert failed with exit code 3; see" in errors[0], result.output
+    assert not out.exists()
+    kept = [p for p in out.parent.iterdir()]
+    assert len(kept) == 1 and kept[0].name.startswith(".rerank.weights.tune.")  # the logs
