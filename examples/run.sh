@@ -105,11 +105,12 @@ moses_bin="${MOSES_HOME:-}/bin"
 if [[ -n "${MOSES_HOME:-}" && -x "$moses_bin/extractor" && -x "$moses_bin/mert" ]]; then
   echo "== 4/4 tuning the re-ranking weights on the dev list (rerank-tune: extractor, mert)" >&2
   phrasescore rerank-tune "$nb/dev.scored.nbest" --reference "$nb/dev.fr" \
-    --start "$here/nbest/tuned.ini" --moses-home "$MOSES_HOME" -o "$nb/rerank.weights" 2> "$nb/rerank-tune.log"
+    --start "$here/nbest/tuned.ini" --moses-home "$MOSES_HOME" -o "$nb/rerank.weights"
   phrasescore nbest "$nb/test.scored.nbest" --source "$nb/test.en" --weights "$nb/rerank.weights" \
     --one-best -o "$nb/test.reranked.fr" --no-progress 2>/dev/null
   rerank_report="  test BLEU      Moses 1-best $(bleu "$nb/test.moses.fr")
-                 re-ranked    $(bleu "$nb/test.reranked.fr")   (weights tuned on the dev list: $nb/rerank.weights)"
+                 re-ranked    $(bleu "$nb/test.reranked.fr")   (weights tuned on the dev list: $nb/rerank.weights;
+                 the four features': $(grep -E '^(L2R|R2L|LSTM|Inv)=' "$nb/rerank.weights" | tr '\n' ' '))"
 else
   echo "== 4/4 (no MOSES_HOME: the tuning commands are printed)" >&2
   rerank_report="  test BLEU      Moses 1-best $(bleu "$nb/test.moses.fr"); to tune the four features' weights and re-rank, set
