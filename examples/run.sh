@@ -41,7 +41,7 @@ while [[ $# -gt 0 ]]; do
     --minutes) budget=(--minutes "$2" --); budget_text="$2 minutes"; shift 2 ;;
     --sentences) sentences="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
-    -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
