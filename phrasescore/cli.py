@@ -644,7 +644,7 @@ def info(model_path):
     "--no-eos",
     is_flag=True,
     help="Leave the end-of-sequence term out of log p: the target words alone (for a "
-    "sentence-trained model scoring phrase fragments; README: Which model to train).",
+    "sentence-trained model scoring phrase fragments; docs/benchmarks.md, history).",
 )
 @scoring_option
 @ini_options

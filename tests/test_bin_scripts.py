@@ -20,6 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from phrasescore.cli import cli
+from phrasescore.jobs.info import describe_file
 from phrasescore.moses.ini import count_features_and_weights, list_phrase_tables
 from phrasescore.moses.phrase_table import read_phrase_table
 
@@ -28,7 +29,12 @@ BIN = ROOT / "bin"
 EXAMPLES = ROOT / "examples"
 TABLE_LINES = 2000
 RESCORE_FLAGS = ["--", "--threads", "1", "--device", "cpu", "--no-progress"]
-SCRIPTS = ["phrasescore-moses-model", "phrasescore-train-from-moses", "phrasescore-mert"]
+SCRIPTS = [
+    "phrasescore-moses-model",
+    "phrasescore-train-from-moses",
+    "phrasescore-mert",
+    "phrasescore-train-recipe",
+]
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
@@ -373,6 +379,131 @@ def test_train_from_moses_trains_a_model(tmp_path):
     )
     assert info.returncode == 0, info.stderr
     assert "phrasescore-moses-model" in done.stdout
+
+
+# ---------------------------------------------------------------------------- train-recipe
+DATA = ROOT / "tests" / "data"
+RECIPE_MODELS = ["column", "l2r", "r2l", "inverse", "lstm"]
+
+
+def recipe_inputs(folder: Path) -> list[str]:
+    """A Moses user's files from the shipped real samples: corpus/train.{en,fr}.gz (171 lines),
+    corpus/dev.{en,fr} (50) and model/phrase-table.gz (200 lines), and the recipe's flags."""
+    (folder / "corpus").mkdir(parents=True)
+    (folder / "model").mkdir()
+    for lang in ("en", "fr"):
+        shutil.copyfile(
+            DATA / "text" / f"multi30k-sample.tok.lc.{lang}.gz", folder / f"corpus/train.{lang}.gz"
+        )
+        shutil.copyfile(DATA / "moses-system" / f"dev50.{lang}", folder / f"corpus/dev.{lang}")
+    shutil.copyfile(
+        DATA / "text" / "multi30k-phrase-table-sample.gz", folder / "model/phrase-table.gz"
+    )
+    return [
+        "--corpus",
+        "corpus/train",
+        "--valid",
+        "corpus/dev",
+        "--table",
+        "model/phrase-table.gz",
+        "--f",
+        "en",
+        "--e",
+        "fr",
+        "-o",
+        "nn",
+    ]
+
+
+def test_train_recipe_trains_the_five_models_then_refuses_to_replace_them(tmp_path):
+    args = recipe_inputs(tmp_path)
+    tiny = ["--jobs", "2", "--", "--preset", "tiny", "--max-steps", "3"]
+    done = run_script("phrasescore-train-recipe", *args, *tiny, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    nn = tmp_path / "nn"
+    described = {}
+    for name in RECIPE_MODELS:
+        model = nn / f"{name}.safetensors"
+        for companion in (".log", ".curve.png"):
+            assert Path(f"{model}{companion}").stat().st_size > 0, (name, companion)
+        assert "stopped (max steps) after 3 steps" in Path(f"{model}.log").read_text()
+        described[name] = describe_file(str(model)).fields
+        assert described[name]["steps"] == 3
+    # each model is the recipe's: the column's on the table's pairs, the sentence models on the
+    # corpus validated on dev, with the README's budgets, one thread each
+    column = described["column"]
+    assert column["architecture"] == "cho"
+    assert column["data"]["phrase_table"] == "model/phrase-table.gz"
+    assert column["data"]["inverse"] is False
+    assert column["train_config"]["max_minutes"] == 30.0
+    expected = {  # name: (arch, reverse_target, source language, minutes)
+        "l2r": ("attention", False, "en", 25.0),
+        "r2l": ("attention", True, "en", 25.0),
+        "inverse": ("attention", False, "fr", 25.0),
+        "lstm": ("lstm", False, "en", 30.0),
+    }
+    for name, (arch, reverse_target, src, minutes) in expected.items():
+        fields = described[name]
+        tgt = {"en": "fr", "fr": "en"}[src]
+        assert fields["architecture"] == arch, name
+        assert fields["config"]["reverse_target"] is reverse_target, name
+        assert fields["data"]["src_path"] == f"corpus/train.{src}.gz", name
+        assert fields["data"]["tgt_path"] == f"corpus/train.{tgt}.gz", name
+        assert fields["data"]["valid_src"] == f"corpus/dev.{src}", name
+        assert fields["train_config"]["max_minutes"] == minutes, name
+    # the report: every model and the next steps' commands with them
+    for name in RECIPE_MODELS:
+        assert f"  {name}.safetensors " in done.stdout
+    assert f"rescore {tmp_path}/model/phrase-table.gz -m {nn}/column.safetensors" in done.stdout
+    assert f"-m L2R={nn}/l2r.safetensors" in done.stdout
+    assert f"--inverse-model Inv={nn}/inverse.safetensors" in done.stdout
+    assert "rerank-tune" in done.stdout
+    # a second run refuses before training anything: the models are unchanged
+    stamps = {name: (nn / f"{name}.safetensors").stat().st_mtime_ns for name in RECIPE_MODELS}
+    again = run_script("phrasescore-train-recipe", *args, *tiny, cwd=tmp_path)
+    assert again.returncode == 1
+    [line] = again.stderr.splitlines()
+    assert line.startswith("phrasescore-train-recipe: error: nn/column.safetensors ")
+    assert "--force" in line
+    assert {n: (nn / f"{n}.safetensors").stat().st_mtime_ns for n in RECIPE_MODELS} == stamps
+
+
+@pytest.mark.parametrize(
+    "change, code, message",
+    [
+        ("unequal", 1, "--valid: corpus/dev.en has 50 lines but corpus/dev.fr has 49"),
+        ("empty", 1, "corpus/train.en.gz: empty file"),
+        ("--e de", 1, "--corpus: no file for --e de: neither corpus/train.de nor"),
+        ("--f e-n", 2, "--f e-n is not a language code"),
+        ("--e en", 2, "--f and --e are the same language (en)"),
+        ("--table corpus/dev.en", 1, "corpus/dev.en:1: not a Moses phrase table line"),
+        ("--table nope.gz", 1, "--table: no such phrase table: nope.gz"),
+        ("--minutes 0", 2, "--minutes 0 is not a positive number"),
+        ("--device tpu", 2, "--device tpu: give cpu or cuda"),
+        ("no --valid", 2, "missing --valid"),
+    ],
+)
+def test_train_recipe_bad_input_fails_before_training(change, code, message, tmp_path):
+    args = recipe_inputs(tmp_path)
+    if change == "unequal":
+        lines = (tmp_path / "corpus/dev.fr").read_text().splitlines(keepends=True)
+        (tmp_path / "corpus/dev.fr").write_text("".join(lines[:-1]))
+    elif change == "empty":
+        with gzip.open(tmp_path / "corpus/train.en.gz", "wt", encoding="utf-8"):
+            pass
+    elif change == "no --valid":
+        args = args[:2] + args[4:]
+    else:
+        flag, value = change.split()
+        if flag in args:
+            args[args.index(flag) + 1] = value
+        else:
+            args += [flag, value]
+    done = run_script("phrasescore-train-recipe", *args, cwd=tmp_path)
+    assert done.returncode == code
+    [line] = done.stderr.splitlines()
+    assert line.startswith("phrasescore-train-recipe: error: ") and message in line, line
+    assert not (tmp_path / "nn").exists()  # nothing trained, not even the folder made
 
 
 # ---------------------------------------------------------------------------- mert

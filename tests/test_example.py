@@ -56,10 +56,18 @@ def test_example_run_quick(tmp_path):
         scored = list(read_nbest(str(tmp_path / "rerank" / f"{name}.scored.nbest")))
         assert len(scored) == len(shipped) > 3000
         for old, new in zip(shipped, scored, strict=True):
-            added = re.fullmatch(r"(.*) L2R= (\S+) R2L= (\S+) LSTM= (\S+) Inv= (\S+) ?", new.features)
+            added = re.fullmatch(
+                r"(.*) L2R= (\S+) R2L= (\S+) LSTM= (\S+) Inv= (\S+) ?", new.features
+            )
             assert added and added.group(1) == old.features.rstrip()
             assert new.hypothesis == old.hypothesis and new.total == old.total
             assert all(float(added.group(k)) < 0 for k in (2, 3, 4, 5))
+    # step 1: the recipe script's five models, each with its log, curve and result line
+    for name in ("column", "l2r", "r2l", "inverse", "lstm"):
+        model = tmp_path / "nn" / f"{name}.safetensors"
+        assert model.stat().st_size > 0 and (tmp_path / "nn" / f"{name}.safetensors.log").exists()
+        assert (tmp_path / "nn" / f"{name}.safetensors.curve.png").stat().st_size > 0
+        assert "\tsteps=30\t" in (tmp_path / "nn" / f"{name}.result").read_text()  # --quick
     moses_best = (tmp_path / "rerank" / "test.moses.fr").read_text(encoding="utf-8").splitlines()
     assert len(moses_best) == 50
     assert "Moses 1-best" in proc.stdout and "MOSES_HOME" in proc.stdout  # no Moses here

@@ -110,7 +110,8 @@ class PairScorer:
     ):
         """``include_eos=False`` leaves the end-of-sequence term out of log p (and of the token
         count): the probability of the target words alone, a fragment's score under a model
-        trained on whole sentences (README: "Which model to train for the column").
+        trained on whole sentences (docs/benchmarks.md:
+        "Which model to train for the column (history)").
 
         ``scoring``: ``exact`` or ``self-normalized`` (module docstring; refused, naming
         ``model_path``, for a model not trained with ``--self-normalize``)."""
