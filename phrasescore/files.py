@@ -6,7 +6,7 @@
 * Outputs are written to a temporary file next to the target and renamed into place only when the
   whole output was written (:class:`AtomicOutput`); a name ending in ``.gz`` is written as gzip with
   a fixed header (no name, mtime 0), so the same content always gives the same bytes. ``-`` is
-  standard output.
+  standard output. gzip itself (ISA-L or zlib, the levels) is :mod:`phrasescore.compression`'s.
 """
 
 from __future__ import annotations
@@ -23,18 +23,21 @@ import stat
 import sys
 import tempfile
 import threading
-import zlib
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import BinaryIO
 
+import numpy as np
+
+from phrasescore.compression import READ_ERRORS, ZLIB_LEVEL, gzip_reader
+from phrasescore.compression import gzip_writer as _gzip_stream
 from phrasescore.errors import InputError, RunStopped
 
 log = logging.getLogger(__name__)
 
 GZIP_MAGIC = b"\x1f\x8b"
-GZIP_LEVEL = 6
+GZIP_LEVEL = ZLIB_LEVEL
 _READ_BUFFER = 1 << 20
 
 
@@ -114,7 +117,7 @@ def open_binary_input(path: str) -> BinaryIO:
         peekable = raw if hasattr(raw, "peek") else io.BufferedReader(raw)  # type: ignore[arg-type]
         magic = peekable.peek(2)[:2]  # type: ignore[attr-defined]
         if magic == GZIP_MAGIC:
-            return gzip.GzipFile(fileobj=peekable, mode="rb")  # type: ignore[return-value]
+            return gzip_reader(peekable)  # type: ignore[return-value]
         return peekable  # type: ignore[return-value]
     try:
         handle = open(path, "rb", buffering=_READ_BUFFER)
@@ -125,7 +128,7 @@ def open_binary_input(path: str) -> BinaryIO:
     except PermissionError:
         raise InputError("permission denied", path) from None
     if handle.peek(2)[:2] == GZIP_MAGIC:
-        return gzip.GzipFile(fileobj=handle, mode="rb")  # type: ignore[return-value]
+        return gzip_reader(handle)  # type: ignore[return-value]
     return handle
 
 
@@ -169,7 +172,7 @@ def iter_raw_lines(path: str, position: ReadPosition | None = None) -> Iterator[
         while True:
             try:
                 line = handle.readline()
-            except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as exc:
+            except READ_ERRORS as exc:
                 raise InputError(
                     f"corrupt or truncated gzip stream ({exc})", name, lineno + 1
                 ) from None
@@ -182,6 +185,78 @@ def iter_raw_lines(path: str, position: ReadPosition | None = None) -> Iterator[
             position.bytes_read()  # the final position, kept after the file is closed
         if path != "-":
             handle.close()
+
+
+class LineBlocks:
+    """The lines of ``path`` (plain or gzip, ``-`` is stdin) taken ``count`` at a time as one
+    bytes object, line endings included: what :func:`iter_raw_lines` yields, joined, without a
+    Python step per line. The file is read in blocks of 1 MiB (decompressed) and cut at the
+    ``count``-th newline (numpy finds it), so the reading process spends its time in
+    decompression, not in ``readline`` (issue 42: the chunks of ``rescore``).
+
+    A truncated or corrupt gzip stream raises :class:`InputError` naming the line at which
+    reading failed (the first line not read whole), as :func:`iter_raw_lines` does.
+    """
+
+    def __init__(self, path: str, position: ReadPosition | None = None):
+        self.path = path
+        self.name = display_name(path)
+        self._handle = open_binary_input(path)
+        if position is not None:
+            position._attach(self._handle, None if is_pipe(path) else os.path.getsize(path))
+        self.position = position
+        self._buffer = b""
+        self._newlines = 0  # newlines read from the file so far (buffer included)
+        self._end = False
+
+    def _fill(self) -> bytes:
+        """The next block of the file (b"" at its end)."""
+        if self._end:
+            return b""
+        try:
+            block = self._handle.read(_READ_BUFFER)
+        except READ_ERRORS as exc:
+            raise InputError(
+                f"corrupt or truncated gzip stream ({exc})", self.name, self._newlines + 1
+            ) from None
+        if not block:
+            self.close()
+            return b""
+        self._newlines += block.count(b"\n")
+        return block
+
+    def take(self, count: int) -> bytes:
+        """The next ``count`` lines (fewer at the end of the file, b"" after it)."""
+        parts = []
+        need = count
+        while need > 0:
+            block = self._buffer or self._fill()
+            self._buffer = b""
+            if not block:
+                break
+            found = block.count(b"\n")
+            if found < need:
+                parts.append(block)
+                need -= found
+                continue
+            end = int(np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10)[need - 1]) + 1
+            parts.append(block[:end])
+            self._buffer = block[end:]
+            need = 0
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def close(self) -> None:
+        if not self._end:
+            self._end = True
+            if self.position is not None:
+                self.position.bytes_read()  # the final position, kept after the file is closed
+            if self.path != "-":
+                self._handle.close()
+
+
+def count_lines(data: bytes) -> int:
+    """Lines in ``data`` (a last line without a newline counts)."""
+    return data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
 
 
 def iter_lines(
@@ -235,9 +310,10 @@ def _umask() -> int:
     return mask
 
 
-def gzip_writer(raw: BinaryIO) -> gzip.GzipFile:
-    """A gzip stream with a fixed header, so that equal content gives equal bytes."""
-    return gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=GZIP_LEVEL, mtime=0)
+def gzip_writer(raw: BinaryIO, level: int = GZIP_LEVEL):
+    """A gzip stream with a fixed header, so that equal content gives equal bytes
+    (:func:`phrasescore.compression.gzip_writer`)."""
+    return _gzip_stream(raw, level)
 
 
 def check_output_path(path: str | None, what: str = "output", create_dirs: bool = False) -> None:
@@ -361,7 +437,8 @@ class AtomicOutput:
     flushed, synced and renamed to ``path``; on any exception the temporary file is removed and an
     existing ``path`` is left untouched; a disk's write error (full, quota, I/O) becomes
     :func:`write_error`'s one line. ``-`` writes to standard output (no atomicity possible).
-    A ``.gz`` name is written gzip-compressed. ``before_rename(tmp)``, if given, runs once the
+    A ``.gz`` name is written gzip-compressed (``gzip_level``: :mod:`phrasescore.compression`'s
+    levels, gzip's 6 by default). ``before_rename(tmp)``, if given, runs once the
     complete file ``tmp`` is synced, before it takes its name (what it raises discards it).
     """
 
@@ -371,14 +448,16 @@ class AtomicOutput:
         binary: bool = False,
         compress: bool | None = None,
         before_rename: Callable[[str], None] | None = None,
+        gzip_level: int = GZIP_LEVEL,
     ):
         self.path = path
         self.binary = binary
+        self.gzip_level = gzip_level
         self.compress = path.endswith(".gz") if compress is None else compress
         self.before_rename = before_rename
         self._tmp: str | None = None
         self._raw: BinaryIO | None = None
-        self._gz: gzip.GzipFile | None = None
+        self._gz: gzip.GzipFile | None = None  # or ISA-L's IGzipFile
         self._text: io.TextIOWrapper | None = None
 
     def __enter__(self):
@@ -400,7 +479,7 @@ class AtomicOutput:
         self._raw = raw
         stream: BinaryIO = raw
         if self.compress:
-            self._gz = gzip_writer(raw)
+            self._gz = gzip_writer(raw, self.gzip_level)
             stream = self._gz  # type: ignore[assignment]
         if self.binary:
             return stream
