@@ -190,7 +190,8 @@ def iter_raw_lines(path: str, position: ReadPosition | None = None) -> Iterator[
 class LineBlocks:
     """The lines of ``path`` (plain or gzip, ``-`` is stdin) taken ``count`` at a time as one
     bytes object, line endings included: what :func:`iter_raw_lines` yields, joined, without a
-    Python step per line. The file is read in blocks of 1 MiB (decompressed) and cut at the
+    Python step per line. The file is read in blocks of up to 1 MiB (decompressed; what a pipe
+    has, without waiting for more) and cut at the
     ``count``-th newline (numpy finds it), so the reading process spends its time in
     decompression, not in ``readline`` (issue 42: the chunks of ``rescore``).
 
@@ -205,6 +206,7 @@ class LineBlocks:
         if position is not None:
             position._attach(self._handle, None if is_pipe(path) else os.path.getsize(path))
         self.position = position
+        self._read = getattr(self._handle, "read1", None) or self._handle.read
         self._buffer = b""
         self._newlines = 0  # newlines read from the file so far (buffer included)
         self._end = False
@@ -213,8 +215,8 @@ class LineBlocks:
         """The next block of the file (b"" at its end)."""
         if self._end:
             return b""
-        try:
-            block = self._handle.read(_READ_BUFFER)
+        try:  # read1: what is there (a pipe's writer may be slow), up to a block
+            block = self._read(_READ_BUFFER)
         except READ_ERRORS as exc:
             raise InputError(
                 f"corrupt or truncated gzip stream ({exc})", self.name, self._newlines + 1
