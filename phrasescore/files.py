@@ -287,18 +287,24 @@ def decode_lines(data: bytes, name: str, first_lineno: int = 1) -> list[str]:
     """The lines of ``data`` (lines read by :func:`iter_raw_lines` and joined, endings kept)
     decoded as strict UTF-8; invalid UTF-8 is an :class:`InputError` naming its line (the first
     line is ``first_lineno``), as :func:`iter_lines` reports it."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line_start = data.rfind(b"\n", 0, exc.start) + 1
-        lineno = first_lineno + data.count(b"\n", 0, exc.start)
-        raise InputError(f"invalid UTF-8 at byte {exc.start - line_start}", name, lineno) from None
-    lines = text.split("\n")
+    lines = decode_text(data, name, first_lineno).split("\n")
     last = lines.pop()  # "" when the data ends with a newline
     lines = [line + "\n" for line in lines]
     if last:
         lines.append(last)
     return lines
+
+
+def decode_text(data: bytes, name: str, first_lineno: int = 1) -> str:
+    """``data`` (whole lines, the first of which is line ``first_lineno``) decoded as strict
+    UTF-8; invalid UTF-8 is an :class:`InputError` naming its line, as :func:`iter_lines`
+    reports it."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line_start = data.rfind(b"\n", 0, exc.start) + 1
+        lineno = first_lineno + data.count(b"\n", 0, exc.start)
+        raise InputError(f"invalid UTF-8 at byte {exc.start - line_start}", name, lineno) from None
 
 
 def default_file_mode() -> int:

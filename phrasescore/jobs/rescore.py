@@ -50,6 +50,7 @@ from phrasescore.jobs.rescore_partial import (
     partial_paths,
 )
 from phrasescore.runners import distributed
+from phrasescore.runners.chunk_pool import frozen_heap
 from phrasescore.runners.shards import (
     PHRASE_TABLE,
     Shard,
@@ -332,7 +333,7 @@ def _write_table(run: RescoreRun, columns, sink, start_line: int, device, before
     else:
         scoring = ChunkScoring(score, run.workers, columns.warm_up, chunk_label, again)
     try:
-        with scoring:
+        with scoring, frozen_heap():
             chunks = own_chunks(reader, run.shard, options.chunk_lines, index)
             clamped = _write_chunks(scoring.results(chunks), sink, counter, run.shard, records)
             scoring.finish()

@@ -17,12 +17,14 @@ from phrasescore.files import (
     ReadPosition,
     count_lines,
     decode_lines,
+    decode_text,
     display_name,
 )
 from phrasescore.jobs.rescore_columns import NewColumns, is_too_long
 from phrasescore.jobs.rescore_partial import ChunkOutput, chunk_bytes
 from phrasescore.moses.phrase_table import (
     PhraseTableEntry,
+    parse_phrase_table_chunk,
     parse_phrase_table_lines,
 )
 from phrasescore.progress import progress_bar
@@ -83,8 +85,8 @@ class RawTable:
 
 def parse_raw(name: str, first_lineno: int, data: bytes, num_scores: int) -> list:
     """The entries of raw table lines (UTF-8 and every field checked, errors naming the line)."""
-    lines = decode_lines(data, name, first_lineno)
-    return list(parse_phrase_table_lines(lines, name, first_lineno, num_scores))
+    text = decode_text(data, name, first_lineno)
+    return parse_phrase_table_chunk(text, name, first_lineno, num_scores)
 
 
 def own_chunks(

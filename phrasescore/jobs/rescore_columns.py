@@ -72,33 +72,45 @@ def is_too_long(source: str, target: str, limit: int) -> bool:
 
 
 def too_long_pairs(sources, targets, limit: int) -> np.ndarray:
-    """:func:`is_too_long` for each pair of a block."""
+    """:func:`is_too_long` for each pair of a block. A phrase of at most ``2 * limit``
+    characters cannot have more than ``limit`` tokens (each takes a character and a separator),
+    so only longer ones are split (issue 42: the split was most of the time here)."""
+    short = 2 * limit
     return np.array(
-        [is_too_long(s, t, limit) for s, t in zip(sources, targets, strict=True)], dtype=bool
+        [
+            (len(s) > short or len(t) > short) and is_too_long(s, t, limit)
+            for s, t in zip(sources, targets, strict=True)
+        ],
+        dtype=bool,
     )
 
 
-def encode_within_limit(scorer, sources, targets, too_long: np.ndarray) -> EncodedPairs:
-    """The ids of the pairs that are not too long (what the scorer scores), and the token and
-    unknown-word counts of every pair; the others will get log p = LOGPROB_FLOOR (Moses' own
-    floor, -100), so that time per line stays bounded and no line is lost."""
+def encode_within_limit(
+    scorer, sources, targets, too_long: np.ndarray, counts: bool = True
+) -> EncodedPairs:
+    """The ids of the pairs that are not too long (what the scorer scores), and the token counts
+    of every pair (with ``counts`` the unknown-word counts too); the others will get log p =
+    LOGPROB_FLOOR (Moses' own floor, -100), so that time per line stays bounded and no line is
+    lost."""
     if not too_long.any():
-        return scorer.encode_phrases(sources, targets)
+        return scorer.encode_phrases(sources, targets, counts)
     keep = np.flatnonzero(~too_long)
-    part = scorer.encode_phrases([sources[i] for i in keep], [targets[i] for i in keep])
+    part = scorer.encode_phrases([sources[i] for i in keep], [targets[i] for i in keep], counts)
     model = scorer.model
     eos = 1 if scorer.include_eos else 0  # counted as the scorer counts (only --normalize uses it)
     n_tokens = np.array([len(t.split()) + eos for t in targets], dtype=np.int64)
-    src_unk = np.array(
-        [model.src_vocab.count_unknown(phrase_tokens(model.src_text, s)) for s in sources],
-        dtype=np.int64,
-    )
-    tgt_unk = np.array(
-        [model.tgt_vocab.count_unknown(phrase_tokens(model.tgt_text, t)) for t in targets],
-        dtype=np.int64,
-    )
     n_tokens[keep] = part.n_tokens
-    src_unk[keep], tgt_unk[keep] = part.src_unknown, part.tgt_unknown
+    src_unk = tgt_unk = None
+    if counts:
+        src_unk = np.array(
+            [model.src_vocab.count_unknown(phrase_tokens(model.src_text, s)) for s in sources],
+            dtype=np.int64,
+        )
+        tgt_unk = np.array(
+            [model.tgt_vocab.count_unknown(phrase_tokens(model.tgt_text, t)) for t in targets],
+            dtype=np.int64,
+        )
+        src_unk[keep], tgt_unk[keep] = part.src_unknown, part.tgt_unknown
     return EncodedPairs(part.src_ids, part.tgt_ids, src_unk, tgt_unk, n_tokens)
 
 
@@ -377,9 +389,10 @@ class NewColumns:
         sources = [e.source for e in chunk]
         targets = [e.target for e in chunk]
         too_long = too_long_pairs(sources, targets, self.options.max_phrase_length)
+        counts = self.options.unk_column  # the unknown-word column is their only use
         pairs = [
             encode_within_limit(scorer, *((targets, sources) if inverse else (sources, targets)),
-                                too_long)
+                                too_long, counts)
             for scorer, inverse in zip(self.scorers, self.directions, strict=True)
         ]  # fmt: skip
         kept = targets if not too_long.any() else [targets[i] for i in np.flatnonzero(~too_long)]

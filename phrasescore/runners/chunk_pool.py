@@ -54,6 +54,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import functools
+import gc
 import logging
 import multiprocessing
 import os
@@ -154,6 +155,20 @@ def single_threaded_parent(active: bool):
         torch.set_num_threads(threads)
 
 
+@contextlib.contextmanager
+def frozen_heap():
+    """The objects that exist now left out of the garbage collector's scans while the block
+    runs (``gc.freeze``), the way a worker runs: a job that makes millions of small objects
+    (a table's lines, tokens and ids) otherwise rescans the loaded models and vocabularies at
+    every full collection (issue 42: 1.6x the text path's time, measured). Objects made in the
+    block are collected as usual; the frozen ones are given back to the collector after it."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def compile_in_process() -> None:
     """Make torch.compile build kernels in this thread: TorchInductor's compile thread pool is
     created once per process and a forked worker inherits it without its threads (a compile in
@@ -183,6 +198,7 @@ def _worker_main(
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
     os.close(pipe[1])  # the parent alone holds the write end: EOF when it is gone
+    gc.freeze()  # the inherited heap (models, vocabularies) is never garbage: never scanned
     _die_with_parent(parent, pipe[0])
     torch.set_num_threads(threads)
     compile_in_process()
