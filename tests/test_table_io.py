@@ -281,3 +281,38 @@ def test_io_workers_feed_a_gpu_with_the_bytes_of_one_process(tiny_model_path, tm
                       device="cuda", progress=False, io_workers=io_workers)  # fmt: skip
         outputs.append(out.read_bytes())
     assert outputs[0] == outputs[1]
+
+
+# ---------------------------------------------------------------------------- the chunk parser
+def _first_error(parse) -> tuple[str, int] | None:
+    try:
+        parse()
+    except InputError as exc:
+        return exc.message, exc.line
+    return None
+
+
+def test_chunk_parser_gives_the_line_parsers_entries_and_errors():
+    from phrasescore.moses.phrase_table import parse_phrase_table_chunk, parse_phrase_table_lines
+
+    real = gzip.decompress(TABLE.read_bytes()).decode("utf-8")
+    odd = ("a ||| b ||| 0.5 1\r\n" "c\t|||d|||0.25\t1 ||| 0-0 ||| 1 1 ||| |||\n"
+           "e  ||| f g ||| 1e-3 2.718\n" "last ||| line ||| 1 1")  # fmt: skip
+    for text, first in ((real, 1), (odd, 41)):
+        lines = text.splitlines(keepends=True)
+        expected = list(parse_phrase_table_lines(lines, "t", first))
+        assert parse_phrase_table_chunk(text, "t", first) == expected
+    good = "a ||| b ||| 0.5 1\n"
+    cases = [
+        good * 2 + "c ||| d ||| 0 1\n" + good + "only ||| two\n",  # a score first (line 3)
+        good * 4 + "only ||| two\n" + "c ||| d ||| nan 1\n",  # the fields first (line 5)
+        good + " ||| d ||| 0 1\n",  # a bad score and an empty phrase on one line: the score
+        good + "c ||| d ||| 0.5\n",  # the score count
+        good + "c ||| d ||| 1_0 1\n" + good + "c ||| d ||| 1e999 1\n",
+        good + "c ||| d ||| -1 1\n",
+    ]
+    for text in cases:
+        lines = text.splitlines(keepends=True)
+        old = _first_error(lambda: list(parse_phrase_table_lines(lines, "t", 7)))  # noqa: B023
+        new = _first_error(lambda: parse_phrase_table_chunk(text, "t", 7))  # noqa: B023
+        assert old is not None and new == old, text

@@ -35,6 +35,7 @@ from phrasescore.errors import InputError
 from phrasescore.jobs.rescore_partial import table_identity
 from phrasescore.moses.phrase_table import (
     format_entry,
+    format_logprobs,
     format_probability,
     probability_from_logprob,
 )
@@ -152,13 +153,13 @@ def column_values(scored, options: RescoreOptions, too_long: np.ndarray | None =
         return [repr(float(v)) for v in np.maximum(scored.logprob, LOGPROB_FLOOR)]
     if options.normalize:
         per_token = np.maximum(scored.logprob, LOGPROB_FLOOR) / scored.n_tokens
-        return [format_probability(probability_from_logprob(float(v))) for v in per_token]
-    return [format_probability(probability_from_logprob(float(v))) for v in scored.logprob]
+        return format_logprobs(per_token.tolist())
+    return format_logprobs(scored.logprob.tolist())
 
 
 def unknown_values(scored) -> list[str]:
     counts = scored.src_unknown + scored.tgt_unknown
-    return [format_probability(probability_from_logprob(-float(c))) for c in counts]
+    return format_logprobs((-counts).tolist())
 
 
 # ---------------------------------------------------------------------------- CSLM column
@@ -193,7 +194,7 @@ class LMPhraseColumn:
 
 def format_values(logprobs: np.ndarray) -> list[str]:
     """Column values: the probabilities of natural-log scores (floored at -100)."""
-    return [format_probability(probability_from_logprob(float(v))) for v in logprobs]
+    return format_logprobs(np.asarray(logprobs).tolist())
 
 
 # ---------------------------------------------------------------------------- the models' direction

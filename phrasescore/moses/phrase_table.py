@@ -328,6 +328,25 @@ def probability_from_logprob(logp: float, floor: float = LOWEST_SCORE) -> float:
     return math.exp(max(value, floor))
 
 
+def format_logprobs(logprobs: Iterable[float]) -> list[str]:
+    """``format_probability(probability_from_logprob(v))`` of each natural-log score, the same
+    strings in one loop (a table's column: issue 42); ValueError as they raise it."""
+    out = []
+    append = out.append
+    exp = math.exp
+    for value in logprobs:
+        value = float(value)
+        if value > 0.0:
+            if value > LOGPROB_TOLERANCE:
+                raise ValueError(f"a log-probability must be <= 0, got {value!r}")
+            value = 0.0
+        elif value != value:
+            raise ValueError(f"a log-probability must be <= 0, got {value!r}")
+        text = repr(exp(value if value > LOWEST_SCORE else LOWEST_SCORE))
+        append(text[:-2] if text.endswith(".0") else text)
+    return out
+
+
 def iter_source_groups(entries: Iterable[PhraseTableEntry]) -> Iterator[list[PhraseTableEntry]]:
     """Yield lists of consecutive entries with the same source phrase, in input order."""
     group: list[PhraseTableEntry] = []
