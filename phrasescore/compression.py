@@ -2,8 +2,9 @@
 
 Compression is the first wall of a table's path (issue 42): on one core of the 2-core machine,
 the 104 MB Multi30k table takes 2.2-2.4 s with zlib level 6 (what ``gzip`` writes by default),
-0.14-0.15 s with ISA-L level 1 or 2 (output 27% larger), 0.28 s with ISA-L level 3 (19% larger);
-decompression 0.18 s with ISA-L against 0.42 s with zlib (docs/benchmarks.md "Table I/O").
+0.14-0.15 s with ISA-L level 1 or 2 (output 27-28% larger), 0.28 s with ISA-L level 3 (19%
+larger); decompression 0.18 s with ISA-L against 0.42 s with zlib (docs/benchmarks.md "Table
+I/O").
 
 * **Levels** (:func:`check_level`): 0-3 are ISA-L's (``isal.igzip``; 0 is Huffman coding
   alone, not "stored"), 4-9 zlib's (6 is gzip's default, what every ``.gz`` output of

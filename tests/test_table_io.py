@@ -316,3 +316,27 @@ def test_chunk_parser_gives_the_line_parsers_entries_and_errors():
         old = _first_error(lambda: list(parse_phrase_table_lines(lines, "t", 7)))  # noqa: B023
         new = _first_error(lambda: parse_phrase_table_chunk(text, "t", 7))  # noqa: B023
         assert old is not None and new == old, text
+
+
+def test_without_isal_zlib_writes_every_level(tmp_path):
+    """python-isal missing (as on a machine without the package): levels 0-3 fall back to zlib
+    at the same level, with one warning; the content is the same and gzip input is read."""
+    code = (
+        "import sys, logging, gzip\n"
+        "sys.modules['isal'] = None\n"
+        "logging.basicConfig(level=logging.WARNING)\n"
+        "from phrasescore import compression\n"
+        "from phrasescore.files import LineBlocks\n"
+        "assert not compression.have_isal() and compression.compressor(1) == 'zlib:1'\n"
+        "data = b'a ||| b ||| 0.5\\n' * 1000\n"
+        "one = compression.compress_member(data, 1)\n"
+        "assert gzip.decompress(one) == data and one == compression.compress_member(data, 1)\n"
+        "assert one[3] == 0 and one[4:8] == bytes(4)  # no name, mtime 0\n"
+        "open(sys.argv[1], 'wb').write(one)\n"
+        "assert LineBlocks(sys.argv[1]).take(2000) == data\n"
+        "print('ok')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "t.gz")],
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout == "ok\n", proc.stderr
+    assert proc.stderr.count("python-isal is not installed") == 1
