@@ -392,6 +392,8 @@ class ChunkPool:
         if self._pipe[1] >= 0:
             os.close(self._pipe[1])
             self._pipe = (-1, -1)
+        if self.asker is not None:
+            self.asker.close()
 
 
 _END = object()
@@ -404,6 +406,11 @@ class _Asker:
     def __init__(self, context, workers: int):
         self.requests = context.Queue()
         self.answers = [context.Pipe(duplex=False) for _ in range(workers)]  # (receive, send)
+
+    def close(self) -> None:
+        for pair in self.answers:
+            for end in pair:
+                end.close()
 
     def ask(self, slot: int, request: Any) -> Any:
         """In worker ``slot``: the parent's ``serve(request)``."""
