@@ -650,7 +650,7 @@ def info(model_path):
     default=1,
     show_default=True,
     help="Compression of a .gz output: 0-3 ISA-L's levels (fast), 4-9 zlib's (6: gzip's "
-    "default, 4x smaller CPU rate); docs/benchmarks.md: Table I/O.",
+    "default, ~17x slower than 1, 28% smaller); docs/benchmarks.md: Table I/O.",
 )
 @shard_option
 @threads_option
