@@ -678,9 +678,25 @@ def info(model_path):
     show_default=True,
     help="Pairs with a longer phrase (tokens) get the floor value exp(-100) unscored.",
 )
+@click.option(
+    "--gzip-level",
+    type=click.IntRange(0, 9),
+    default=1,
+    show_default=True,
+    help="Compression of a .gz output: 0-3 ISA-L's levels (fast), 4-9 zlib's (6: gzip's "
+    "default, ~17x slower than 1, 28% smaller); docs/benchmarks.md: Table I/O.",
+)
 @shard_option
 @threads_option
 @workers_option
+@click.option(
+    "--io-workers",
+    type=click.IntRange(0),
+    default=0,
+    show_default=True,
+    help="Processes that parse, look up ids and write while this one scores (for a GPU: one "
+    "per core left; same bytes). Not with --workers.",
+)
 @click.option("--resume", is_flag=True, help="Continue an interrupted run from its last chunk.")
 @no_progress_option
 @_fail_cleanly
@@ -704,8 +720,10 @@ def rescore(
     batch_tokens,
     chunk_lines,
     max_phrase_length,
+    gzip_level,
     shard,
     workers,
+    io_workers,
     resume,
     no_progress,
 ):
@@ -727,6 +745,7 @@ def rescore(
         chunk_lines=chunk_lines,
         max_phrase_length=max_phrase_length,
         scoring=scoring,
+        gzip_level=gzip_level,
     )
     job = run_rescore(
         table,
@@ -744,6 +763,7 @@ def rescore(
         lm_paths=list(lm_paths),
         shard=shard,
         workers=workers,
+        io_workers=io_workers,
     )
     _echo_on_rank_0(job, err=True)
 

@@ -6,7 +6,8 @@
 * Outputs are written to a temporary file next to the target and renamed into place only when the
   whole output was written (:class:`AtomicOutput`); a name ending in ``.gz`` is written as gzip with
   a fixed header (no name, mtime 0), so the same content always gives the same bytes. ``-`` is
-  standard output; a named pipe or a device (``/dev/null``, ``/dev/stdout``, ``mkfifo``) is written
+  standard output (gzip itself, ISA-L or zlib and its levels, is
+  :mod:`phrasescore.compression`'s); a named pipe or a device (``/dev/null``, ``/dev/stdout``, ``mkfifo``) is written
   in place as a stream (:func:`is_stream_target`), and refused where the output must be a file
   (:func:`atomic_path`: models, checkpoints).
 * An output never overwrites an input: :func:`refuse_outputs_onto_inputs` compares them by
@@ -28,18 +29,21 @@ import stat
 import sys
 import tempfile
 import threading
-import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import BinaryIO
 
+import numpy as np
+
+from phrasescore.compression import READ_ERRORS, ZLIB_LEVEL, gzip_reader
+from phrasescore.compression import gzip_writer as _gzip_stream
 from phrasescore.errors import InputError, RunStopped
 
 log = logging.getLogger(__name__)
 
 GZIP_MAGIC = b"\x1f\x8b"
-GZIP_LEVEL = 6
+GZIP_LEVEL = ZLIB_LEVEL
 _READ_BUFFER = 1 << 20
 
 
@@ -171,7 +175,7 @@ def open_binary_input(path: str) -> BinaryIO:
         _refuse_other_compressions(peekable.peek(10)[:10], path)  # type: ignore[attr-defined]
         magic = peekable.peek(2)[:2]  # type: ignore[attr-defined]
         if magic == GZIP_MAGIC:
-            return gzip.GzipFile(fileobj=peekable, mode="rb")  # type: ignore[return-value]
+            return gzip_reader(peekable)  # type: ignore[return-value]
         return peekable  # type: ignore[return-value]
     try:
         handle = open(path, "rb", buffering=_READ_BUFFER)
@@ -187,7 +191,7 @@ def open_binary_input(path: str) -> BinaryIO:
         handle.close()
         raise
     if handle.peek(2)[:2] == GZIP_MAGIC:
-        return gzip.GzipFile(fileobj=handle, mode="rb")  # type: ignore[return-value]
+        return gzip_reader(handle)  # type: ignore[return-value]
     return handle
 
 
@@ -231,7 +235,7 @@ def iter_raw_lines(path: str, position: ReadPosition | None = None) -> Iterator[
         while True:
             try:
                 line = handle.readline()
-            except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as exc:
+            except READ_ERRORS as exc:
                 raise InputError(
                     f"corrupt or truncated gzip stream ({exc})", name, lineno + 1
                 ) from None
@@ -244,6 +248,80 @@ def iter_raw_lines(path: str, position: ReadPosition | None = None) -> Iterator[
             position.bytes_read()  # the final position, kept after the file is closed
         if path != "-":
             handle.close()
+
+
+class LineBlocks:
+    """The lines of ``path`` (plain or gzip, ``-`` is stdin) taken ``count`` at a time as one
+    bytes object, line endings included: what :func:`iter_raw_lines` yields, joined, without a
+    Python step per line. The file is read in blocks of up to 1 MiB (decompressed; what a pipe
+    has, without waiting for more) and cut at the
+    ``count``-th newline (numpy finds it), so the reading process spends its time in
+    decompression, not in ``readline`` (issue 42: the chunks of ``rescore``).
+
+    A truncated or corrupt gzip stream raises :class:`InputError` naming the line at which
+    reading failed (the first line not read whole), as :func:`iter_raw_lines` does.
+    """
+
+    def __init__(self, path: str, position: ReadPosition | None = None):
+        self.path = path
+        self.name = display_name(path)
+        self._handle = open_binary_input(path)
+        if position is not None:
+            position._attach(self._handle, None if is_pipe(path) else os.path.getsize(path))
+        self.position = position
+        self._read = getattr(self._handle, "read1", None) or self._handle.read
+        self._buffer = b""
+        self._newlines = 0  # newlines read from the file so far (buffer included)
+        self._end = False
+
+    def _fill(self) -> bytes:
+        """The next block of the file (b"" at its end)."""
+        if self._end:
+            return b""
+        try:  # read1: what is there (a pipe's writer may be slow), up to a block
+            block = self._read(_READ_BUFFER)
+        except READ_ERRORS as exc:
+            raise InputError(
+                f"corrupt or truncated gzip stream ({exc})", self.name, self._newlines + 1
+            ) from None
+        if not block:
+            self.close()
+            return b""
+        self._newlines += block.count(b"\n")
+        return block
+
+    def take(self, count: int) -> bytes:
+        """The next ``count`` lines (fewer at the end of the file, b"" after it)."""
+        parts = []
+        need = count
+        while need > 0:
+            block = self._buffer or self._fill()
+            self._buffer = b""
+            if not block:
+                break
+            found = block.count(b"\n")
+            if found < need:
+                parts.append(block)
+                need -= found
+                continue
+            end = int(np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10)[need - 1]) + 1
+            parts.append(block[:end])
+            self._buffer = block[end:]
+            need = 0
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def close(self) -> None:
+        if not self._end:
+            self._end = True
+            if self.position is not None:
+                self.position.bytes_read()  # the final position, kept after the file is closed
+            if self.path != "-":
+                self._handle.close()
+
+
+def count_lines(data: bytes) -> int:
+    """Lines in ``data`` (a last line without a newline counts)."""
+    return data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
 
 
 def iter_lines(
@@ -272,18 +350,24 @@ def decode_lines(data: bytes, name: str, first_lineno: int = 1) -> list[str]:
     """The lines of ``data`` (lines read by :func:`iter_raw_lines` and joined, endings kept)
     decoded as strict UTF-8; invalid UTF-8 is an :class:`InputError` naming its line (the first
     line is ``first_lineno``), as :func:`iter_lines` reports it."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line_start = data.rfind(b"\n", 0, exc.start) + 1
-        lineno = first_lineno + data.count(b"\n", 0, exc.start)
-        raise InputError(f"invalid UTF-8 at byte {exc.start - line_start}", name, lineno) from None
-    lines = text.split("\n")
+    lines = decode_text(data, name, first_lineno).split("\n")
     last = lines.pop()  # "" when the data ends with a newline
     lines = [line + "\n" for line in lines]
     if last:
         lines.append(last)
     return lines
+
+
+def decode_text(data: bytes, name: str, first_lineno: int = 1) -> str:
+    """``data`` (whole lines, the first of which is line ``first_lineno``) decoded as strict
+    UTF-8; invalid UTF-8 is an :class:`InputError` naming its line, as :func:`iter_lines`
+    reports it."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line_start = data.rfind(b"\n", 0, exc.start) + 1
+        lineno = first_lineno + data.count(b"\n", 0, exc.start)
+        raise InputError(f"invalid UTF-8 at byte {exc.start - line_start}", name, lineno) from None
 
 
 def default_file_mode() -> int:
@@ -297,9 +381,10 @@ def _umask() -> int:
     return mask
 
 
-def gzip_writer(raw: BinaryIO) -> gzip.GzipFile:
-    """A gzip stream with a fixed header, so that equal content gives equal bytes."""
-    return gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=GZIP_LEVEL, mtime=0)
+def gzip_writer(raw: BinaryIO, level: int = GZIP_LEVEL):
+    """A gzip stream with a fixed header, so that equal content gives equal bytes
+    (:func:`phrasescore.compression.gzip_writer`)."""
+    return _gzip_stream(raw, level)
 
 
 def check_output_path(
@@ -511,7 +596,8 @@ class AtomicOutput:
     flushed, synced and renamed to ``path``; on any exception the temporary file is removed and an
     existing ``path`` is left untouched; a disk's write error (full, quota, I/O) becomes
     :func:`write_error`'s one line. ``-`` writes to standard output (no atomicity possible).
-    A ``.gz`` name is written gzip-compressed. ``before_rename(tmp)``, if given, runs once the
+    A ``.gz`` name is written gzip-compressed (``gzip_level``: :mod:`phrasescore.compression`'s
+    levels, gzip's 6 by default). ``before_rename(tmp)``, if given, runs once the
     complete file ``tmp`` is synced, before it takes its name (what it raises discards it).
 
     A named pipe or a device (:func:`is_stream_target`: ``/dev/null``, ``/dev/stdout``, a
@@ -526,14 +612,16 @@ class AtomicOutput:
         binary: bool = False,
         compress: bool | None = None,
         before_rename: Callable[[str], None] | None = None,
+        gzip_level: int = GZIP_LEVEL,
     ):
         self.path = path
         self.binary = binary
+        self.gzip_level = gzip_level
         self.compress = path.endswith(".gz") if compress is None else compress
         self.before_rename = before_rename
         self._tmp: str | None = None
         self._raw: BinaryIO | None = None
-        self._gz: gzip.GzipFile | None = None
+        self._gz: gzip.GzipFile | None = None  # or ISA-L's IGzipFile
         self._text: io.TextIOWrapper | None = None
         self._stream = False
         """A named pipe or device written in place (closed at the end, never renamed)."""
@@ -569,7 +657,7 @@ class AtomicOutput:
         self._raw = raw
         stream: BinaryIO = raw
         if self.compress:
-            self._gz = gzip_writer(raw)
+            self._gz = gzip_writer(raw, self.gzip_level)
             stream = self._gz  # type: ignore[assignment]
         if self.binary:
             return stream

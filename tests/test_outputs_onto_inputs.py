@@ -476,11 +476,11 @@ def _interrupted_rescore(monkeypatch, model: str, table, out: Path, stdin: bytes
 
     original, calls = NewColumns.format_chunk, []
 
-    def interrupted(self, chunk):
+    def interrupted(self, chunk, *args):
         calls.append(1)
         if len(calls) > 2:
             raise KeyboardInterrupt
-        return original(self, chunk)
+        return original(self, chunk, *args)
 
     monkeypatch.setattr(NewColumns, "format_chunk", interrupted)
     with pytest.raises(KeyboardInterrupt):

@@ -377,11 +377,11 @@ def test_summary_after_resume_counts_the_whole_table(tiny_model_path, tmp_path, 
     original = NewColumns.format_chunk
     calls = []
 
-    def interrupted(self, chunk):
+    def interrupted(self, chunk, *args):
         calls.append(len(chunk))
         if len(calls) == 3:
             raise KeyboardInterrupt
-        return original(self, chunk)
+        return original(self, chunk, *args)
 
     monkeypatch.setattr(NewColumns, "format_chunk", interrupted)
     with pytest.raises(KeyboardInterrupt):

@@ -27,11 +27,11 @@ def _interrupt_after(monkeypatch, chunks: int) -> None:
     original = NewColumns.format_chunk
     calls = []
 
-    def interrupted(self, chunk):
+    def interrupted(self, chunk, *args):
         calls.append(1)
         if len(calls) > chunks:
             raise KeyboardInterrupt
-        return original(self, chunk)
+        return original(self, chunk, *args)
 
     monkeypatch.setattr(NewColumns, "format_chunk", interrupted)
 

@@ -94,6 +94,17 @@ class ScoredPairs:
     token_logprobs: list[np.ndarray] | None = None
 
 
+@dataclass
+class EncodedPairs:
+    """A block of pairs as ids (:meth:`PairScorer.encode_phrases`), in input order."""
+
+    src_ids: list[list[int]]
+    tgt_ids: list[list[int]]  # in the model's reading order (reversed for right-to-left)
+    src_unknown: np.ndarray | None  # int64 [N]: source words the vocabulary does not know
+    tgt_unknown: np.ndarray | None  # int64 [N] (both None: not counted)
+    n_tokens: np.ndarray  # int64 [N]: target tokens scored (EOS counted unless include_eos=False)
+
+
 class PairScorer:
     """Scores (source, target) pairs with one resident model on one device and dtype."""
 
@@ -149,25 +160,45 @@ class PairScorer:
         tgt_tok = [phrase_tokens(self.model.tgt_text, t) for t in targets]
         return self.score_tokens(src_tok, tgt_tok, per_token=per_token)
 
+    def encode_phrases(
+        self, sources: Sequence[str], targets: Sequence[str], counts: bool = True
+    ) -> EncodedPairs:
+        """The ids of already-tokenised phrase pairs, what :meth:`score_ids` takes: the text
+        half of :meth:`score_phrases`, which needs the vocabularies and not the network (a
+        ``rescore --io-workers`` process runs it; the process that owns the network scores).
+        Without ``counts`` the unknown-word counts are left out (None)."""
+        src_tok = [phrase_tokens(self.model.src_text, s) for s in sources]
+        tgt_tok = [phrase_tokens(self.model.tgt_text, t) for t in targets]
+        return self.encode_tokens(src_tok, tgt_tok, counts)
+
+    def encode_tokens(
+        self, src_tokens: Sequence[list[str]], tgt_tokens: Sequence[list[str]], counts: bool = True
+    ) -> EncodedPairs:
+        """:meth:`encode_phrases` of pairs given as token lists. The targets come in their
+        natural order; a right-to-left model reads them reversed (``reverse_target``)."""
+        src_vocab, tgt_vocab = self.model.src_vocab, self.model.tgt_vocab
+        src_ids = src_vocab.encode_batch(src_tokens)
+        order = self.model.config.target_order  # a new list when reversed; never changed
+        tgt_ids = tgt_vocab.encode_batch([order(t) for t in tgt_tokens])
+        src_unk = tgt_unk = None
+        if counts:
+            src_unk = np.array([src_vocab.count_unknown(t) for t in src_tokens], dtype=np.int64)
+            tgt_unk = np.array([tgt_vocab.count_unknown(t) for t in tgt_tokens], dtype=np.int64)
+        eos = 1 if self.include_eos else 0
+        n_tokens = np.array([len(t) + eos for t in tgt_ids], dtype=np.int64)
+        return EncodedPairs(src_ids, tgt_ids, src_unk, tgt_unk, n_tokens)
+
     def score_tokens(
         self,
         src_tokens: Sequence[list[str]],
         tgt_tokens: Sequence[list[str]],
         per_token: bool = False,
     ) -> ScoredPairs:
-        """Score pairs given as token lists (words; subword models split them here). The
-        targets come in their natural order; a right-to-left model reads them reversed
-        (``reverse_target``), and its ``per_token`` values are in that order."""
-        src_vocab, tgt_vocab = self.model.src_vocab, self.model.tgt_vocab
-        src_ids = src_vocab.encode_batch(list(src_tokens))
-        order = self.model.config.target_order
-        tgt_ids = tgt_vocab.encode_batch([order(list(t)) for t in tgt_tokens])
-        src_unk = np.array([src_vocab.count_unknown(t) for t in src_tokens], dtype=np.int64)
-        tgt_unk = np.array([tgt_vocab.count_unknown(t) for t in tgt_tokens], dtype=np.int64)
-        logprob, per_tok = self.score_ids(src_ids, tgt_ids, per_token=per_token)
-        eos = 1 if self.include_eos else 0
-        n_tokens = np.array([len(t) + eos for t in tgt_ids], dtype=np.int64)
-        return ScoredPairs(logprob, n_tokens, src_unk, tgt_unk, per_tok)
+        """Score pairs given as token lists (words; subword models split them here); a
+        right-to-left model's ``per_token`` values are in its reading order."""
+        pairs = self.encode_tokens(src_tokens, tgt_tokens)
+        logprob, per_tok = self.score_ids(pairs.src_ids, pairs.tgt_ids, per_token=per_token)
+        return ScoredPairs(logprob, pairs.n_tokens, pairs.src_unknown, pairs.tgt_unknown, per_tok)
 
     # ------------------------------------------------------------------ id level
     @torch.inference_mode()

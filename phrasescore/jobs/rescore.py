@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from phrasescore.bundle import TrainedModel
+from phrasescore.compression import compressor
 from phrasescore.errors import InputError
 from phrasescore.files import (
     ReadPosition,
@@ -51,6 +52,7 @@ from phrasescore.jobs.rescore_partial import (
     partial_paths,
 )
 from phrasescore.runners import distributed
+from phrasescore.runners.chunk_pool import frozen_heap
 from phrasescore.runners.shards import (
     PHRASE_TABLE,
     Shard,
@@ -64,6 +66,7 @@ from phrasescore.runners.shards import (
 )
 from phrasescore.runners.workers import (
     ChunkScoring,
+    check_io_workers,
     check_torchrun_options,
     check_workers_device,
     loading_for_workers,
@@ -137,6 +140,12 @@ class RescoreRun:
     lm_paths: list[str] = field(default_factory=list)
     shard: Shard | None = None
     workers: int = 1
+    io_workers: int = 0
+    """Processes that parse, look up ids, format and compress chunks while this process scores
+    them (0: this process does everything, or the ``workers``)."""
+    scorers: list | None = None
+    """Scorers already built, one per direct model (instead of ``model_paths``/``models``):
+    ``tools/bench-io``'s :class:`~phrasescore.engine.constant_scoring.ConstantScorer`."""
 
     def __post_init__(self):
         self.inverse_model_paths = list(self.inverse_model_paths or [])
@@ -250,6 +259,11 @@ def rescore_table(
     ``workers`` > 1 (CPU only): the chunks are scored in that many forked processes of one
     PyTorch thread each (:mod:`phrasescore.runners.chunk_pool`); the output bytes are those of
     one process with one thread.
+
+    ``io_workers`` > 0 (any device): that many forked processes parse, look up ids, format and
+    compress the chunks while this process scores them, the one that owns the networks (a GPU):
+    same bytes as one process (:mod:`phrasescore.runners.chunk_pool`, docs/scaling.md "A GPU fed
+    by every core").
     """
     run = RescoreRun(table, model_paths, options or RescoreOptions(), **settings)
     return score_table(run, output, before_publish)
@@ -276,7 +290,13 @@ def score_table(
             done = _complete_part(run.table, output, run.shard, run.options, columns)
             if done is not None:
                 return done
-        sink = StdoutOutput(output) if stream else PartialOutput(output, identity)
+        if output.endswith(".gz"):  # the bytes depend on the library too: a resume must match
+            identity["gzip"] = compressor(run.options.gzip_level)
+        sink = (
+            StdoutOutput(output, run.options.gzip_level)
+            if stream
+            else PartialOutput(output, identity, run.options.gzip_level)
+        )
         start_line = sink.open(run.resume)
         result = _write_table(run, columns, sink, start_line, device, before_publish)
     _log_warnings(result, run.options, run.table)
@@ -288,9 +308,11 @@ def _load_columns(run: RescoreRun):
     """(the new columns, models loaded; the device)."""
     device = resolve_device(run.device)
     check_workers_device(run.workers, device)
+    check_io_workers(run.workers, run.io_workers)
     # 'auto' fixed here: part of the resume key
     run.options.dtype = resolve_dtype(run.options.dtype, device)
-    with loading_for_workers(run.workers):  # loaded at one thread, to fork from
+    forks = max(run.workers, run.io_workers + 1)
+    with loading_for_workers(forks):  # loaded at one thread, to fork from
         columns = NewColumns.load(
             run.model_paths,
             run.models,
@@ -298,6 +320,7 @@ def _load_columns(run: RescoreRun):
             run.lm_paths,
             run.options,
             device,
+            scorers=run.scorers,
         )
     log.info("device %s, dtype %s, scoring %s", device, run.options.dtype, run.options.scoring)
     return columns, device
@@ -332,10 +355,16 @@ def _write_table(run: RescoreRun, columns, sink, start_line: int, device, before
     )
     if start_line:  # standard input: the CRC-32 of the lines read again is the only proof
         sink.check_input(input_crc, counter.close, provable=run.table != "-")
-    score = ChunkScorer(columns, sink.compress, reader.name)
+    score = ChunkScorer(columns, sink.gzip_level, reader.name)
     again = "run again" if isinstance(sink, StdoutOutput) else "rerun with --resume"
+    if run.io_workers:  # they parse and write; this process scores (columns.score_request)
+        scoring = ChunkScoring(
+            score, run.io_workers, columns.warm_up, chunk_label, again, columns.score_request
+        )
+    else:
+        scoring = ChunkScoring(score, run.workers, columns.warm_up, chunk_label, again)
     try:
-        with ChunkScoring(score, run.workers, columns.warm_up, chunk_label, again) as scoring:
+        with scoring, frozen_heap():
             chunks = own_chunks(reader, run.shard, options.chunk_lines, index)
             clamped = _write_chunks(scoring.results(chunks), sink, counter, run.shard, records)
             scoring.finish()
@@ -509,6 +538,7 @@ def run_rescore(
     lm_paths: list[str] | None = None,
     shard: Shard | None = None,
     workers: int = 1,
+    io_workers: int = 0,
 ) -> RescoreJobResult:
     """``phrasescore rescore``: check the moses.ini first, rescore, then write the new ini.
 
@@ -529,6 +559,7 @@ def run_rescore(
         lm_paths=lm_paths,
         shard=shard,
         workers=workers,
+        io_workers=io_workers,
     )
     output = output or default_output_path(table, shard)
     launch = distributed.from_env()

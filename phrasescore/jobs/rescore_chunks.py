@@ -8,22 +8,24 @@ from __future__ import annotations
 import logging
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from itertools import islice
 from typing import NamedTuple
 
 from phrasescore.errors import InputError
 from phrasescore.files import (
+    LineBlocks,
     ReadPosition,
+    count_lines,
     decode_lines,
+    decode_text,
     display_name,
-    iter_raw_lines,
 )
 from phrasescore.jobs.rescore_columns import NewColumns, is_too_long
 from phrasescore.jobs.rescore_partial import ChunkOutput, chunk_bytes
 from phrasescore.moses.phrase_table import (
     PhraseTableEntry,
+    parse_phrase_table_chunk,
     parse_phrase_table_lines,
 )
 from phrasescore.progress import progress_bar
@@ -49,45 +51,47 @@ class RawChunk(NamedTuple):
 
 
 class RawTable:
-    """A phrase table read as raw lines, cut into :class:`RawChunk` s; line 1 is parsed here, so
-    that every chunk knows the number of scores a line must have."""
+    """A phrase table read as raw lines, cut into :class:`RawChunk` s (:class:`LineBlocks`: no
+    Python step per line here); line 1 is parsed here, so that every chunk knows the number of
+    scores a line must have."""
 
     def __init__(self, table: str, position: ReadPosition):
         self.name = display_name(table)
-        self.lines = iter_raw_lines(table, position)
+        self.blocks = LineBlocks(table, position)
         self.lineno = 0  # lines read so far
         self.num_scores = -1
         self.last_data = b""
 
-    def _read(self, count: int) -> list[bytes]:
-        lines = list(islice(self.lines, count))
-        if lines and self.lineno == 0:
-            first = parse_phrase_table_lines(decode_lines(lines[0], self.name), self.name)
+    def _read(self, count: int) -> bytes:
+        data = self.blocks.take(count)
+        if data and self.lineno == 0:
+            line = data[: data.find(b"\n") + 1] or data
+            first = parse_phrase_table_lines(decode_lines(line, self.name), self.name)
             self.num_scores = len(next(first).scores)
-        self.lineno += len(lines)
-        return lines
+        self.lineno += count_lines(data)
+        return data
 
     def entries(self, count: int) -> list[PhraseTableEntry]:
         """The next ``count`` lines, parsed (lines skipped by ``--resume``); their bytes stay in
         :attr:`last_data` (the CRC-32 of the input a resume proves)."""
         first = self.lineno + 1
-        data = b"".join(self._read(count))
+        data = self._read(count)
         self.last_data = data
         return parse_raw(self.name, first, data, self.num_scores)
 
     def chunk(self, index: int, count: int) -> RawChunk | None:
         """The next ``count`` lines as chunk ``index``; None at the end of the table."""
         first_lineno = self.lineno + 1
-        lines = self._read(count)
-        if not lines:
+        data = self._read(count)
+        if not data:
             return None
-        return RawChunk(index, first_lineno, b"".join(lines), self.num_scores, False)
+        return RawChunk(index, first_lineno, data, self.num_scores, False)
 
 
 def parse_raw(name: str, first_lineno: int, data: bytes, num_scores: int) -> list:
     """The entries of raw table lines (UTF-8 and every field checked, errors naming the line)."""
-    lines = decode_lines(data, name, first_lineno)
-    return list(parse_phrase_table_lines(lines, name, first_lineno, num_scores))
+    text = decode_text(data, name, first_lineno)
+    return parse_phrase_table_chunk(text, name, first_lineno, num_scores)
 
 
 def own_chunks(
@@ -106,27 +110,35 @@ def own_chunks(
 @dataclass
 class ChunkScorer:
     """:func:`score_chunk` with the columns and the output's format of one run: the function
-    run on each chunk, here or in a ``--workers`` process (which inherits it by ``fork``)."""
+    run on each chunk, here or in a ``--workers``/``--io-workers`` process (which inherits it by
+    ``fork``). ``gzip_level``: None for a plain output."""
 
     columns: NewColumns
-    compress: bool
+    gzip_level: int | None
     name: str
 
-    def __call__(self, raw: RawChunk) -> ChunkOutput:
-        return score_chunk(self.columns, self.compress, self.name, raw)
+    def __call__(self, raw: RawChunk, score: Callable | None = None) -> ChunkOutput:
+        return score_chunk(self.columns, self.gzip_level, self.name, raw, score)
 
 
-def score_chunk(columns: NewColumns, compress: bool, name: str, raw: RawChunk) -> ChunkOutput:
+def score_chunk(
+    columns: NewColumns,
+    gzip_level: int | None,
+    name: str,
+    raw: RawChunk,
+    score: Callable | None = None,
+) -> ChunkOutput:
     """Parse, score and format one chunk: its bytes as written, its record
     (:func:`~phrasescore.runners.shards.chunk_record`), its pairs over the length limit and the scores
-    it clamped. The same function runs in this process and in ``--workers`` processes."""
+    it clamped. The same function runs in this process and in ``--workers`` processes; with
+    ``score`` (an ``--io-workers`` process) the chunk's ids are scored by ``score`` (the process
+    that owns the networks) instead of here (:meth:`NewColumns.format_chunk`)."""
     chunk = parse_raw(name, raw.first_lineno, raw.data, raw.num_scores)
     if raw.first:
         columns.warn_direction(chunk)
-    before = columns.clamped()
-    text, too_long = columns.format_chunk(chunk)
+    text, too_long, clamped = columns.format_chunk(chunk, score)
     record = chunk_record(raw.index, [e.source for e in chunk])
-    return ChunkOutput(chunk_bytes(text, compress), columns.clamped() - before, record, too_long)
+    return ChunkOutput(chunk_bytes(text, gzip_level), clamped, record, too_long)
 
 
 def chunk_label(index: int, raw: RawChunk) -> str:

@@ -14,15 +14,18 @@ exp(-(unknown source words + unknown target words)), the unknown-word feature of
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from phrasescore.bundle import TrainedLM, load_lm, load_model
+from phrasescore.compression import TABLE_LEVEL
 from phrasescore.engine.lm_scoring import LMScorer
 from phrasescore.engine.scoring import (
     SELF_NORMALIZED,
+    EncodedPairs,
     PairScorer,
     ScoredPairs,
     check_scoring,
@@ -32,6 +35,7 @@ from phrasescore.errors import InputError
 from phrasescore.jobs.rescore_partial import table_identity
 from phrasescore.moses.phrase_table import (
     format_entry,
+    format_logprobs,
     format_probability,
     probability_from_logprob,
 )
@@ -56,6 +60,8 @@ class RescoreOptions:
     max_phrase_length: int = 100
     scoring: str = "exact"
     """``exact`` or ``self-normalized`` (:mod:`phrasescore.engine.scoring`): the model columns only."""
+    gzip_level: int = TABLE_LEVEL
+    """The level of a ``.gz`` output (:mod:`phrasescore.compression`: 0-3 ISA-L, 4-9 zlib)."""
 
     def key(self) -> dict:
         return dict(self.__dict__)
@@ -67,35 +73,56 @@ def is_too_long(source: str, target: str, limit: int) -> bool:
 
 
 def too_long_pairs(sources, targets, limit: int) -> np.ndarray:
-    """:func:`is_too_long` for each pair of a block."""
+    """:func:`is_too_long` for each pair of a block. A phrase of at most ``2 * limit``
+    characters cannot have more than ``limit`` tokens (each takes a character and a separator),
+    so only longer ones are split (issue 42: the split was most of the time here)."""
+    short = 2 * limit
     return np.array(
-        [is_too_long(s, t, limit) for s, t in zip(sources, targets, strict=True)], dtype=bool
+        [
+            (len(s) > short or len(t) > short) and is_too_long(s, t, limit)
+            for s, t in zip(sources, targets, strict=True)
+        ],
+        dtype=bool,
     )
 
 
-def score_within_limit(scorer, sources, targets, too_long: np.ndarray):
-    """Score the pairs that are not too long; the others get log p = LOGPROB_FLOOR (Moses' own
-    floor, -100), so that time per line stays bounded and no line is lost."""
+def encode_within_limit(
+    scorer, sources, targets, too_long: np.ndarray, counts: bool = True
+) -> EncodedPairs:
+    """The ids of the pairs that are not too long (what the scorer scores), and the token counts
+    of every pair (with ``counts`` the unknown-word counts too); the others will get log p =
+    LOGPROB_FLOOR (Moses' own floor, -100), so that time per line stays bounded and no line is
+    lost."""
     if not too_long.any():
-        return scorer.score_phrases(sources, targets)
+        return scorer.encode_phrases(sources, targets, counts)
     keep = np.flatnonzero(~too_long)
-    part = scorer.score_phrases([sources[i] for i in keep], [targets[i] for i in keep])
+    part = scorer.encode_phrases([sources[i] for i in keep], [targets[i] for i in keep], counts)
     model = scorer.model
-    n = len(sources)
-    logprob = np.full(n, LOGPROB_FLOOR)
     eos = 1 if scorer.include_eos else 0  # counted as the scorer counts (only --normalize uses it)
     n_tokens = np.array([len(t.split()) + eos for t in targets], dtype=np.int64)
-    src_unk = np.array(
-        [model.src_vocab.count_unknown(phrase_tokens(model.src_text, s)) for s in sources],
-        dtype=np.int64,
-    )
-    tgt_unk = np.array(
-        [model.tgt_vocab.count_unknown(phrase_tokens(model.tgt_text, t)) for t in targets],
-        dtype=np.int64,
-    )
-    logprob[keep], n_tokens[keep] = part.logprob, part.n_tokens
-    src_unk[keep], tgt_unk[keep] = part.src_unknown, part.tgt_unknown
-    return ScoredPairs(logprob, n_tokens, src_unk, tgt_unk)
+    n_tokens[keep] = part.n_tokens
+    src_unk = tgt_unk = None
+    if counts:
+        src_unk = np.array(
+            [model.src_vocab.count_unknown(phrase_tokens(model.src_text, s)) for s in sources],
+            dtype=np.int64,
+        )
+        tgt_unk = np.array(
+            [model.tgt_vocab.count_unknown(phrase_tokens(model.tgt_text, t)) for t in targets],
+            dtype=np.int64,
+        )
+        src_unk[keep], tgt_unk[keep] = part.src_unknown, part.tgt_unknown
+    return EncodedPairs(part.src_ids, part.tgt_ids, src_unk, tgt_unk, n_tokens)
+
+
+def scored_within_limit(pairs: EncodedPairs, logprob: np.ndarray, too_long: np.ndarray):
+    """:class:`ScoredPairs` of every pair: ``logprob`` (the scorer's, of the pairs that are not
+    too long) in place, LOGPROB_FLOOR for the others."""
+    if too_long.any():
+        full = np.full(len(too_long), LOGPROB_FLOOR)
+        full[~too_long] = logprob
+        logprob = full
+    return ScoredPairs(logprob, pairs.n_tokens, pairs.src_unknown, pairs.tgt_unknown)
 
 
 def floor_value(logprob: bool = False) -> str:
@@ -105,12 +132,12 @@ def floor_value(logprob: bool = False) -> str:
     return format_probability(probability_from_logprob(LOGPROB_FLOOR))
 
 
-def lm_values_within_limit(lm_column, sources, targets, too_long: np.ndarray) -> list[str]:
-    """A CSLM column: pairs marked ``too_long`` get the floor value unscored."""
+def lm_values_within_limit(values: list[str], too_long: np.ndarray) -> list[str]:
+    """A CSLM column: ``values`` (of the pairs that are not too long) in place, the floor value
+    for pairs marked ``too_long``."""
     if not too_long.any():
-        return lm_column.values(sources, targets)
-    keep = np.flatnonzero(~too_long)
-    scored = iter(lm_column.values([sources[i] for i in keep], [targets[i] for i in keep]))
+        return values
+    scored = iter(values)
     floor = floor_value()
     return [floor if long else next(scored) for long in too_long]
 
@@ -126,13 +153,13 @@ def column_values(scored, options: RescoreOptions, too_long: np.ndarray | None =
         return [repr(float(v)) for v in np.maximum(scored.logprob, LOGPROB_FLOOR)]
     if options.normalize:
         per_token = np.maximum(scored.logprob, LOGPROB_FLOOR) / scored.n_tokens
-        return [format_probability(probability_from_logprob(float(v))) for v in per_token]
-    return [format_probability(probability_from_logprob(float(v))) for v in scored.logprob]
+        return format_logprobs(per_token.tolist())
+    return format_logprobs(scored.logprob.tolist())
 
 
 def unknown_values(scored) -> list[str]:
     counts = scored.src_unknown + scored.tgt_unknown
-    return [format_probability(probability_from_logprob(-float(c))) for c in counts]
+    return format_logprobs((-counts).tolist())
 
 
 # ---------------------------------------------------------------------------- CSLM column
@@ -152,10 +179,22 @@ class LMPhraseColumn:
     def logprobs(self, targets: Sequence[str]) -> np.ndarray:
         return self.scorer.score_phrases(targets).logprob
 
+    def encode(self, targets: Sequence[str]) -> list[list[int]]:
+        """The ids of target phrases (the text half of :meth:`logprobs`)."""
+        lm = self.lm
+        return lm.vocab.encode_batch([lm.text.normalize_tokenized(t) for t in targets])
+
+    def score_ids(self, ids: list[list[int]]) -> np.ndarray:
+        """log p of phrases given as ids (:meth:`encode`), phrase mode."""
+        return self.scorer.score_ids(ids, False)[0]
+
     def values(self, sources: Sequence[str], targets: Sequence[str]) -> list[str]:
-        return [
-            format_probability(probability_from_logprob(float(v))) for v in self.logprobs(targets)
-        ]
+        return format_values(self.logprobs(targets))
+
+
+def format_values(logprobs: np.ndarray) -> list[str]:
+    """Column values: the probabilities of natural-log scores (floored at -100)."""
+    return format_logprobs(np.asarray(logprobs).tolist())
 
 
 # ---------------------------------------------------------------------------- the models' direction
@@ -237,11 +276,14 @@ class NewColumns:
     """The columns added to each line: one per model (direct, then inverse), one per CSLM, and
     the unknown-word column."""
 
-    def __init__(self, models, directions, lm_columns, options: RescoreOptions, device):
+    def __init__(
+        self, models, directions, lm_columns, options: RescoreOptions, device, scorers=None
+    ):
+        """``scorers``: built already, one per model (default: a :class:`PairScorer` each)."""
         self.options = options
         self.directions = directions
         self.lm_columns = lm_columns
-        self.scorers = [
+        self.scorers = scorers or [
             PairScorer(
                 m,
                 device=device,
@@ -268,9 +310,14 @@ class NewColumns:
             self.names.append("unknown-words")
 
     @classmethod
-    def load(cls, model_paths, models, inverse_paths, lm_paths, options, device) -> NewColumns:
-        """Load the models and CSLMs (``models``: the direct ones, already loaded)."""
+    def load(
+        cls, model_paths, models, inverse_paths, lm_paths, options, device, scorers=None
+    ) -> NewColumns:
+        """Load the models and CSLMs (``models``: the direct ones, already loaded; ``scorers``:
+        the direct ones' scorers, built already)."""
         lm_columns = [LMPhraseColumn(load_lm(path, device), device) for path in lm_paths]
+        if scorers is not None:
+            models = [scorer.model for scorer in scorers]
         if models is None:
             if not model_paths and not inverse_paths and not lm_columns:
                 raise InputError("give at least one --model (or --lm)")
@@ -284,7 +331,11 @@ class NewColumns:
             check_scoring(model, options.scoring, path)  # before any output is written
         check_directions(models, inverse_models, model_paths, inverse_paths)
         directions = [False] * len(models) + [True] * len(inverse_models)
-        columns = cls(list(models) + inverse_models, directions, lm_columns, options, device)
+        if scorers is not None and inverse_models:
+            raise InputError("built scorers are for direct models alone, not --inverse-model")
+        columns = cls(
+            list(models) + inverse_models, directions, lm_columns, options, device, scorers
+        )
         paths = list(model_paths) + list(inverse_paths)
         all_models = list(models) + inverse_models
         columns.paths = paths if len(paths) == len(all_models) else [""] * len(all_models)
@@ -348,26 +399,86 @@ class NewColumns:
             job["lms"] = [column.lm.signature for column in self.lm_columns]
         return job
 
-    def format_chunk(self, chunk) -> tuple[str, int]:
-        """The output lines of a chunk of table entries, and how many pairs have a phrase over
-        ``max_phrase_length`` tokens (they get the floor value without being scored)."""
+    def prepare(self, chunk) -> PreparedChunk:
+        """The text half of a chunk's scoring (vocabularies, no network): which pairs are too
+        long, and the ids every column scores (:class:`PreparedChunk`)."""
         sources = [e.source for e in chunk]
         targets = [e.target for e in chunk]
         too_long = too_long_pairs(sources, targets, self.options.max_phrase_length)
+        counts = self.options.unk_column  # the unknown-word column is their only use
+        pairs = [
+            encode_within_limit(scorer, *((targets, sources) if inverse else (sources, targets)),
+                                too_long, counts)
+            for scorer, inverse in zip(self.scorers, self.directions, strict=True)
+        ]  # fmt: skip
+        kept = targets if not too_long.any() else [targets[i] for i in np.flatnonzero(~too_long)]
+        lm_ids = [column.encode(kept) for column in self.lm_columns]
+        request = ScoreRequest([(p.src_ids, p.tgt_ids) for p in pairs], lm_ids)
+        return PreparedChunk(too_long, pairs, request)
+
+    def score_request(self, request: ScoreRequest) -> ScoredRequest:
+        """The network half: log p of the request's ids, one array per column, and the model
+        scores this clamped (self-normalized scoring). What the process that owns the networks
+        runs, for itself or for ``--io-workers`` processes."""
+        before = self.clamped()
+        logprobs = [
+            scorer.score_ids(src_ids, tgt_ids)[0]
+            for scorer, (src_ids, tgt_ids) in zip(self.scorers, request.pairs, strict=True)
+        ]
+        logprobs += [
+            column.score_ids(ids)
+            for column, ids in zip(self.lm_columns, request.lm_ids, strict=True)
+        ]
+        return ScoredRequest(logprobs, self.clamped() - before)
+
+    def finish(self, chunk, prepared: PreparedChunk, scored: ScoredRequest) -> str:
+        """The output lines of a prepared and scored chunk."""
+        too_long = prepared.too_long
         columns = []
         first_scored = None
-        for scorer, inverse in zip(self.scorers, self.directions, strict=True):
-            if inverse:
-                scored = score_within_limit(scorer, targets, sources, too_long)
-            else:
-                scored = score_within_limit(scorer, sources, targets, too_long)
-            first_scored = first_scored or scored
-            columns.append(column_values(scored, self.options, too_long))
-        for lm_column in self.lm_columns:
-            columns.append(lm_values_within_limit(lm_column, sources, targets, too_long))
+        for pairs, logprob in zip(prepared.pairs, scored.logprobs, strict=False):
+            scored_pairs = scored_within_limit(pairs, logprob, too_long)
+            first_scored = first_scored or scored_pairs
+            columns.append(column_values(scored_pairs, self.options, too_long))
+        for logprob in scored.logprobs[len(prepared.pairs) :]:
+            columns.append(lm_values_within_limit(format_values(logprob), too_long))
         if self.options.unk_column:
             columns.append(unknown_values(first_scored))
-        text = "".join(
+        return "".join(
             format_entry(entry, [col[i] for col in columns]) for i, entry in enumerate(chunk)
         )
-        return text, int(too_long.sum())
+
+    def format_chunk(self, chunk, score: Callable | None = None) -> tuple[str, int, int]:
+        """The output lines of a chunk of table entries, how many pairs have a phrase over
+        ``max_phrase_length`` tokens (they get the floor value without being scored), and the
+        model scores clamped: :meth:`prepare`, then ``score`` (:meth:`score_request` in this
+        process by default; a ``--io-workers`` process asks the one that owns the networks),
+        then :meth:`finish`. The same functions either way: the same bytes."""
+        prepared = self.prepare(chunk)
+        scored = (score or self.score_request)(prepared.request)
+        text = self.finish(chunk, prepared, scored)
+        return text, int(prepared.too_long.sum()), scored.clamped
+
+
+class ScoreRequest(NamedTuple):
+    """What the scoring process gets of a chunk: ids only (one pickle of int lists)."""
+
+    pairs: list[tuple[list[list[int]], list[list[int]]]]
+    """Per model: (source ids, target ids) of the pairs that are not too long."""
+    lm_ids: list[list[list[int]]]
+    """Per CSLM: the ids of those pairs' target phrases."""
+
+
+class ScoredRequest(NamedTuple):
+    """The scoring process's answer: log p per column (models, then CSLMs), scores clamped."""
+
+    logprobs: list[np.ndarray]
+    clamped: int
+
+
+class PreparedChunk(NamedTuple):
+    """A chunk after :meth:`NewColumns.prepare`: what stays with the text for :meth:`finish`."""
+
+    too_long: np.ndarray
+    pairs: list[EncodedPairs]
+    request: ScoreRequest

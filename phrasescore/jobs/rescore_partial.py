@@ -26,19 +26,18 @@ complete with its manifest is left as it is.
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import logging
 import os
 import zlib
 from dataclasses import dataclass
 
+from phrasescore.compression import TABLE_LEVEL, compress_member
 from phrasescore.errors import InputError, RunStopped
 from phrasescore.files import (
     DISK_ERRORS,
     AtomicOutput,
     disk_errors,
-    gzip_writer,
 )
 from phrasescore.runners.shards import (
     Shard,
@@ -51,16 +50,14 @@ _BLOCK = 1 << 20
 """Bytes read at a time when a resume checks the partial file."""
 
 
-def chunk_bytes(text: str, compress: bool) -> bytes:
-    """A chunk's output lines as written: UTF-8, and for a ``.gz`` output one complete gzip
-    member (a file of members is one valid gzip stream)."""
+def chunk_bytes(text: str, gzip_level: int | None) -> bytes:
+    """A chunk's output lines as written: UTF-8, and for a ``.gz`` output (``gzip_level`` not
+    None) one complete gzip member (a file of members is one valid gzip stream;
+    :mod:`phrasescore.compression`)."""
     data = text.encode("utf-8")
-    if not compress:
+    if gzip_level is None:
         return data
-    buffer = io.BytesIO()
-    with gzip_writer(buffer) as gz:
-        gz.write(data)
-    return buffer.getvalue()
+    return compress_member(data, gzip_level)
 
 
 @dataclass
@@ -100,11 +97,13 @@ def check_work_paths(output: str, shard: Shard | None = None) -> None:
 class PartialOutput:
     """The partial output file and its JSON state (see the module docstring)."""
 
-    def __init__(self, output: str, identity: dict):
+    def __init__(self, output: str, identity: dict, gzip_level: int = TABLE_LEVEL):
         self.output = output
         self.path, self.state_path = partial_paths(output)
         self.identity = identity
         self.compress = output.endswith(".gz")
+        self.gzip_level = gzip_level if self.compress else None
+        """What :func:`chunk_bytes` compresses with (None: a plain output)."""
         self.lines_done = 0
         self.bytes_done = 0
         self.last_chunk: list[int] | None = None
@@ -338,8 +337,7 @@ class PartialOutput:
         """Close the partial file, complete (still under its partial name, resumable)."""
         with self._writing():
             if self.compress and self.bytes_done == 0:
-                with gzip_writer(self.handle):
-                    pass
+                self.handle.write(compress_member(b"", self.gzip_level))
             self.handle.close()
 
     def publish(self) -> None:
@@ -388,11 +386,12 @@ class StdoutOutput:
     nothing to resume, publish or discard. Standard output is written as it is, never gzip; a
     pipe or device as its name says (a ``.gz`` name: gzip members)."""
 
-    def __init__(self, output: str = "-"):
+    def __init__(self, output: str = "-", gzip_level: int = TABLE_LEVEL):
         import sys
 
         self.output = output
         self.compress = output != "-" and output.endswith(".gz")
+        self.gzip_level = gzip_level if self.compress else None
         self.stream = sys.stdout.buffer if output == "-" else None
         self.written = False
 
@@ -419,8 +418,7 @@ class StdoutOutput:
     def complete(self) -> None:
         with disk_errors(self.output):
             if self.compress and not self.written:  # an empty table: an empty gzip stream
-                with gzip_writer(self.stream):
-                    pass
+                self.stream.write(compress_member(b"", self.gzip_level))
             self.stream.flush()
             if self.output != "-":
                 self.stream.close()

@@ -121,9 +121,8 @@ def parse_phrase_table_lines(
     validate: bool = True,
 ) -> Iterator[PhraseTableEntry]:
     """The entries of phrase-table ``lines`` (line endings kept), the first of which is line
-    ``first_lineno`` of the file ``name``; :func:`read_phrase_table` reads a whole file with it,
-    ``rescore`` one chunk of lines at a time. ``num_scores``: the scores every line must have
-    (-1: as many as the first line has)."""
+    ``first_lineno`` of the file ``name``; :func:`read_phrase_table` reads a whole file with it.
+    ``num_scores``: the scores every line must have (-1: as many as the first line has)."""
     for lineno, line in enumerate(lines, first_lineno):
         if line[-1:] == "\n":
             if line[-2:-1] == "\r":
@@ -132,43 +131,107 @@ def parse_phrase_table_lines(
                 newline, body = "\n", line[:-1]
         else:
             newline, body = "", line
-        p1 = body.find(DELIMITER)
-        p2 = body.find(DELIMITER, p1 + 3) if p1 >= 0 else -1
-        if p2 < 0:
-            fields = 1 if p1 < 0 else 2
+        entry, score_text = _entry(body, newline, name, lineno, num_scores, validate)
+        num_scores = len(entry.scores)
+        if validate:
+            _check_scores(score_text, entry.scores, name, lineno)
+        yield entry
+
+
+def parse_phrase_table_chunk(
+    text: str, name: str, first_lineno: int = 1, num_scores: int = -1, validate: bool = True
+) -> list[PhraseTableEntry]:
+    """The entries of ``text``, lines of a table decoded in one piece (``rescore``'s chunks),
+    the first of which is line ``first_lineno``: the entries and errors of
+    :func:`parse_phrase_table_lines`, faster (issue 42): no copy of a line to cut its ending
+    off, and the scores of the whole chunk checked in one pass (the lines one by one only to
+    name the first bad one, so the first error in line order is the one raised)."""
+    pieces = text.split("\n")
+    last = pieces.pop()  # "" when the text ends with a newline
+    entries: list[PhraseTableEntry] = []
+    score_texts: list[str] = []
+    lineno = first_lineno
+    try:
+        for lineno, piece in enumerate(pieces, first_lineno):  # noqa: B007 - read in except
+            if piece[-1:] == "\r":
+                entry, score_text = _entry(piece[:-1], "\r\n", name, lineno, num_scores, validate)
+            else:
+                entry, score_text = _entry(piece, "\n", name, lineno, num_scores, validate)
+            num_scores = len(entry.scores)
+            entries.append(entry)
+            score_texts.append(score_text)
+        if last:
+            lineno = first_lineno + len(pieces)
+            entry, score_text = _entry(last, "", name, lineno, num_scores, validate)
+            entries.append(entry)
+            score_texts.append(score_text)
+    except InputError:
+        if validate:  # a bad score on an earlier line comes first
+            _check_chunk_scores(entries, score_texts, name, first_lineno)
+        raise
+    if validate:
+        _check_chunk_scores(entries, score_texts, name, first_lineno)
+    return entries
+
+
+def _entry(
+    body: str, newline: str, name: str, lineno: int, num_scores: int, validate: bool = True
+) -> tuple[PhraseTableEntry, str]:
+    """The entry of one line without its ending, and its score field as written (for
+    :func:`_check_scores`, which the caller runs); InputError for a line Moses cannot read.
+    Errors in the order of before: the fields, the score count, the scores (checked here
+    first only when a phrase is empty, ``validate``), an empty phrase."""
+    p1 = body.find(DELIMITER)
+    p2 = body.find(DELIMITER, p1 + 3) if p1 >= 0 else -1
+    if p2 < 0:
+        fields = 1 if p1 < 0 else 2
+        raise InputError(
+            f"expected at least 3 fields separated by '|||' "
+            f"(source ||| target ||| scores), found {fields}",
+            name,
+            lineno,
+        )
+    p3 = body.find(DELIMITER, p2 + 3)
+    if p3 < 0:
+        score_text = body[p2 + 3 :]
+        tail = None
+    else:
+        score_text = body[p2 + 3 : p3]
+        tail = body[p3 + 3 :]
+    scores = score_text.split()
+    if len(scores) != num_scores:
+        if num_scores >= 0:
             raise InputError(
-                f"expected at least 3 fields separated by '|||' "
-                f"(source ||| target ||| scores), found {fields}",
+                f"expected {num_scores} scores (as on line 1), found {len(scores)}",
                 name,
                 lineno,
             )
-        p3 = body.find(DELIMITER, p2 + 3)
-        if p3 < 0:
-            score_text = body[p2 + 3 :]
-            tail = None
-        else:
-            score_text = body[p2 + 3 : p3]
-            tail = body[p3 + 3 :]
-        scores = score_text.split()
-        if len(scores) != num_scores:
-            if num_scores < 0:
-                if not scores:
-                    raise InputError("no scores: the third field is empty", name, lineno)
-                num_scores = len(scores)
-            else:
-                raise InputError(
-                    f"expected {num_scores} scores (as on line 1), found {len(scores)}",
-                    name,
-                    lineno,
-                )
+        if not scores:
+            raise InputError("no scores: the third field is empty", name, lineno)
+    source = body[:p1].strip(_FIELD_SPACE)
+    target = body[p1 + 3 : p2].strip(_FIELD_SPACE)
+    if not source or not target:
         if validate:
             _check_scores(score_text, scores, name, lineno)
-        source = body[:p1].strip(_FIELD_SPACE)
-        target = body[p1 + 3 : p2].strip(_FIELD_SPACE)
-        if not source or not target:
-            which = "source" if not source else "target"
-            raise InputError(f"empty {which} phrase", name, lineno)
-        yield PhraseTableEntry(lineno, source, target, scores, tail, newline)
+        which = "source" if not source else "target"
+        raise InputError(f"empty {which} phrase", name, lineno)
+    return PhraseTableEntry(lineno, source, target, scores, tail, newline), score_text
+
+
+def _check_chunk_scores(
+    entries: list[PhraseTableEntry], score_texts: list[str], name: str, first_lineno: int
+) -> None:
+    """:func:`_check_scores` of every line, in one pass when all are good (the common case)."""
+    joined = " ".join(score_texts)
+    if "n" not in joined and "N" not in joined and "_" not in joined:
+        try:
+            values = list(map(float, joined.split()))
+            if not values or (min(values) > 0.0 and max(values) < math.inf):
+                return
+        except ValueError:
+            pass
+    for entry, score_text in zip(entries, score_texts, strict=True):
+        _check_scores(score_text, entry.scores, name, entry.lineno)
 
 
 def _check_scores(text: str, scores: list[str], name: str, lineno: int) -> None:
@@ -263,6 +326,25 @@ def probability_from_logprob(logp: float, floor: float = LOWEST_SCORE) -> float:
     if math.isnan(value) or value > 0.0:
         raise ValueError(f"a log-probability must be <= 0, got {logp!r}")
     return math.exp(max(value, floor))
+
+
+def format_logprobs(logprobs: Iterable[float]) -> list[str]:
+    """``format_probability(probability_from_logprob(v))`` of each natural-log score, the same
+    strings in one loop (a table's column: issue 42); ValueError as they raise it."""
+    out = []
+    append = out.append
+    exp = math.exp
+    for value in logprobs:
+        value = float(value)
+        if value > 0.0:
+            if value > LOGPROB_TOLERANCE:
+                raise ValueError(f"a log-probability must be <= 0, got {value!r}")
+            value = 0.0
+        elif value != value:
+            raise ValueError(f"a log-probability must be <= 0, got {value!r}")
+        text = repr(exp(value if value > LOWEST_SCORE else LOWEST_SCORE))
+        append(text[:-2] if text.endswith(".0") else text)
+    return out
 
 
 def iter_source_groups(entries: Iterable[PhraseTableEntry]) -> Iterator[list[PhraseTableEntry]]:

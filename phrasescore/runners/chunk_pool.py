@@ -22,6 +22,13 @@ How (:class:`ChunkPool`):
 - One task queue, one result queue: a free worker takes the next chunk; the parent hands the
   results on in input order and keeps at most ``IN_FLIGHT_PER_WORKER`` chunks per worker
   queued or being scored, so memory stays bounded whatever the input's length.
+- With ``serve`` (``rescore --io-workers``, issue 42) the parent owns part of the work: the
+  networks, on a GPU. A worker calls ``work(item, ask)``; ``ask(request)`` puts the request on
+  one request queue and waits for the answer on its own pipe; the parent, while it waits for
+  results, answers each request as it comes with ``serve(request)`` (in its own thread, where
+  the GPU is). A worker has at most one request out, so at most ``workers`` requests wait,
+  and the in-flight bound above holds as before: memory stays flat. The answer to a request
+  depends only on the request, so the bytes do not depend on the order of service.
 - The same chunk gives the same result in whichever worker scores it (same code, same weights,
   same thread count), so the output bytes do not depend on the scheduling.
 - Failures: an :class:`~phrasescore.errors.InputError` in a worker is raised again in the parent
@@ -47,6 +54,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import functools
+import gc
 import logging
 import multiprocessing
 import os
@@ -147,6 +155,20 @@ def single_threaded_parent(active: bool):
         torch.set_num_threads(threads)
 
 
+@contextlib.contextmanager
+def frozen_heap():
+    """The objects that exist now left out of the garbage collector's scans while the block
+    runs (``gc.freeze``), the way a worker runs: a job that makes millions of small objects
+    (a table's lines, tokens and ids) otherwise rescans the loaded models and vocabularies at
+    every full collection (issue 42: 1.6x the text path's time, measured). Objects made in the
+    block are collected as usual; the frozen ones are given back to the collector after it."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def compile_in_process() -> None:
     """Make torch.compile build kernels in this thread: TorchInductor's compile thread pool is
     created once per process and a forked worker inherits it without its threads (a compile in
@@ -165,18 +187,24 @@ def _worker_main(
     current,
     parent: int,
     pipe: tuple[int, int],
+    asker: _Asker | None = None,
 ) -> None:
     """A worker: take (index, item) from ``tasks`` until None, put (index, ok, value); while
-    it works on a task, ``current[slot]`` holds the task's index."""
+    it works on a task, ``current[slot]`` holds the task's index. With ``asker`` the work is
+    ``work(item, ask)`` (``ask`` answered by the parent's ``serve``)."""
     # first of all (SIGINT and SIGTERM are blocked since the fork): the parent's handlers are
     # not for a worker; a SIGTERM that came meanwhile ends it now, quietly
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
     os.close(pipe[1])  # the parent alone holds the write end: EOF when it is gone
+    gc.freeze()  # the inherited heap (models, vocabularies) is never garbage: never scanned
     _die_with_parent(parent, pipe[0])
     torch.set_num_threads(threads)
     compile_in_process()
+    if asker is not None:
+        ask = functools.partial(asker.ask, slot)
+        work = functools.partial(_work_asking, work, ask)
     while (task := tasks.get()) is not None:
         index, item = task
         current[slot] = index
@@ -187,6 +215,10 @@ def _worker_main(
         except BaseException:  # noqa: BLE001 - reported to the parent, which raises it
             results.put((index, False, ("crash", traceback.format_exc(), None, None)))
         current[slot] = IDLE
+
+
+def _work_asking(work: Callable[[Any, Any], Any], ask: Callable[[Any], Any], item: Any) -> Any:
+    return work(item, ask)
 
 
 class ChunkPool:
@@ -203,15 +235,23 @@ class ChunkPool:
         workers: int,
         threads: int = 1,
         label: Callable[[int, Any], str] | None = None,
+        serve: Callable[[Any], Any] | None = None,
     ):
         """``label(index, item)`` names an item in :class:`WorkerDied` (default: ``chunk
-        INDEX``, 0-based in input order)."""
-        if workers < 2:
-            raise ValueError("a ChunkPool needs at least 2 workers")
+        INDEX``, 0-based in input order). ``serve``: what this process answers the workers'
+        requests with (the work is then ``work(item, ask)``; see the module docstring)."""
+        if workers < (1 if serve is not None else 2):
+            raise ValueError("a ChunkPool needs at least 2 workers (1 with serve)")
         context = multiprocessing.get_context("fork")
         self.label = label or (lambda index, item: f"chunk {index}")
         self.tasks = context.Queue()
         self.results = context.Queue()
+        self.serve = serve
+        self.asker = _Asker(context, workers) if serve is not None else None
+        self.served = 0
+        """Requests answered so far."""
+        self.most_in_flight = 0
+        """The most items sent and not yet yielded at any time (at most :attr:`in_flight_limit`)."""
         self.current = context.RawArray("q", [IDLE] * workers)
         self._pipe = os.pipe()  # workers read; EOF when this process is gone
         self._waiting: dict[int, Any] = {}
@@ -227,6 +267,7 @@ class ChunkPool:
                     self.current,
                     os.getpid(),
                     self._pipe,
+                    self.asker,
                 ),
                 name=f"phrasescore-worker-{i + 1}",
                 daemon=True,
@@ -253,9 +294,14 @@ class ChunkPool:
         else:
             self.terminate()
 
+    @property
+    def in_flight_limit(self) -> int:
+        """Items sent to the workers and not yet yielded, at most: the bound on memory."""
+        return IN_FLIGHT_PER_WORKER * len(self.processes)
+
     def imap(self, items: Iterable[Any]) -> Iterator[tuple[Any, Any]]:
         """``(item, work(item))`` for each item, in input order."""
-        limit = IN_FLIGHT_PER_WORKER * len(self.processes)
+        limit = self.in_flight_limit
         waiting = self._waiting  # items sent, by index
         done: dict[int, tuple[bool, Any]] = {}  # results that arrived before their turn
         source = iter(items)
@@ -270,6 +316,7 @@ class ChunkPool:
                 waiting[sent] = item
                 self.tasks.put((sent, item))
                 sent += 1
+                self.most_in_flight = max(self.most_in_flight, sent - next_out)
             if next_out == sent:
                 return
             while next_out not in done:
@@ -293,15 +340,28 @@ class ChunkPool:
         process has ended) as on the result queue, and a worker's end comes first."""
         ends = {process.sentinel: process for process in self.processes}
         reader = self.results._reader  # the queue's receiving end, what its get() polls
+        requests = [self.asker.requests._reader] if self.asker is not None else []
         while True:
-            ready = connection.wait([*ends, reader], timeout=POLL_SECONDS)
+            ready = connection.wait([*ends, reader, *requests], timeout=POLL_SECONDS)
             for sentinel in ready:
                 if sentinel in ends:
                     ends[sentinel].join(timeout=POLL_SECONDS)  # its exit code, once reaped
             self._check_alive()
+            if requests and requests[0] in ready:
+                self._answer()
             if reader in ready:
                 with contextlib.suppress(queue.Empty):  # another reader took it: wait again
                     return self.results.get(timeout=POLL_SECONDS)
+
+    def _answer(self) -> None:
+        """Answer the workers' requests waiting now with ``serve``."""
+        while True:
+            try:
+                slot, request = self.asker.requests.get_nowait()
+            except queue.Empty:
+                return
+            self.asker.answers[slot][1].send(self.serve(request))
+            self.served += 1
 
     def _check_alive(self) -> None:
         for slot, process in enumerate(self.processes):
@@ -326,12 +386,33 @@ class ChunkPool:
                 process.terminate()
         for process in self.processes:
             process.join(timeout=10)
-        for q in (self.tasks, self.results):
+        for q in (self.tasks, self.results, *([self.asker.requests] if self.asker else [])):
             q.cancel_join_thread()
             q.close()
         if self._pipe[1] >= 0:
             os.close(self._pipe[1])
             self._pipe = (-1, -1)
+        if self.asker is not None:
+            self.asker.close()
 
 
 _END = object()
+
+
+class _Asker:
+    """The workers' way to the parent's ``serve``: one request queue, one answer pipe per
+    worker (made before the fork, so that every worker has its own)."""
+
+    def __init__(self, context, workers: int):
+        self.requests = context.Queue()
+        self.answers = [context.Pipe(duplex=False) for _ in range(workers)]  # (receive, send)
+
+    def close(self) -> None:
+        for pair in self.answers:
+            for end in pair:
+                end.close()
+
+    def ask(self, slot: int, request: Any) -> Any:
+        """In worker ``slot``: the parent's ``serve(request)``."""
+        self.requests.put((slot, request))
+        return self.answers[slot][0].recv()

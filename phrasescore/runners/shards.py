@@ -48,11 +48,11 @@ from typing import TypeVar
 import torch
 
 from phrasescore import __version__
+from phrasescore.compression import ZLIB_LEVEL, compress_member
 from phrasescore.errors import InputError
 from phrasescore.files import (
     AtomicOutput,
     display_name,
-    gzip_writer,
     output_lock,
     remove_stale_temporaries,
 )
@@ -607,7 +607,9 @@ def merge_shards(parts: list[str], output: str) -> MergeResult:
         readers = [_PartReader(part, m) for part, m in ordered]
         try:
             if part_kind(manifest) == PHRASE_TABLE:
-                _merge_table(readers, sizes, output)
+                # the level rescore wrote with (parts of before issue 42: gzip's 6)
+                level = manifest["job"].get("options", {}).get("gzip_level", ZLIB_LEVEL)
+                _merge_table(readers, sizes, output, level)
             else:
                 _merge_text(readers, sizes, output)
         finally:
@@ -623,9 +625,9 @@ def merge_shards(parts: list[str], output: str) -> MergeResult:
     return MergeResult(output, total, count, chunks, manifest, groups)
 
 
-def _merge_table(readers: list[_PartReader], sizes: list[int], output: str) -> None:
+def _merge_table(readers: list[_PartReader], sizes: list[int], output: str, level: int) -> None:
     """A phrase table: gzip members copied as they are; a ``.gz`` output from plain parts gets
-    one member per chunk, as ``rescore`` writes it."""
+    one member per chunk, as ``rescore`` writes it (gzip ``level``: the job's)."""
     compress = output.endswith(".gz")
     with AtomicOutput(output, binary=True, compress=False) as out:
         for i, n_lines in enumerate(sizes):
@@ -635,9 +637,9 @@ def _merge_table(readers: list[_PartReader], sizes: list[int], output: str) -> N
             elif member is not None:
                 out.write(member)
             else:
-                out.write(_gzip_bytes(text))
+                out.write(compress_member(text, level))
         if compress and not sizes:
-            out.write(_gzip_bytes(b""))
+            out.write(compress_member(b"", level))
         for reader in readers:
             reader.finish()
 
@@ -655,16 +657,6 @@ def _merge_text(readers: list[_PartReader], sizes: list[int], output: str) -> No
                 raise InputError(f"invalid UTF-8 ({exc.reason})", reader.part) from None
         for reader in readers:
             reader.finish()
-
-
-def _gzip_bytes(text: bytes) -> bytes:
-    """One gzip member, as ``rescore`` writes per chunk."""
-    import io
-
-    buffer = io.BytesIO()
-    with gzip_writer(buffer) as gz:
-        gz.write(text)
-    return buffer.getvalue()
 
 
 # ---------------------------------------------------------------------------- torchrun

@@ -37,7 +37,22 @@ def check_torchrun_options(launch, shard, workers: int) -> None:
 def check_workers_device(workers: int, device) -> None:
     """``--workers`` > 1 forks CPU processes: refused on another device."""
     if workers > 1 and device.type != "cpu":
-        raise InputError(f"--workers is for scoring on the CPU; on {device.type} use one process")
+        raise InputError(
+            f"--workers is for scoring on the CPU; on {device.type} use one process "
+            "(--io-workers N: N processes parse and write while it scores)"
+        )
+
+
+def check_io_workers(workers: int, io_workers: int) -> None:
+    """``--io-workers`` (this process scores) and ``--workers`` > 1 (the workers score)
+    exclude each other."""
+    if io_workers < 0:
+        raise InputError("--io-workers must be 0 or more")
+    if io_workers and workers > 1:
+        raise InputError(
+            "--workers and --io-workers exclude each other (--workers: the processes score; "
+            "--io-workers: this process scores, they parse and write)"
+        )
 
 
 def loading_for_workers(workers: int) -> AbstractContextManager:
@@ -51,7 +66,9 @@ class ChunkScoring:
     single-threaded processes, the results in input order.
 
     ``warm_up`` (optional) compiles the kernels in this process before the fork, so that the
-    workers inherit them. A worker that dies becomes :class:`~phrasescore.errors.RunStopped`
+    workers inherit them. With ``serve`` the chunks are ``score(chunk, ask)``, ``ask`` answered
+    by ``serve`` in this process (``rescore --io-workers``: this process owns the networks),
+    from ``workers`` >= 1 processes; in this process alone (``workers`` = 0) ``score(chunk)``. A worker that dies becomes :class:`~phrasescore.errors.RunStopped`
     whose message ends with ``again`` (what the user does next); on any error the workers are
     stopped at once.
     """
@@ -63,8 +80,10 @@ class ChunkScoring:
         warm_up: Callable[[], None] | None = None,
         label: Callable[[int, Any], str] | None = None,
         again: str = "run again",
+        serve: Callable[[Any], Any] | None = None,
     ):
         self.score = score
+        self.serve = serve
         self.workers = workers
         self.warm_up = warm_up
         self.label = label
@@ -72,11 +91,11 @@ class ChunkScoring:
         self.pool: ChunkPool | None = None
 
     def __enter__(self) -> ChunkScoring:
-        if self.workers > 1:
+        if self.workers > 1 or (self.serve is not None and self.workers > 0):
             with single_threaded_parent(True):
                 if self.warm_up is not None:
                     self.warm_up()  # compiled here once: the forked workers inherit the kernels
-                self.pool = ChunkPool(self.score, self.workers, label=self.label)
+                self.pool = ChunkPool(self.score, self.workers, label=self.label, serve=self.serve)
         return self
 
     def results(self, chunks: Iterable[Any]) -> Iterator[tuple[Any, Any]]:

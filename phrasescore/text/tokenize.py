@@ -81,7 +81,10 @@ def split_moses_tokens(line: str) -> list[str]:
     """Split already-tokenised text into tokens on runs of spaces and tabs, as Moses does."""
     if "\t" in line:
         line = line.replace("\t", " ")
-    return [token for token in line.split(" ") if token]
+    tokens = line.split(" ")
+    if "" in tokens:  # a run of spaces, or one at an end (the common case has none: issue 42)
+        return [token for token in tokens if token]
+    return tokens
 
 
 class TextNormalizer:

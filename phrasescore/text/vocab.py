@@ -110,8 +110,8 @@ class WordVocabulary:
 
     def count_unknown(self, tokens: Iterable[str]) -> int:
         """How many of ``tokens`` map to :data:`UNK_ID`."""
-        known = self._id_of_word
-        return sum(1 for token in tokens if token not in known)
+        tokens = tokens if isinstance(tokens, list) else list(tokens)
+        return len(tokens) - sum(map(self._id_of_word.__contains__, tokens))
 
     def coverage(self, sentences: Iterable[list[str]]) -> float:
         """Fraction of the tokens of ``sentences`` that are known (1.0 for no tokens)."""
