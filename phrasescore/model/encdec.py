@@ -1,7 +1,9 @@
 """The RNN Encoder-Decoder of Cho et al. (2014), §2.2 and Appendix A.
 
 Encoder (§2.2, A.1.1): a GRU (eq. 5-8) over the source embeddings e(x_t); its last state gives the
-summary ``c = tanh(V h_T)``.
+summary ``c = tanh(V h_T)``. With ``recurrence="fused"`` (issue 39) the GRU is
+:class:`torch.nn.GRU` over packed sequences, cuDNN's formulation (reset gate after the recurrent
+product, :mod:`phrasescore.model.gru`), not eq. 8; the rest of the model is the same.
 
 Decoder (A.1.1): initial state ``h'_0 = tanh(V' c)``; each step sees the previous word and c::
 
@@ -27,7 +29,12 @@ from torch import Tensor, nn
 from phrasescore.model.base import EncoderDecoder, EncoderOutput, maxout, summed_linear
 from phrasescore.model.config import ModelConfig
 from phrasescore.model.constants import PAD_ID
-from phrasescore.model.gru import gru_decoder_step, run_gru_decoder, run_gru_encoder
+from phrasescore.model.gru import (
+    gru_decoder_step,
+    run_fused_gru,
+    run_gru_decoder,
+    run_gru_encoder,
+)
 from phrasescore.model.initialization import init_cho
 
 
@@ -45,10 +52,14 @@ class GRUEncoderDecoder(EncoderDecoder):
         )
         self.src_embed = nn.Embedding(config.src_vocab_size, emb, padding_idx=PAD_ID)
         self.tgt_embed = nn.Embedding(config.tgt_vocab_size, emb, padding_idx=PAD_ID)
-        # Encoder GRU: input matrices [W_r; W_z; W] (with biases) and recurrent U_r, U_z, U.
-        self.enc_input = nn.Linear(emb, 3 * hid)
-        self.enc_u_rz = nn.Parameter(torch.empty(hid, 2 * hid))
-        self.enc_u_h = nn.Parameter(torch.empty(hid, hid))
+        self.fused = config.recurrence == "fused"
+        if self.fused:  # torch.nn.GRU, cuDNN's formulation (gru.py)
+            self.encoder = nn.GRU(emb, hid, batch_first=True)
+        else:
+            # Encoder GRU: input matrices [W_r; W_z; W] (with biases) and recurrent U_r, U_z, U.
+            self.enc_input = nn.Linear(emb, 3 * hid)
+            self.enc_u_rz = nn.Parameter(torch.empty(hid, 2 * hid))
+            self.enc_u_h = nn.Parameter(torch.empty(hid, hid))
         self.summary = nn.Linear(hid, hid)  # V: c = tanh(V h_T)
         self.dec_init = nn.Linear(hid, hid)  # V': h'_0 = tanh(V' c)
         # Decoder GRU: input [W_r; W_z; W], recurrent [U_r U_z U], summary [C_r; C_z; C].
@@ -65,15 +76,19 @@ class GRUEncoderDecoder(EncoderDecoder):
         self.reset_parameters()
 
     RECURRENT = ("enc_u_rz", "enc_u_h", "dec_u")
+    FUSED_RECURRENT = ("encoder.weight_hh_l0", "dec_u")
 
     def reset_parameters(self) -> None:
         """N(0, 0.01²) weights, orthogonal recurrent matrices, zero biases (Cho et al. §4.1), or
         the fan-in scales of the default preset (:func:`init_cho`)."""
-        init_cho(self, self.RECURRENT)
+        init_cho(self, self.FUSED_RECURRENT if self.fused else self.RECURRENT)
 
     # ------------------------------------------------------------------------ encoder
     def encode(self, src: Tensor, src_lengths: Tensor) -> EncoderOutput:
         """c = tanh(V h_T) for each source (h_T: the GRU state after its last real token)."""
+        if self.fused:
+            _, last = run_fused_gru(self.encoder, self.dropout(self.src_embed(src)), src_lengths)
+            return {"c": torch.tanh(self.summary(last[0]))}
         x_proj = self.enc_input(self.dropout(self.src_embed(src)))
         h0 = x_proj.new_zeros(src.shape[0], self.config.hidden_dim)
         padded = bool((src_lengths != src.shape[1]).any())
