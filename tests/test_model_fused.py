@@ -29,15 +29,16 @@ TGT_IN = torch.tensor([[2, 9, 10, 11], [2, 12, 0, 0], [2, 13, 14, 0]])
 HIDDEN = 12
 
 
-def cudnn_gru_reference(x, length, w_ih, w_hh, b_ih, b_hh, reverse=False):
+def cudnn_gru_reference(x, length, w_ih, w_hh, b_ih, b_hh, reverse=False, h0=None):
     """cuDNN's GRU (torch.nn.GRU's documentation) written out for one row ``x`` [S, E] of
-    ``length`` real positions: (states [S, H], 0 after ``length``; the last state)::
+    ``length`` real positions, from ``h0`` (default 0): (states [S, H], 0 after ``length``; the
+    last state)::
 
         r = σ(W_ir x + b_ir + W_hr h + b_hr),  z = σ(W_iz x + b_iz + W_hz h + b_hz)
         n = tanh(W_in x + b_in + r ⊙ (W_hn h + b_hn)),  h' = (1 - z) ⊙ n + z ⊙ h
     """
     hidden = w_hh.shape[1]
-    h = x.new_zeros(hidden)
+    h = x.new_zeros(hidden) if h0 is None else h0
     states = [x.new_zeros(hidden)] * x.shape[0]
     order = range(length - 1, -1, -1) if reverse else range(length)
     for t in order:
@@ -128,9 +129,10 @@ def test_fused_and_written_are_different_functions_of_the_same_weights():
     w_ih, w_hh, b_ih, _ = _weights(fused.encoder)
     with torch.no_grad():
         fused.encoder.bias_hh_l0.zero_()
+        shared = dict(fused.named_parameters())
         for name, param in written.named_parameters():
-            if not name.startswith("enc"):
-                param.copy_(dict(fused.named_parameters())[name])
+            if name in shared:
+                param.copy_(shared[name])
         written.enc_input.weight.copy_(w_ih)
         written.enc_input.bias.copy_(b_ih)
         written.enc_u_rz.copy_(w_hh[: 2 * HIDDEN].T)
@@ -143,6 +145,29 @@ def test_fused_and_written_are_different_functions_of_the_same_weights():
         torch.testing.assert_close(
             fused.encode(SRC, SRC_LEN)["c"], written.encode(SRC, SRC_LEN)["c"]
         )
+
+
+def test_fused_cho_decoder_is_a_gru_over_the_previous_word_and_c():
+    """cho's fused decoder: the cuDNN GRU over [e(y_{t-1}); c] from h'_0 = tanh(V' c), then
+    the unchanged output layer; one step at a time (generation) gives the same features."""
+    net = _network("cho")
+    assert isinstance(net.decoder, torch.nn.GRU) and not hasattr(net, "dec_u")
+    with torch.no_grad():
+        enc = net.encode(SRC, SRC_LEN)
+        features = net.decode_features(enc, TGT_IN)
+        c = enc["c"]
+        steps = TGT_IN.shape[1]
+        for b in range(SRC.shape[0]):
+            prev_emb = net.tgt_embed(TGT_IN[b])
+            x = torch.cat([prev_emb, c[b].expand(steps, -1)], dim=1)
+            h0 = torch.tanh(net.dec_init(c[b]))
+            states, _ = cudnn_gru_reference(x, steps, *_weights(net.decoder), h0=h0)
+            expected = net._output_features(states, prev_emb, net.out_context(c[b]))
+            torch.testing.assert_close(features[b], expected, rtol=1e-9, atol=1e-9)
+        state = net.start(enc)
+        for t in range(steps):
+            step_features, state = net.step(state, TGT_IN[:, t])
+            torch.testing.assert_close(step_features, features[:, t], rtol=1e-9, atol=1e-9)
 
 
 # ---------------------------------------------------------------------------- gradients

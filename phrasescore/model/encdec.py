@@ -1,15 +1,21 @@
 """The RNN Encoder-Decoder of Cho et al. (2014), §2.2 and Appendix A.
 
 Encoder (§2.2, A.1.1): a GRU (eq. 5-8) over the source embeddings e(x_t); its last state gives the
-summary ``c = tanh(V h_T)``. With ``recurrence="fused"`` (issue 39) the GRU is
-:class:`torch.nn.GRU` over packed sequences, cuDNN's formulation (reset gate after the recurrent
-product, :mod:`phrasescore.model.gru`), not eq. 8; the rest of the model is the same.
+summary ``c = tanh(V h_T)``.
 
 Decoder (A.1.1): initial state ``h'_0 = tanh(V' c)``; each step sees the previous word and c::
 
     r', z' = σ(W e(y_{t-1}) + U h'_{t-1} + C c)
     h~'    = tanh(W e(y_{t-1}) + r' ⊙ (U h'_{t-1} + C c))
     h'_t   = z' ⊙ h'_{t-1} + (1 - z') ⊙ h~'
+
+With ``recurrence="fused"`` (issue 39; not in ``--preset paper``) both GRUs are
+:class:`torch.nn.GRU`, cuDNN's formulation (:mod:`phrasescore.model.gru`): the encoder over packed
+sequences, its candidate ``tanh(W x + b + r ⊙ (U h + b_h))`` instead of eq. 8's
+``tanh(W x + U (r ⊙ h))``; the decoder fed ``[e(y_{t-1}); c]`` each step, which gives the gates
+``σ(W e + C c + U h' + b)`` as above but the candidate ``tanh(W e + C c + b + r' ⊙ (U h' + b_h))``,
+C c outside the reset gate instead of inside it. Everything else (c, h'_0, the output layer) is
+the same.
 
 Output (A.1.2): ``s_t = O_h h'_t + O_y e(y_{t-1}) + O_c c`` (2M units), maxout with pools of 2 to M
 units, then the low-rank output matrix ``G = G_r G_l`` (rank R, the embedding size in the paper)
@@ -62,10 +68,13 @@ class GRUEncoderDecoder(EncoderDecoder):
             self.enc_u_h = nn.Parameter(torch.empty(hid, hid))
         self.summary = nn.Linear(hid, hid)  # V: c = tanh(V h_T)
         self.dec_init = nn.Linear(hid, hid)  # V': h'_0 = tanh(V' c)
-        # Decoder GRU: input [W_r; W_z; W], recurrent [U_r U_z U], summary [C_r; C_z; C].
-        self.dec_input = nn.Linear(emb, 3 * hid)
-        self.dec_u = nn.Parameter(torch.empty(hid, 3 * hid))
-        self.dec_context = nn.Linear(hid, 3 * hid, bias=False)
+        if self.fused:  # torch.nn.GRU over [e(y_{t-1}); c]: C c outside the reset gate
+            self.decoder = nn.GRU(emb + hid, hid, batch_first=True)
+        else:
+            # Decoder GRU: input [W_r; W_z; W], recurrent [U_r U_z U], summary [C_r; C_z; C].
+            self.dec_input = nn.Linear(emb, 3 * hid)
+            self.dec_u = nn.Parameter(torch.empty(hid, 3 * hid))
+            self.dec_context = nn.Linear(hid, 3 * hid, bias=False)
         # Output layer s_t = O_h h'_t + O_y e(y_{t-1}) + O_c c, maxout, low-rank G_r G_l.
         self.out_hidden = nn.Linear(hid, 2 * mx)
         self.out_prev = nn.Linear(emb, 2 * mx, bias=False)
@@ -76,7 +85,7 @@ class GRUEncoderDecoder(EncoderDecoder):
         self.reset_parameters()
 
     RECURRENT = ("enc_u_rz", "enc_u_h", "dec_u")
-    FUSED_RECURRENT = ("encoder.weight_hh_l0", "dec_u")
+    FUSED_RECURRENT = ("encoder.weight_hh_l0", "decoder.weight_hh_l0")
 
     def reset_parameters(self) -> None:
         """N(0, 0.01²) weights, orthogonal recurrent matrices, zero biases (Cho et al. §4.1), or
@@ -107,16 +116,18 @@ class GRUEncoderDecoder(EncoderDecoder):
 
     # ------------------------------------------------------------------------ decoder
     def source_terms(self, enc: EncoderOutput) -> EncoderOutput:
-        """V'c, C c and O_c c: once per distinct source (scoring, beam search), not per pair."""
+        """V'c, C c and O_c c: once per distinct source (scoring, beam search), not per pair
+        (``recurrence="fused"``: C c is the decoder GRU's own, computed each step)."""
         c = enc["c"]
-        return {
-            "h0": torch.tanh(self.dec_init(c)),
-            "ctx_gates": self.dec_context(c),
-            "ctx_out": self.out_context(c),
-        }
+        terms = {"h0": torch.tanh(self.dec_init(c)), "ctx_out": self.out_context(c)}
+        if not self.fused:
+            terms["ctx_gates"] = self.dec_context(c)
+        return terms
 
     def start(self, enc: EncoderOutput) -> dict[str, Tensor]:
         terms = enc if "h0" in enc else self.source_terms(enc)
+        if self.fused:
+            return {"h": terms["h0"], "c": enc["c"], "ctx_out": terms["ctx_out"]}
         return {"h": terms["h0"], "ctx_gates": terms["ctx_gates"], "ctx_out": terms["ctx_out"]}
 
     def _output_features(self, h: Tensor, prev_emb: Tensor, ctx_out: Tensor) -> Tensor:
@@ -127,12 +138,22 @@ class GRUEncoderDecoder(EncoderDecoder):
     def decode_features(self, enc: EncoderOutput, tgt_in: Tensor) -> Tensor:
         state = self.start(enc)
         prev_emb = self.dropout(self.tgt_embed(tgt_in))  # [B, T, E]
+        if self.fused:  # one torch.nn.GRU call over [e(y_{t-1}); c] for all steps
+            c = state["c"].unsqueeze(1).expand(-1, tgt_in.shape[1], -1)
+            h0 = state["h"].unsqueeze(0).contiguous()
+            hidden, _ = self.decoder(torch.cat([prev_emb, c.to(prev_emb.dtype)], dim=2), h0)
+            return self._output_features(hidden, prev_emb, state["ctx_out"].unsqueeze(1))
         x_proj = self.dec_input(prev_emb)  # [B, T, 3H], all steps in one product
         hidden = run_gru_decoder(x_proj, state["h"], self.dec_u, state["ctx_gates"])
         return self._output_features(hidden, prev_emb, state["ctx_out"].unsqueeze(1))
 
     def step(self, state: dict[str, Tensor], prev: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         prev_emb = self.tgt_embed(prev)
+        if self.fused:
+            x = torch.cat([prev_emb, state["c"].to(prev_emb.dtype)], dim=1).unsqueeze(1)
+            _, h = self.decoder(x, state["h"].unsqueeze(0).contiguous())
+            features = self._output_features(h[0], prev_emb, state["ctx_out"])
+            return features, {**state, "h": h[0]}
         h = gru_decoder_step(self.dec_input(prev_emb), state["h"], self.dec_u, state["ctx_gates"])
         features = self._output_features(h, prev_emb, state["ctx_out"])
         return features, {**state, "h": h}

@@ -53,8 +53,9 @@ def _is_bias(name: str) -> bool:
 
 
 def _fused_gru_fan_in(name: str, param: torch.Tensor, gru: nn.GRU) -> None:
-    """A :class:`torch.nn.GRU` parameter as the written GRU's counterpart starts: the input
-    matrices and their biases as ``nn.Linear(E, 3H)``'s, U(±1/√E); the recurrent biases b_h
+    """A :class:`torch.nn.GRU` parameter (``recurrence="fused"``) as the written GRU's start:
+    the input matrices and their biases U(±1/√fan_in) (the encoders': exactly the written
+    ``nn.Linear(E, 3H)``'s; cho's decoder reads [e(y); c], E + H wide), the recurrent biases b_h
     (which the written GRU does not have) 0. (The recurrent matrices are orthogonal: the
     caller's ``recurrent`` names.)"""
     if "bias_hh" in name:
