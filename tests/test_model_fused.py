@@ -170,6 +170,14 @@ def test_fused_cho_decoder_is_a_gru_over_the_previous_word_and_c():
             torch.testing.assert_close(step_features, features[:, t], rtol=1e-9, atol=1e-9)
 
 
+def test_fused_cho_counts_c_per_target_token():
+    """The fused decoder multiplies C c at every target token (its input is [e(y); c]), the
+    written one once per pair: 3H² multiply-adds per token but the first."""
+    fused, written = _network("cho"), _network("cho", "written")
+    extra = fused.scoring_flops(5, 10) - written.scoring_flops(5, 10)
+    assert extra == pytest.approx(2 * 3 * HIDDEN * HIDDEN * (10 - 1))
+
+
 # ---------------------------------------------------------------------------- gradients
 @pytest.mark.parametrize("bidirectional", [False, True])
 def test_fused_gradients_equal_the_reference_gradients(bidirectional):

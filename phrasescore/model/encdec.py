@@ -180,5 +180,8 @@ class GRUEncoderDecoder(EncoderDecoder):
         per_pair = hid * hid + 3 * hid * hid + 2 * mx * hid  # V' c, C c, O_c c
         per_tgt_token = 3 * hid * emb + 3 * hid * hid + 2 * mx * (hid + emb) + mx * rank
         per_tgt_token += rank * vocab
+        if self.fused:  # the decoder GRU's input is [e(y); c]: C c for every target token
+            per_pair -= 3 * hid * hid
+            per_tgt_token += 3 * hid * hid
         macs = share * (src_len * per_src_token + per_source) + per_pair + tgt_len * per_tgt_token
         return 2.0 * macs
