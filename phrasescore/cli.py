@@ -445,9 +445,10 @@ def _no_progress_monitor_thread() -> None:
 @click.option(
     "--recurrence",
     type=click.Choice(["written", "fused"]),
-    help="cho and attention: the encoder's GRUs written out, exactly Cho et al. eq. 5-8 "
-    "(written, every preset's), or torch.nn.GRU (fused: one cuDNN call on a GPU; its reset gate "
-    "acts after the recurrent product; not with --preset paper). Stored in the model.",
+    help="cho and attention: the GRUs written out, exactly Cho et al. eq. 5-8 (written, every "
+    "preset's), or torch.nn.GRU for the encoder and cho's decoder (fused: one cuDNN call per "
+    "sentence on a GPU; its reset gate acts after the recurrent product; not with --preset "
+    "paper). Stored in the model.",
 )
 @click.option("--src-lang", default="en", show_default=True, help="Source language (tokeniser).")
 @click.option("--tgt-lang", default="fr", show_default=True, help="Target language (tokeniser).")
