@@ -72,11 +72,11 @@ class ModelConfig:
     # N(0, 1), weights and biases U(±1/√fan_in), written-out recurrent matrices orthogonal;
     # initialization.init_fan_in). Model files written before it load as "cho".
     init: str = "cho"
-    # the encoders' recurrences (issue 39): "written", the GRUs of gru.py written out step by
-    # step, exactly Cho et al. eq. 5-8 (every preset); "fused", torch.nn.GRU (cuDNN's fused
-    # kernel on a GPU) for the encoders of cho and attention, whose candidate applies the reset
-    # gate after the recurrent product (gru.py's docstring; refused by the paper presets).
-    # Model files written before it load as "written".
+    # the GRUs (issue 39): "written", those of gru.py written out step by step, exactly Cho et
+    # al. eq. 5-8 (every preset); "fused", torch.nn.GRU (cuDNN's fused kernel on a GPU) for the
+    # encoders of cho and attention and cho's decoder, whose candidate applies the reset gate
+    # after the recurrent product (gru.py's docstring; refused by the paper presets). Model
+    # files written before it load as "written".
     recurrence: str = "written"
     layers: int = 1  # lstm: stacked layers in encoder and decoder
     reverse_source: bool = True  # lstm: read the source words in reverse order
