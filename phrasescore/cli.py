@@ -442,6 +442,14 @@ def _no_progress_monitor_thread() -> None:
     help="Initialisation: fan-in (PyTorch's scales; the default preset) or paper (N(0, 0.01²), "
     "lstm U(±0.08); the paper preset).",
 )
+@click.option(
+    "--recurrence",
+    type=click.Choice(["written", "fused"]),
+    help="cho and attention: the GRUs written out, exactly Cho et al. eq. 5-8 (written, every "
+    "preset's), or torch.nn.GRU for the encoder and cho's decoder (fused: one cuDNN call per "
+    "sentence on a GPU; its reset gate acts after the recurrent product; not with --preset "
+    "paper). Stored in the model.",
+)
 @click.option("--src-lang", default="en", show_default=True, help="Source language (tokeniser).")
 @click.option("--tgt-lang", default="fr", show_default=True, help="Target language (tokeniser).")
 @text_options
@@ -503,6 +511,7 @@ def train(
     reverse_target,
     self_normalize,
     init,
+    recurrence,
     src_lang,
     tgt_lang,
     tokenize,
@@ -541,6 +550,7 @@ def train(
             reverse_source=False if no_reverse else None,
             reverse_target=True if reverse_target else None,
             self_normalize=self_normalize,
+            recurrence=recurrence,
             **initialisation_overrides(init, arch),
         ),
     )

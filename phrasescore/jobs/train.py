@@ -21,6 +21,7 @@ from phrasescore.model.config import (
     ARCH_PRESETS,
     ARCHITECTURES,
     DEFAULT_LEARNING_RATE,
+    FUSED_ARCHITECTURES,
 )
 from phrasescore.model.config import preset as preset_configs
 from phrasescore.runners import distributed
@@ -61,7 +62,7 @@ def run_training(
     ``arch`` picks the architecture and its presets; ``overrides`` set
     :class:`~phrasescore.model.config.TrainConfig` fields and ``model_overrides``
     :class:`~phrasescore.model.config.ModelConfig` fields (``layers``, ``reverse_source``,
-    ``self_normalize``), None
+    ``self_normalize``, ``recurrence``...), None
     meaning the preset's. On ``resume`` both come from the checkpoint instead.
     """
     _check_arguments(model_path, source, target, phrase_table, valid, preset, arch, inverse)
@@ -159,6 +160,24 @@ def _check_arguments(
     check_output_path(model_path, "model", stream=False)
 
 
+def _check_recurrence(recurrence: str, preset: str, arch: str) -> None:
+    """``--recurrence fused`` (issue 39) exists for the GRU encoders of cho and attention, and
+    not in the paper presets, which keep the papers' equations exactly (Cho et al. eq. 8: the
+    reset gate before the recurrent product; cuDNN's acts after it: model/gru.py)."""
+    if recurrence != "fused":
+        return
+    if arch not in FUSED_ARCHITECTURES:
+        raise InputError(
+            f"--recurrence fused is an option of --arch {' and '.join(FUSED_ARCHITECTURES)}: "
+            f"--arch {arch}'s recurrences are torch.nn.LSTM already"
+        )
+    if preset == "paper":
+        raise InputError(
+            "--recurrence fused is refused with --preset paper: the paper presets keep Cho et "
+            "al.'s GRU (eq. 8, the reset gate before the recurrent product; cuDNN's acts after it)"
+        )
+
+
 def _configure(
     preset: str, arch: str, overrides: dict, model_overrides, resume, phrase_pairs: bool = False
 ):
@@ -175,6 +194,7 @@ def _configure(
             setattr(mcfg, key, value)
     if mcfg.layers < 1:
         raise InputError(f"--layers must be at least 1, got {mcfg.layers}")
+    _check_recurrence(mcfg.recurrence, preset, arch)
     if not (mcfg.self_normalize >= 0 and math.isfinite(mcfg.self_normalize)):
         raise InputError(f"--self-normalize must be a finite 0 or more, got {mcfg.self_normalize}")
     if mcfg.self_normalize and not resume:

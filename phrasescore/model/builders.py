@@ -9,7 +9,12 @@ from __future__ import annotations
 
 from phrasescore.model.attention import AttentionEncoderDecoder
 from phrasescore.model.base import EncoderDecoder
-from phrasescore.model.config import ARCHITECTURES, ModelConfig
+from phrasescore.model.config import (
+    ARCHITECTURES,
+    FUSED_ARCHITECTURES,
+    RECURRENCES,
+    ModelConfig,
+)
 from phrasescore.model.encdec import GRUEncoderDecoder
 from phrasescore.model.initialization import init_self_normalized
 from phrasescore.model.lstm import DeepLSTMEncoderDecoder
@@ -32,6 +37,12 @@ def build_network(config: ModelConfig) -> EncoderDecoder:
         raise ValueError(
             f"unknown architecture {config.arch!r} (known: {', '.join(ARCHITECTURES)})"
         )
+    if config.recurrence not in RECURRENCES:
+        raise ValueError(
+            f"unknown recurrence {config.recurrence!r} (known: {', '.join(RECURRENCES)})"
+        )
+    if config.recurrence == "fused" and config.arch not in FUSED_ARCHITECTURES:
+        raise ValueError(f"no fused recurrence for architecture {config.arch!r}")
     network = NETWORKS[config.arch](config)
     if config.self_normalize:
         init_self_normalized(network)

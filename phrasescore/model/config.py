@@ -47,6 +47,14 @@ al. 2014 §3.4). The optimisers phrasescore knows are its keys."""
 
 OPTIMIZERS = tuple(DEFAULT_LEARNING_RATE)
 
+RECURRENCES = ("written", "fused")
+"""The values of ``ModelConfig.recurrence``: the GRU equations written out (Cho et al. 2014,
+eq. 5-8) or :class:`torch.nn.GRU` (cuDNN's formulation; :mod:`phrasescore.model.gru`)."""
+
+FUSED_ARCHITECTURES = ("cho", "attention")
+"""The architectures with a ``recurrence="fused"`` encoder (lstm's recurrences are
+:class:`torch.nn.LSTM` already)."""
+
 
 @dataclass
 class ModelConfig:
@@ -64,6 +72,12 @@ class ModelConfig:
     # N(0, 1), weights and biases U(±1/√fan_in), written-out recurrent matrices orthogonal;
     # initialization.init_fan_in). Model files written before it load as "cho".
     init: str = "cho"
+    # the GRUs (issue 39): "written", those of gru.py written out step by step, exactly Cho et
+    # al. eq. 5-8 (every preset); "fused", torch.nn.GRU (cuDNN's fused kernel on a GPU) for the
+    # encoders of cho and attention and cho's decoder, whose candidate applies the reset gate
+    # after the recurrent product (gru.py's docstring; refused by the paper presets). Model
+    # files written before it load as "written".
+    recurrence: str = "written"
     layers: int = 1  # lstm: stacked layers in encoder and decoder
     reverse_source: bool = True  # lstm: read the source words in reverse order
     # right-to-left model (``train --reverse-target``, any architecture): the decoder predicts the

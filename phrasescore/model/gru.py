@@ -13,12 +13,34 @@ at once (one large matrix product), each step is::
 gates and the candidate: ``r, z = σ(W e(y) + U h + C c)`` and ``h~ = tanh(W e(y) + r ⊙ (U h + C c))``;
 there the reset gate multiplies the product ``U h + C c`` (the same placement cuDNN uses), which lets
 one matrix product per step serve all three parts.
+
+**The fused recurrence** (``ModelConfig.recurrence = "fused"``, ``train --recurrence fused``;
+issue 39): the encoders of cho and attention run :class:`torch.nn.GRU` (cuDNN's fused kernel on a
+GPU, one call for the whole source; :func:`run_fused_gru`), and so does cho's teacher-forced
+decoder, fed ``[e(y_{t-1}); c]`` each step (:mod:`phrasescore.model.encdec`: C c then enters the
+candidate outside the reset gate, where :func:`gru_decoder_step` has it inside). Its GRU (PyTorch's ``torch.nn.GRU``
+documentation, the cuDNN formulation) is::
+
+    r   = σ(W_ir x + b_ir + W_hr h_{t-1} + b_hr)
+    z   = σ(W_iz x + b_iz + W_hz h_{t-1} + b_hz)
+    n   = tanh(W_in x + b_in + r ⊙ (W_hn h_{t-1} + b_hn))
+    h_t = (1 - z) ⊙ n + z ⊙ h_{t-1}
+
+Gates and eq. 7 are eq. 5-7 (with a second bias vector b_h, which changes nothing but the
+initial distribution); the candidate is not eq. 8: the reset gate multiplies the product
+``U h + b_hn`` *after* it (``r ⊙ (U h)``) where eq. 8 multiplies the state *before* it
+(``U (r ⊙ h)``). The two are different functions of the same weights (they agree only for r = 1),
+so "fused" is a variant of the papers' model, not the papers' model: the paper presets refuse it
+(``--preset paper``), and the written-out eq. 5-8 above stay the default everywhere. Its initial
+weights are those of the written GRU (:func:`~phrasescore.model.initialization.init_fan_in`,
+:func:`~phrasescore.model.initialization.init_cho`): input matrices and b_i as ``W x + b``,
+recurrent matrices orthogonal per gate, b_h 0.
 """
 
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 
 def gru_encoder_step(x_proj: Tensor, h: Tensor, u_rz: Tensor, u_h: Tensor) -> Tensor:
@@ -107,3 +129,24 @@ def run_gru_encoder(
         if keep_states:
             states.append(h)
     return (torch.stack(states, dim=1) if keep_states else None), h
+
+
+def run_fused_gru(gru: nn.GRU, x: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+    """``gru`` (a :class:`torch.nn.GRU` with ``batch_first``, one or two directions) over the
+    inputs ``x`` [B, S, E] of rows of ``lengths`` real positions: (outputs [B, S, D·H], 0 at
+    padded positions; final states [D, B, H], each after its row's last real position, the
+    backward direction's after the first).
+
+    A padded batch is packed (``pack_padded_sequence``, ``enforce_sorted=False``), so each row's
+    result is what it is alone: the backward direction starts at its own last real token, and
+    padding never enters a state. The cuDNN formulation (module docstring), not eq. 5-8.
+    """
+    steps = x.shape[1]
+    if not bool((lengths != steps).any()):
+        return gru(x)
+    packed = nn.utils.rnn.pack_padded_sequence(
+        x, lengths.cpu(), batch_first=True, enforce_sorted=False
+    )
+    outputs, last = gru(packed)
+    outputs, _ = nn.utils.rnn.pad_packed_sequence(outputs, batch_first=True, total_length=steps)
+    return outputs, last

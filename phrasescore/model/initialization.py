@@ -8,8 +8,9 @@
   W_a and U_a N(0, 0.001²), v_a and biases 0, every other weight N(0, init_std²).
 * :func:`init_fan_in` -- the ``default`` presets of all three architectures (``init="fan_in"``):
   PyTorch's own scales (embeddings N(0, 1); linear layers, weights and biases,
-  U(±1/√fan_in); :class:`torch.nn.LSTM` U(±1/√H)), recurrent matrices of the written-out GRUs
-  orthogonal. The papers' N(0, 0.01²) leaves a product of several 0.01-scaled matrices between
+  U(±1/√fan_in); :class:`torch.nn.LSTM` U(±1/√H)), recurrent matrices of the GRUs
+  orthogonal (the fused :class:`torch.nn.GRU` of ``recurrence="fused"`` starts as the written
+  one: :func:`_fused_gru_fan_in`). The papers' N(0, 0.01²) leaves a product of several 0.01-scaled matrices between
   source and output, which Adam at 1e-3 takes hundreds of updates to grow (issues 15 and 29;
   docs/benchmarks.md "Learning curves").
 * :func:`init_cslm` -- the CSLM (Schwenk 2007): embeddings and output N(0, init_std²), rectified
@@ -35,10 +36,33 @@ ATTENTION_INIT_STD = 0.001
 
 
 def orthogonal_blocks(param: torch.Tensor, size: int) -> None:
-    """Each [size, size] column block of ``param`` (e.g. ``[U_r U_z U]``) a random orthogonal
-    matrix of its own."""
+    """Each [size, size] block of ``param`` a random orthogonal matrix of its own: the column
+    blocks of the written GRUs' ``[U_r U_z U]`` [H, 3H], the row blocks of
+    :class:`torch.nn.GRU`'s ``weight_hh`` [3H, H] (``[U_r; U_z; U]``)."""
+    if param.shape[0] > param.shape[1]:
+        for block in range(param.shape[0] // size):
+            nn.init.orthogonal_(param.data[block * size : (block + 1) * size])
+        return
     for block in range(param.shape[1] // size):
         nn.init.orthogonal_(param.data[:, block * size : (block + 1) * size])
+
+
+def _is_bias(name: str) -> bool:
+    """A bias vector: ``x.bias``, or :class:`torch.nn.GRU`'s ``bias_ih_l0``/``bias_hh_l0``."""
+    return name.rpartition(".")[2].startswith("bias")
+
+
+def _fused_gru_fan_in(name: str, param: torch.Tensor, gru: nn.GRU) -> None:
+    """A :class:`torch.nn.GRU` parameter (``recurrence="fused"``) as the written GRU's start:
+    the input matrices and their biases U(±1/√fan_in) (the encoders': exactly the written
+    ``nn.Linear(E, 3H)``'s; cho's decoder reads [e(y); c], E + H wide), the recurrent biases b_h
+    (which the written GRU does not have) 0. (The recurrent matrices are orthogonal: the
+    caller's ``recurrent`` names.)"""
+    if "bias_hh" in name:
+        nn.init.zeros_(param)
+    else:
+        bound = 1.0 / gru.input_size**0.5
+        nn.init.uniform_(param, -bound, bound)
 
 
 @torch.no_grad()
@@ -58,7 +82,7 @@ def init_cho(network: nn.Module, recurrent: tuple[str, ...]) -> None:
     for name, param in network.named_parameters():
         if name in recurrent:
             orthogonal_blocks(param, config.hidden_dim)
-        elif name.endswith("bias"):
+        elif _is_bias(name):
             nn.init.zeros_(param)
         else:
             nn.init.normal_(param, 0.0, config.init_std)
@@ -88,6 +112,8 @@ def init_fan_in(network: nn.Module, recurrent: tuple[str, ...] = ()) -> None:
         elif isinstance(owner, nn.Linear):
             bound = 1.0 / owner.in_features**0.5
             nn.init.uniform_(param, -bound, bound)
+        elif isinstance(owner, nn.GRU):
+            _fused_gru_fan_in(name, param, owner)
         elif isinstance(owner, nn.RNNBase):
             bound = 1.0 / owner.hidden_size**0.5
             nn.init.uniform_(param, -bound, bound)
@@ -122,7 +148,7 @@ def init_attention(network: nn.Module, recurrent: tuple[str, ...]) -> None:
         init_fan_in(network, recurrent)
         return
     for name, param in network.named_parameters():
-        if name.endswith("bias") or name.startswith("att_v."):
+        if _is_bias(name) or name.startswith("att_v."):
             nn.init.zeros_(param)
         elif name in recurrent:
             orthogonal_blocks(param, config.hidden_dim)

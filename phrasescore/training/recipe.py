@@ -47,9 +47,13 @@ MODEL_FLAGS = {
     "reverse_target": "--reverse-target",
     "self_normalize": "--self-normalize",
     "init": "--init",
+    "recurrence": "--recurrence",
     "order": "--order",
 }
 """ModelConfig (and LMConfig) fields set by a flag, and the flag."""
+
+FLAG_DEFAULTS = {"--recurrence": "written"}
+"""Flags newer than some recipes, and the value a recipe without them was trained with."""
 
 DERIVED = ("src_vocab_size", "tgt_vocab_size", "vocab_size")
 """ModelConfig fields the data decides (the vocabularies' sizes), not the recipe."""
@@ -127,7 +131,8 @@ def recipe_difference(saved: dict[str, Any], current: dict[str, Any], name: str)
             return f"{head} on {_file_text(role, old)}, this run's is other data: {_file_text(role, new)}"
     old_flags, new_flags = saved.get("flags", {}), current.get("flags", {})
     for flag in list(old_flags) + [f for f in new_flags if f not in old_flags]:
-        old, new = old_flags.get(flag), new_flags.get(flag)
+        old = old_flags.get(flag, FLAG_DEFAULTS.get(flag))
+        new = new_flags.get(flag, FLAG_DEFAULTS.get(flag))
         if old != new:
             return f"{head} with {_flag_text(flag, old)}, this run has {_flag_text(flag, new)}"
     old_settings, new_settings = saved.get("settings", {}), current.get("settings", {})
