@@ -17,8 +17,6 @@ import pytest
 from phrasescore.errors import InputError
 from phrasescore.jobs.ab import (
     ComparisonOptions,
-    MosesInstall,
-    Programs,
     RunResult,
     System,
     SystemResult,
@@ -30,6 +28,7 @@ from phrasescore.jobs.ab import (
     rerank_models,
 )
 from phrasescore.jobs.ab_rerank import RerankStep
+from phrasescore.jobs.moses_tools import MosesInstall, Programs
 from phrasescore.moses.ini import read_weights
 
 SYSTEM = Path(__file__).parent / "data" / "moses-system"

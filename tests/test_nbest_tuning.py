@@ -8,7 +8,7 @@ import pytest
 from sacrebleu.metrics import BLEU
 
 from phrasescore.errors import InputError
-from phrasescore.jobs.ab_rerank import (
+from phrasescore.jobs.moses_tools import (
     dense_feature_names,
     read_kbmira_weights,
     read_tuned_weights,

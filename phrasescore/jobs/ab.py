@@ -25,71 +25,25 @@ is interrupted resumes where it stopped (MERT itself with ``mert-moses.pl --cont
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
 import shlex
 import shutil
-import signal
 import statistics
-import subprocess
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from phrasescore.errors import InputError
 from phrasescore.files import AtomicOutput, check_input_file, iter_lines
-from phrasescore.jobs.ab_rerank import RERANK_TUNERS, RerankStep, rerank_models
+from phrasescore.jobs.ab_rerank import RerankStep, rerank_models
 from phrasescore.jobs.bleu import bleu_metric
+from phrasescore.jobs.moses_tools import RERANK_TUNERS, MosesInstall, Programs
 from phrasescore.jobs.nbest_features import FeatureModel
 from phrasescore.moses.ini import read_weights
 
 log = logging.getLogger(__name__)
-
-#: What the job needs from a Moses installation, relative to MOSES_HOME.
-MOSES_PROGRAMS = {
-    "decoder": "bin/moses",
-    "mert": "bin/mert",
-    "extractor": "bin/extractor",
-    "mert-moses.pl": "scripts/training/mert-moses.pl",
-    "filter-model-given-input.pl": "scripts/training/filter-model-given-input.pl",
-}
-
-
-@dataclass(frozen=True)
-class MosesInstall:
-    """Paths of the Moses programs the A/B job runs."""
-
-    home: Path
-
-    @classmethod
-    def find(cls, home: str | None, needs: list[str] | None = None) -> MosesInstall:
-        """The Moses installation at ``home`` (else $MOSES_HOME, else $MOSES), checked for the
-        programs ``needs`` (names in :data:`MOSES_PROGRAMS` or ``RERANK_TUNERS``; default:
-        everything ``ab`` runs)."""
-        programs = {**MOSES_PROGRAMS, **RERANK_TUNERS}
-        wanted = list(MOSES_PROGRAMS.values()) if needs is None else [programs[n] for n in needs]
-        home = home or os.environ.get("MOSES_HOME") or os.environ.get("MOSES")
-        if not home:
-            raise InputError(
-                "Moses not found: set MOSES_HOME (or --moses-home) to a mosesdecoder build "
-                "with " + ", ".join(wanted)
-            )
-        install = cls(Path(home).resolve())
-        missing = [rel for rel in wanted if not (install.home / rel).is_file()]
-        if missing:
-            raise InputError(f"Moses at {install.home} lacks {', '.join(missing)}")
-        return install
-
-    def program(self, name: str) -> str:
-        return str(self.home / {**MOSES_PROGRAMS, **RERANK_TUNERS}[name])
-
-    def check_has(self, name: str) -> None:
-        """Refuse an install without ``name`` (a program only some commands need)."""
-        if not Path(self.program(name)).is_file():
-            raise InputError(f"Moses at {self.home} lacks {RERANK_TUNERS.get(name, name)}")
 
 
 @dataclass(frozen=True)
@@ -162,62 +116,6 @@ class SystemResult:
 
 def _line_count(path: Path) -> int:
     return sum(1 for _ in iter_lines(str(path)))
-
-
-class Programs:
-    """Runs the Moses programs of an A/B, each in a process group of its own, its stderr (and
-    stdout unless redirected) in a log file; :meth:`stop` ends every group that runs (a
-    ``mert-moses.pl`` with the decoders it started), so that an interrupted ``ab`` (Ctrl-C,
-    SIGTERM) stops at once instead of finishing its queue of MERT runs."""
-
-    def __init__(self) -> None:
-        self._running: set[subprocess.Popen] = set()
-        self._lock = threading.Lock()
-        self._stopped = False
-
-    def run(
-        self,
-        command: list[str],
-        cwd: Path,
-        log_name: str,
-        stdin: Path | None = None,
-        stdout: Path | None = None,
-    ) -> None:
-        log_path = cwd / log_name
-        log.debug("running in %s: %s", cwd, shlex.join(command))
-        with contextlib.ExitStack() as files:
-            log_file = files.enter_context(open(log_path, "wb"))
-            stdin_file = files.enter_context(open(stdin, "rb")) if stdin else subprocess.DEVNULL
-            stdout_file = files.enter_context(open(stdout, "wb")) if stdout else log_file
-            with self._lock:
-                if self._stopped:
-                    raise InputError(f"stopped before {Path(command[0]).name}")
-                process = subprocess.Popen(
-                    command,
-                    cwd=cwd,
-                    stdin=stdin_file,
-                    stdout=stdout_file,
-                    stderr=log_file,
-                    start_new_session=True,
-                )
-                self._running.add(process)
-            try:
-                returncode = process.wait()
-            finally:
-                with self._lock:
-                    self._running.discard(process)
-        if returncode != 0:
-            raise InputError(
-                f"{Path(command[0]).name} failed with exit code {returncode}; see {log_path}"
-            )
-
-    def stop(self) -> None:
-        """SIGTERM to the process group of every program that runs; none starts after this."""
-        with self._lock:
-            self._stopped = True
-            for process in self._running:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGTERM)
 
 
 class Comparison:

@@ -67,7 +67,6 @@ from __future__ import annotations
 import collections
 import hashlib
 import logging
-import math
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -99,7 +98,7 @@ from phrasescore.moses.nbest import (
     parse_features,
     read_nbest,
     read_weights,
-    total_score,
+    weighted_totals,
     with_feature,
 )
 from phrasescore.progress import progress_bar
@@ -746,40 +745,6 @@ class _Writer:
             )
         if self.best_texts is not None:
             out.writelines(text + "\n" for text in self.best_texts)
-
-
-def weighted_totals(group: list[NBestEntry], weights: dict, weights_path: str) -> list[float]:
-    """Each entry's total under ``weights`` (read from ``weights_path``):
-    :func:`~phrasescore.moses.nbest.total_score`. A feature value that is not finite (``nan``,
-    ``inf``), a feature without its weights, or a total that overflows is an error at the
-    entry's line: no order could be drawn from it."""
-    totals = []
-    for entry in group:
-        features = parse_features(entry.features, entry.path, entry.lineno)
-        for name, values in features:
-            if not all(math.isfinite(value) for value in values):
-                bad = next(value for value in values if not math.isfinite(value))
-                raise InputError(
-                    f"feature {name} has a value that is not finite ({bad}): the hypotheses "
-                    "cannot be re-ranked",
-                    entry.path,
-                    entry.lineno,
-                )
-        try:
-            total = total_score(features, weights)
-        except InputError as exc:
-            raise InputError(
-                f"{exc.message} in {display_name(weights_path)}", entry.path, entry.lineno
-            ) from None
-        if not math.isfinite(total):
-            raise InputError(
-                f"the weighted total is not finite ({total}) under the weights of "
-                f"{display_name(weights_path)}: a weight times a feature value overflows",
-                entry.path,
-                entry.lineno,
-            )
-        totals.append(total)
-    return totals
 
 
 def _rerank(

@@ -16,7 +16,7 @@ first, in the order given, then the target->source ones.
 :class:`ModelFeatures` loads every feature's models (all in every ``--workers`` process, which
 inherit them by fork) and scores a block of ``(sources, hypotheses)`` with each, in order; it
 warns once per model when the list looks reversed for it (:meth:`ModelFeatures.warn_direction`,
-the check ``rescore`` makes on a phrase table: :func:`~phrasescore.jobs.rescore_columns.direction_evidence`).
+the check ``rescore`` makes on a phrase table: :func:`~phrasescore.jobs.common.direction_evidence`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from phrasescore.bundle import load_model
 from phrasescore.engine.scoring import EnsembleScorer, PairScorer, check_ensemble
 from phrasescore.errors import InputError
 from phrasescore.files import check_input_file
-from phrasescore.jobs.rescore_columns import warn_if_reversed
+from phrasescore.jobs.common import warn_if_reversed
 from phrasescore.moses.nbest import check_feature_name
 
 log = logging.getLogger(__name__)
@@ -187,7 +187,7 @@ class ModelFeatures:
     def warn_direction(self, sources: list[str], hypotheses: list[str]) -> None:
         """Warn for each model the list looks reversed for: its vocabularies know the list's
         words better read the other way round
-        (:func:`~phrasescore.jobs.rescore_columns.direction_evidence`). ``nbest`` calls it on
+        (:func:`~phrasescore.jobs.common.direction_evidence`). ``nbest`` calls it on
         the first block it scores."""
         sources = list(dict.fromkeys(sources))
         hypotheses = list(dict.fromkeys(hypotheses))

@@ -9,7 +9,7 @@ lines that ``phrasescore nbest --weights W --one-best`` applies to the test list
    same number of finite values), before any Moses tool runs;
 2. ``extractor`` once, then ``runs`` tunings (mert with ``restarts`` random restarts, or
    kbmira) seeded ``seed``, ``seed + 1``, ...: the part ``ab --rerank`` runs too
-   (:class:`~phrasescore.jobs.ab_rerank.MosesTuning`), from the weights of ``start`` (a
+   (:class:`~phrasescore.jobs.moses_tools.MosesTuning`), from the weights of ``start`` (a
    moses.ini or ``Name= w`` file; a feature it does not weigh, e.g. a model's, starts at 0);
 3. each run's weights re-rank the dev list (:func:`best_hypotheses`, the order ``nbest
    --weights`` gives) and the run with the best dev BLEU (sacrebleu, ``--tokenize none``: the
@@ -42,11 +42,21 @@ from phrasescore.files import (
     output_lock,
     refuse_outputs_onto_inputs,
 )
-from phrasescore.jobs.ab import MosesInstall, Programs
-from phrasescore.jobs.ab_rerank import RERANK_TUNERS, MosesTuning, write_weights_file
 from phrasescore.jobs.bleu import bleu_metric
-from phrasescore.jobs.nbest import weighted_totals
-from phrasescore.moses.nbest import NBestEntry, iter_nbest_groups, read_nbest, read_weights
+from phrasescore.jobs.moses_tools import (
+    RERANK_TUNERS,
+    MosesInstall,
+    MosesTuning,
+    Programs,
+    write_weights_file,
+)
+from phrasescore.moses.nbest import (
+    NBestEntry,
+    iter_nbest_groups,
+    read_nbest,
+    read_weights,
+    weighted_totals,
+)
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +66,7 @@ class TuneOptions:
     """Flags of ``phrasescore rerank-tune``."""
 
     tuner: str = "mert"
-    """``mert`` or ``kbmira`` (:data:`~phrasescore.jobs.ab_rerank.RERANK_TUNERS`)."""
+    """``mert`` or ``kbmira`` (:data:`~phrasescore.jobs.moses_tools.RERANK_TUNERS`)."""
     runs: int = 1
     seed: int = 1234
     """The first run's seed (mert ``-r``, kbmira ``-r``); run k has ``seed + k``."""
@@ -163,7 +173,7 @@ def best_hypotheses(
     nbest: str, sentences: int, weights: dict | None = None, weights_path: str = ""
 ) -> list[str]:
     """The best hypothesis of each sentence id (an empty line for an id without any): under
-    ``weights`` (:func:`~phrasescore.jobs.nbest.weighted_totals`, ties to the first listed, as
+    ``weights`` (:func:`~phrasescore.moses.nbest.weighted_totals`, ties to the first listed, as
     ``nbest --weights --one-best`` picks it), or without them by the list's own totals."""
     best = [""] * sentences
     for group in iter_nbest_groups(read_nbest(nbest)):

@@ -32,6 +32,7 @@ from phrasescore.engine.scoring import (
     phrase_tokens,
 )
 from phrasescore.errors import InputError
+from phrasescore.jobs.common import warn_if_reversed
 from phrasescore.jobs.rescore_partial import table_identity
 from phrasescore.moses.phrase_table import (
     format_entry,
@@ -197,57 +198,6 @@ def format_values(logprobs: np.ndarray) -> list[str]:
     return format_logprobs(np.asarray(logprobs).tolist())
 
 
-# ---------------------------------------------------------------------------- the models' direction
-DIRECTION_MARGIN = 0.2
-"""How much better the model's vocabularies must know the table read backwards (fraction of
-known tokens) before :func:`direction_evidence` calls it reversed."""
-
-
-def direction_evidence(model, sources: list[str], targets: list[str]) -> tuple[float, float] | None:
-    """(coverage as given, coverage swapped) when ``model`` looks trained target->source on
-    these phrases, else None.
-
-    Coverage is the mean over both sides of the fraction of tokens the model's vocabulary knows:
-    as given, sources by its source vocabulary and targets by its target vocabulary; swapped,
-    the other way round. Reversed means swapped is at least :data:`DIRECTION_MARGIN` higher and
-    twice as high: words the languages share (numbers, names, punctuation) count on both sides,
-    and a model of other languages altogether knows little either way.
-    """
-    if not sources or not targets:
-        return None
-    src_as_src = [phrase_tokens(model.src_text, p) for p in sources]
-    tgt_as_tgt = [phrase_tokens(model.tgt_text, p) for p in targets]
-    src_as_tgt = [phrase_tokens(model.tgt_text, p) for p in sources]
-    tgt_as_src = [phrase_tokens(model.src_text, p) for p in targets]
-    given = (model.src_vocab.coverage(src_as_src) + model.tgt_vocab.coverage(tgt_as_tgt)) / 2
-    swapped = (model.tgt_vocab.coverage(src_as_tgt) + model.src_vocab.coverage(tgt_as_src)) / 2
-    if swapped >= given + DIRECTION_MARGIN and swapped >= 2 * given:
-        return given, swapped
-    return None
-
-
-def warn_if_reversed(model, path, sources, targets, whose: str, hint: str) -> bool:
-    """Log a warning when ``model`` looks trained in the other direction on these phrases
-    (:func:`direction_evidence`), ``whose`` naming the input (``the table's``) and ``hint``
-    saying what to do; whether it warned. ``rescore`` and ``nbest`` share it."""
-    evidence = direction_evidence(model, sources, targets)
-    if evidence is None:
-        return False
-    given, swapped = evidence
-    log.warning(
-        "%s (%s->%s) looks trained in the other direction: its vocabularies know %.0f%% of %s "
-        "words read the other way round, %.0f%% as given; %s",
-        path or model.signature,
-        model.src_text.lang,
-        model.tgt_text.lang,
-        100 * swapped,
-        whose,
-        100 * given,
-        hint,
-    )
-    return True
-
-
 def check_directions(models, inverse_models, model_paths, inverse_paths) -> None:
     """Refuse models that disagree on the table's direction (before anything is written).
 
@@ -344,7 +294,7 @@ class NewColumns:
         return columns
 
     def warn_direction(self, chunk) -> None:
-        """Warn when the table looks reversed for a model (see :func:`direction_evidence`).
+        """Warn when the table looks reversed for a model (see :func:`~phrasescore.jobs.common.direction_evidence`).
 
         A lone model cannot be checked against another's direction, and neither the table nor
         the moses.ini records its languages; what can be seen is which of the model's

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 
@@ -13,7 +12,6 @@ from phrasescore.files import (
     check_files_exist,
     check_output_path,
     is_pipe,
-    output_lock,
     refuse_outputs_onto_inputs,
 )
 from phrasescore.hardware import set_threads
@@ -31,6 +29,8 @@ from phrasescore.training.trainer import (
     TrainResult,
     apply_overrides,
     train_to_end,
+    training_lock,
+    training_outputs,
 )
 
 log = logging.getLogger(__name__)
@@ -97,27 +97,6 @@ def run_training(
             launch=launch,
             resume=resume,
         )
-
-
-def training_outputs(model_path: str) -> dict[str, str]:
-    """The files a training writes, by option: the model and, beside it, its checkpoint, log
-    and curve (:class:`~phrasescore.training.trainer.Trainer`)."""
-    return {
-        "-o": model_path,
-        "-o's checkpoint": model_path + ".checkpoint",
-        "-o's log": model_path + ".log",
-        "-o's curve": model_path + ".curve.png",
-    }
-
-
-def training_lock(model_path: str):
-    """:func:`~phrasescore.files.output_lock` of the model, taken by the one process that
-    writes it (rank 0 under torchrun): a second training onto the same model at the same time
-    is refused in one line naming the process that holds it."""
-    launch = distributed.from_env()
-    if launch is not None and not launch.is_main:
-        return contextlib.nullcontext()
-    return output_lock(model_path)
 
 
 def _check_arguments(

@@ -29,7 +29,6 @@ from phrasescore.files import (
     refuse_outputs_onto_inputs,
 )
 from phrasescore.hardware import set_threads
-from phrasescore.jobs.train import training_lock, training_outputs
 from phrasescore.model.config import TrainConfig
 from phrasescore.model.cslm import LM_PRESETS, FeedForwardLM, LMConfig, lm_preset
 from phrasescore.runners import distributed
@@ -42,6 +41,8 @@ from phrasescore.training.trainer import (
     TrainResult,
     apply_overrides,
     train_to_end,
+    training_lock,
+    training_outputs,
 )
 
 log = logging.getLogger(__name__)

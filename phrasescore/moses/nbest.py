@@ -260,3 +260,37 @@ def total_score(features: list[tuple[str, list[float]]], weights: dict[str, list
             )
         total += math.fsum(v * w for v, w in zip(values, feature_weights, strict=True))
     return total
+
+
+def weighted_totals(group: list[NBestEntry], weights: dict, weights_path: str) -> list[float]:
+    """Each entry's total under ``weights`` (read from ``weights_path``):
+    :func:`total_score`. A feature value that is not finite (``nan``,
+    ``inf``), a feature without its weights, or a total that overflows is an error at the
+    entry's line: no order could be drawn from it."""
+    totals = []
+    for entry in group:
+        features = parse_features(entry.features, entry.path, entry.lineno)
+        for name, values in features:
+            if not all(math.isfinite(value) for value in values):
+                bad = next(value for value in values if not math.isfinite(value))
+                raise InputError(
+                    f"feature {name} has a value that is not finite ({bad}): the hypotheses "
+                    "cannot be re-ranked",
+                    entry.path,
+                    entry.lineno,
+                )
+        try:
+            total = total_score(features, weights)
+        except InputError as exc:
+            raise InputError(
+                f"{exc.message} in {display_name(weights_path)}", entry.path, entry.lineno
+            ) from None
+        if not math.isfinite(total):
+            raise InputError(
+                f"the weighted total is not finite ({total}) under the weights of "
+                f"{display_name(weights_path)}: a weight times a feature value overflows",
+                entry.path,
+                entry.lineno,
+            )
+        totals.append(total)
+    return totals

@@ -40,6 +40,7 @@ checkpoints; the others wait. A checkpoint records W and every rank's random sta
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -56,7 +57,7 @@ from phrasescore import __version__
 from phrasescore.bundle import TrainedModel, save_model
 from phrasescore.errors import InputError
 from phrasescore.figures import new_figure, save_figure
-from phrasescore.files import disk_errors, is_pipe
+from phrasescore.files import disk_errors, is_pipe, output_lock
 from phrasescore.hardware import deterministic_kernels
 from phrasescore.model import build_network
 from phrasescore.model.base import bf16_autocast
@@ -957,6 +958,27 @@ class _Run:
     tokens_since: int = 0
     current_lr: float | None = None
     signature: str = ""
+
+
+def training_outputs(model_path: str) -> dict[str, str]:
+    """The files a training writes, by option: the model and, beside it, its checkpoint, log
+    and curve (:class:`Trainer`)."""
+    return {
+        "-o": model_path,
+        "-o's checkpoint": model_path + ".checkpoint",
+        "-o's log": model_path + ".log",
+        "-o's curve": model_path + ".curve.png",
+    }
+
+
+def training_lock(model_path: str):
+    """:func:`~phrasescore.files.output_lock` of the model, taken by the one process that
+    writes it (rank 0 under torchrun): a second training onto the same model at the same time
+    is refused in one line naming the process that holds it."""
+    launch = distributed.from_env()
+    if launch is not None and not launch.is_main:
+        return contextlib.nullcontext()
+    return output_lock(model_path)
 
 
 def train_to_end(
