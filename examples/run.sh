@@ -18,8 +18,8 @@
 # Everything is written under OUT (default build/example in the checkout); examples/ is only read.
 # Usage: examples/run.sh [--quick | --long | --minutes M] [--sentences N] [--out OUT]
 #   (default)      50 updates per model (a minute or less each; the same models on every
-#                  machine), the first 100 sentences of each list (about 5 minutes on 2 cores:
-#                  313 s with Moses at load 3-5, docs/benchmarks.md: The example)
+#                  machine), the first 100 sentences of each list (130 s with Moses on a quiet
+#                  2-core machine, 313 s at load 3-5: docs/benchmarks.md, The example)
 #   --long         3 minutes of training per model and all 200 sentences (9 minutes of
 #                  training on 2 cores: three rounds of two)
 #   --minutes M    M minutes per model
