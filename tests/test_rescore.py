@@ -246,7 +246,9 @@ def test_resume_after_kill_gives_identical_bytes(tiny_model_path, tmp_path):
         resumed = run_cli("rescore", "-", "-o", part, *flags, "--resume", stdin=stdin)
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming after line {done}" in resumed.stderr
-    assert part.read_bytes() == full.read_bytes()
+    got, want = gzip.decompress(part.read_bytes()), gzip.decompress(full.read_bytes())
+    assert got == want, f"resumed after line {done}: other lines than an uninterrupted run"
+    assert part.read_bytes() == full.read_bytes(), f"resumed after line {done}: other gzip bytes"
     assert not state.exists()
 
 
