@@ -92,6 +92,7 @@ from phrasescore.hardware import resolve_device
 from phrasescore.jobs.nbest_features import FeatureModel, ModelFeatures, nbest_feature_models
 from phrasescore.moses.nbest import (
     NBestEntry,
+    best_index,
     check_feature_name,
     format_feature_value,
     iter_nbest_groups,
@@ -757,7 +758,7 @@ def _rerank(
     the totals can be recomputed from the output.
     """
     totals = weighted_totals(group, weights, options.weights)
-    old_best = max(range(len(group)), key=lambda i: (float(group[i].total), -i))
+    old_best = best_index([float(entry.total) for entry in group])
     order = sorted(range(len(group)), key=lambda i: (-totals[i], i))
     lines = [group[i]._replace(total=_total_field(group[i], totals[i])).line() for i in order]
     return lines, group[order[0]], group[old_best]

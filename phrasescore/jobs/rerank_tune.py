@@ -24,7 +24,6 @@ run that succeeds and kept, with the tools' logs, after one that fails.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import shutil
 import tempfile
@@ -52,6 +51,8 @@ from phrasescore.jobs.moses_tools import (
 )
 from phrasescore.moses.nbest import (
     NBestEntry,
+    best_index,
+    first_non_finite,
     iter_nbest_groups,
     read_nbest,
     read_weights,
@@ -154,13 +155,13 @@ def check_tuning_list(nbest: str, sentences: int, reference: str) -> int:
 
 def _dense_features(entry: NBestEntry) -> list[tuple[str, int]]:
     features = entry.parsed_features()
-    for name, values in features:
-        if not all(math.isfinite(value) for value in values):
-            raise InputError(
-                f"feature {name} has a value that is not finite: it cannot be tuned",
-                entry.path,
-                entry.lineno,
-            )
+    bad = first_non_finite(features)
+    if bad is not None:
+        raise InputError(
+            f"feature {bad[0]} has a value that is not finite: it cannot be tuned",
+            entry.path,
+            entry.lineno,
+        )
     return [(name, len(values)) for name, values in features if "_" not in name]
 
 
@@ -181,7 +182,7 @@ def best_hypotheses(
             totals = [float(entry.total) for entry in group]
         else:
             totals = weighted_totals(group, weights, weights_path)
-        best[group[0].id] = group[max(range(len(group)), key=lambda i: (totals[i], -i))].hypothesis
+        best[group[0].id] = group[best_index(totals)].hypothesis
     return best
 
 

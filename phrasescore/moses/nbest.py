@@ -262,6 +262,22 @@ def total_score(features: list[tuple[str, list[float]]], weights: dict[str, list
     return total
 
 
+def first_non_finite(features: list[tuple[str, list[float]]]) -> tuple[str, float] | None:
+    """The first feature value that is not finite (``nan``, ``inf``), with its feature's name;
+    None when every value is finite (no order or tuning can be drawn from such a value)."""
+    for name, values in features:
+        for value in values:
+            if not math.isfinite(value):
+                return name, value
+    return None
+
+
+def best_index(totals: list[float]) -> int:
+    """The index of the best of one sentence's hypotheses by ``totals``: the highest, the first
+    listed among equals (the hypothesis Moses itself would output first)."""
+    return max(range(len(totals)), key=lambda i: (totals[i], -i))
+
+
 def weighted_totals(group: list[NBestEntry], weights: dict, weights_path: str) -> list[float]:
     """Each entry's total under ``weights`` (read from ``weights_path``):
     :func:`total_score`. A feature value that is not finite (``nan``,
@@ -270,15 +286,14 @@ def weighted_totals(group: list[NBestEntry], weights: dict, weights_path: str) -
     totals = []
     for entry in group:
         features = parse_features(entry.features, entry.path, entry.lineno)
-        for name, values in features:
-            if not all(math.isfinite(value) for value in values):
-                bad = next(value for value in values if not math.isfinite(value))
-                raise InputError(
-                    f"feature {name} has a value that is not finite ({bad}): the hypotheses "
-                    "cannot be re-ranked",
-                    entry.path,
-                    entry.lineno,
-                )
+        bad = first_non_finite(features)
+        if bad is not None:
+            raise InputError(
+                f"feature {bad[0]} has a value that is not finite ({bad[1]}): the hypotheses "
+                "cannot be re-ranked",
+                entry.path,
+                entry.lineno,
+            )
         try:
             total = total_score(features, weights)
         except InputError as exc:
