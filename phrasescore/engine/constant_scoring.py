@@ -2,9 +2,10 @@
 
 ``tools/bench-io`` runs ``rescore``'s whole table path (reading, decompression, parsing, token
 ids, formatting, compression, writing, resume state) with it, so that what it measures is the
-path and not the model (issue 42, item 2). It is a real :class:`PairScorer` in every other
-respect: the pairs are tokenised and looked up in the model's vocabularies as for scoring
-(:meth:`~PairScorer.encode_phrases`), the unknown-word and token counts are the real ones.
+path and not the model (issue 42, item 2). It implements the scorer protocol
+(:class:`~phrasescore.engine.protocol.IdScorer`) with the engine's text half
+(:class:`~phrasescore.engine.scoring.PhraseEncoder`): the pairs are tokenised and looked up in
+the model's vocabularies as for scoring, the unknown-word and token counts are the real ones.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ from collections.abc import Sequence
 import numpy as np
 
 from phrasescore.bundle import TrainedModel
-from phrasescore.engine.scoring import EXACT, PairScorer
+from phrasescore.engine.batching import IdPairs
+from phrasescore.engine.scoring import EXACT, EncodedPairs, PhraseEncoder, ScoredPairs
 
 
-class ConstantScorer(PairScorer):
-    """:class:`PairScorer` whose :meth:`score_ids` gives ``logprob`` for every pair."""
+class ConstantScorer:
+    """An :class:`~phrasescore.engine.protocol.IdScorer` whose scores are all ``logprob``."""
 
     def __init__(self, model: TrainedModel, logprob: float = -1.0, include_eos: bool = True):
         if not logprob <= 0.0:
@@ -29,9 +31,22 @@ class ConstantScorer(PairScorer):
         self.scoring = EXACT
         self.self_normalized = False
         self.clamped = 0
+        self.encoder = PhraseEncoder(model, include_eos)
 
     def warm_up(self) -> None:
         """Nothing to compile."""
+
+    def encode_phrases(
+        self, sources: Sequence[str], targets: Sequence[str], counts: bool = True
+    ) -> EncodedPairs:
+        return self.encoder.encode_phrases(sources, targets, counts)
+
+    def score_phrases(
+        self, sources: Sequence[str], targets: Sequence[str], per_token: bool = False
+    ) -> ScoredPairs:
+        pairs = self.encode_phrases(sources, targets)
+        logprob, _ = self.score_ids(pairs.src_ids, pairs.tgt_ids, per_token)
+        return ScoredPairs(logprob, pairs.n_tokens, pairs.src_unknown, pairs.tgt_unknown)
 
     def score_ids(
         self,
@@ -44,3 +59,10 @@ class ConstantScorer(PairScorer):
         if per_token:
             raise ValueError("a ConstantScorer has no per-token values")
         return np.full(len(src_ids), self.logprob), None
+
+    def score_arrays(
+        self, pairs: IdPairs, per_token: bool = False
+    ) -> tuple[np.ndarray, list[np.ndarray] | None]:
+        if per_token:
+            raise ValueError("a ConstantScorer has no per-token values")
+        return np.full(len(pairs), self.logprob), None

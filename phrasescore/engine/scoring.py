@@ -45,6 +45,14 @@ import numpy as np
 import torch
 
 from phrasescore.bundle import TrainedModel
+from phrasescore.engine.batching import (
+    Batch,
+    ExactBuckets,
+    IdPairs,
+    bucket_policy,
+    distinct_sequences,
+    id_matrix,
+)
 from phrasescore.errors import InputError
 from phrasescore.hardware import resolve_dtype
 from phrasescore.model.base import EncoderDecoder, EncoderOutput, select_rows
@@ -105,6 +113,42 @@ class EncodedPairs:
     n_tokens: np.ndarray  # int64 [N]: target tokens scored (EOS counted unless include_eos=False)
 
 
+class PhraseEncoder:
+    """The text half of a scorer: phrases to ids in a model's vocabularies (no network), what
+    :class:`PairScorer` and every other scorer of the protocol
+    (:class:`~phrasescore.engine.protocol.Scorer`) share."""
+
+    def __init__(self, model: TrainedModel, include_eos: bool = True):
+        self.model = model
+        self.include_eos = include_eos
+
+    def encode_phrases(
+        self, sources: Sequence[str], targets: Sequence[str], counts: bool = True
+    ) -> EncodedPairs:
+        """The ids of already-tokenised phrase pairs, what :meth:`PairScorer.score_ids` takes.
+        Without ``counts`` the unknown-word counts are left out (None)."""
+        src_tok = [phrase_tokens(self.model.src_text, s) for s in sources]
+        tgt_tok = [phrase_tokens(self.model.tgt_text, t) for t in targets]
+        return self.encode_tokens(src_tok, tgt_tok, counts)
+
+    def encode_tokens(
+        self, src_tokens: Sequence[list[str]], tgt_tokens: Sequence[list[str]], counts: bool = True
+    ) -> EncodedPairs:
+        """:meth:`encode_phrases` of pairs given as token lists. The targets come in their
+        natural order; a right-to-left model reads them reversed (``reverse_target``)."""
+        src_vocab, tgt_vocab = self.model.src_vocab, self.model.tgt_vocab
+        src_ids = src_vocab.encode_batch(src_tokens)
+        order = self.model.config.target_order  # a new list when reversed; never changed
+        tgt_ids = tgt_vocab.encode_batch([order(t) for t in tgt_tokens])
+        src_unk = tgt_unk = None
+        if counts:
+            src_unk = np.array([src_vocab.count_unknown(t) for t in src_tokens], dtype=np.int64)
+            tgt_unk = np.array([tgt_vocab.count_unknown(t) for t in tgt_tokens], dtype=np.int64)
+        eos = 1 if self.include_eos else 0
+        n_tokens = np.array([len(t) + eos for t in tgt_ids], dtype=np.int64)
+        return EncodedPairs(src_ids, tgt_ids, src_unk, tgt_unk, n_tokens)
+
+
 class PairScorer:
     """Scores (source, target) pairs with one resident model on one device and dtype."""
 
@@ -118,6 +162,7 @@ class PairScorer:
         include_eos: bool = True,
         scoring: str = EXACT,
         model_path: str | None = None,
+        buckets=None,
     ):
         """``include_eos=False`` leaves the end-of-sequence term out of log p (and of the token
         count): the probability of the target words alone, a fragment's score under a model
@@ -125,7 +170,10 @@ class PairScorer:
         "Which model to train for the column (history)").
 
         ``scoring``: ``exact`` or ``self-normalized`` (module docstring; refused, naming
-        ``model_path``, for a model not trained with ``--self-normalize``)."""
+        ``model_path``, for a model not trained with ``--self-normalize``).
+
+        ``buckets``: the batch policy (:mod:`phrasescore.engine.batching`; default: the
+        device's, exact lengths on the CPU, padded buckets on a GPU)."""
         check_scoring(model, scoring, model_path)
         self.scoring = scoring
         self.self_normalized = scoring == SELF_NORMALIZED
@@ -139,6 +187,8 @@ class PairScorer:
         self.chunk_rows = chunk_rows
         network: EncoderDecoder = model.network
         self.network = network.to(self.device, self.dtype).eval()
+        self.buckets = buckets or bucket_policy(self.device, batch_tokens)
+        self.encoder = PhraseEncoder(model, include_eos)
 
     def warm_up(self) -> None:
         """Score two one-word pairs so that the compiled kernels are built now: one row chunk
@@ -164,29 +214,16 @@ class PairScorer:
         self, sources: Sequence[str], targets: Sequence[str], counts: bool = True
     ) -> EncodedPairs:
         """The ids of already-tokenised phrase pairs, what :meth:`score_ids` takes: the text
-        half of :meth:`score_phrases`, which needs the vocabularies and not the network (a
-        ``rescore --io-workers`` process runs it; the process that owns the network scores).
-        Without ``counts`` the unknown-word counts are left out (None)."""
-        src_tok = [phrase_tokens(self.model.src_text, s) for s in sources]
-        tgt_tok = [phrase_tokens(self.model.tgt_text, t) for t in targets]
-        return self.encode_tokens(src_tok, tgt_tok, counts)
+        half of :meth:`score_phrases` (:class:`PhraseEncoder`), which needs the vocabularies
+        and not the network (a ``rescore --io-workers`` process runs it; the process that owns
+        the network scores). Without ``counts`` the unknown-word counts are left out (None)."""
+        return self.encoder.encode_phrases(sources, targets, counts)
 
     def encode_tokens(
         self, src_tokens: Sequence[list[str]], tgt_tokens: Sequence[list[str]], counts: bool = True
     ) -> EncodedPairs:
-        """:meth:`encode_phrases` of pairs given as token lists. The targets come in their
-        natural order; a right-to-left model reads them reversed (``reverse_target``)."""
-        src_vocab, tgt_vocab = self.model.src_vocab, self.model.tgt_vocab
-        src_ids = src_vocab.encode_batch(src_tokens)
-        order = self.model.config.target_order  # a new list when reversed; never changed
-        tgt_ids = tgt_vocab.encode_batch([order(t) for t in tgt_tokens])
-        src_unk = tgt_unk = None
-        if counts:
-            src_unk = np.array([src_vocab.count_unknown(t) for t in src_tokens], dtype=np.int64)
-            tgt_unk = np.array([tgt_vocab.count_unknown(t) for t in tgt_tokens], dtype=np.int64)
-        eos = 1 if self.include_eos else 0
-        n_tokens = np.array([len(t) + eos for t in tgt_ids], dtype=np.int64)
-        return EncodedPairs(src_ids, tgt_ids, src_unk, tgt_unk, n_tokens)
+        """:meth:`encode_phrases` of pairs given as token lists."""
+        return self.encoder.encode_tokens(src_tokens, tgt_tokens, counts)
 
     def score_tokens(
         self,
@@ -201,43 +238,43 @@ class PairScorer:
         return ScoredPairs(logprob, pairs.n_tokens, pairs.src_unknown, pairs.tgt_unknown, per_tok)
 
     # ------------------------------------------------------------------ id level
-    @torch.inference_mode()
     def score_ids(
         self,
         src_ids: Sequence[Sequence[int]],
         tgt_ids: Sequence[Sequence[int]],
         per_token: bool = False,
     ) -> tuple[np.ndarray, list[np.ndarray] | None]:
-        """log p(y | x) for pairs of id lists (EOS is appended here to both sides)."""
-        n = len(src_ids)
-        if n != len(tgt_ids):
-            raise ValueError("src_ids and tgt_ids differ in length")
+        """log p(y | x) for pairs of id lists (EOS is appended here to both sides):
+        :meth:`score_arrays` of the lists laid end to end."""
+        return self.score_arrays(IdPairs.from_lists(src_ids, tgt_ids), per_token)
+
+    @torch.inference_mode()
+    def score_arrays(
+        self, pairs: IdPairs, per_token: bool = False
+    ) -> tuple[np.ndarray, list[np.ndarray] | None]:
+        """log p(y | x) for pairs given as flat ids and offsets (:class:`IdPairs`), the
+        engine's own input: the batch plan is numpy over these arrays
+        (:mod:`~phrasescore.engine.batching`)."""
+        n = len(pairs)
         result = np.zeros(n, dtype=np.float64)
         per_tok: list[np.ndarray] | None = [np.empty(0)] * n if per_token else None
         if n == 0:
             return result, per_tok
         # 1. distinct sources, encoded once each
-        source_index: dict[tuple[int, ...], int] = {}
-        pair_source = np.empty(n, dtype=np.int64)
-        for i, ids in enumerate(src_ids):
-            key = tuple(ids)
-            pair_source[i] = source_index.setdefault(key, len(source_index))
-        distinct = list(source_index)
-        enc_all = self._encode_distinct(distinct)
-        # 2. targets by exact length, token-budget batches
-        tgt_len = np.fromiter((len(t) for t in tgt_ids), dtype=np.int64, count=n)
+        first, pair_source = distinct_sequences(pairs.src_ids, pairs.src_offsets)
+        enc_all = self._encode_distinct(pairs.src_ids, pairs.src_offsets, first)
+        # 2. targets by length (the policy's buckets), token-budget batches
+        tgt_len = pairs.tgt_lengths()
         order = np.lexsort((pair_source, tgt_len))
-        start = 0
-        while start < n:
-            length = int(tgt_len[order[start]])
-            rows = max(1, self.batch_tokens // (length + 1))
-            end = start + 1
-            limit = min(n, start + rows)
-            while end < limit and tgt_len[order[end]] == length:
-                end += 1
-            idx = order[start:end]
-            self._score_batch(enc_all, idx, pair_source, tgt_ids, length, result, per_tok)
-            start = end
+        on_device = None
+        if self.buckets.keep_on_device:  # one copy back per block, not one per batch
+            on_device = torch.zeros(n, dtype=torch.float64, device=self.device)
+        for batch in self.buckets.batches(tgt_len, order, 1):
+            self._score_batch(
+                enc_all, batch, pair_source, pairs, tgt_len, result, per_tok, on_device
+            )
+        if on_device is not None:
+            result = on_device.cpu().numpy()
         if self.self_normalized:
             # Σ_t u_{y_t} approximates log p and can exceed 0: keep p a probability (≤ 1)
             above = result > 0.0
@@ -245,29 +282,20 @@ class PairScorer:
             result[above] = 0.0
         return result, per_tok
 
-    def _encode_distinct(self, sources: list[tuple[int, ...]]) -> EncoderOutput:
-        """Encode each distinct source once; rows in the order of ``sources``."""
-        lengths = np.fromiter((len(s) + 1 for s in sources), dtype=np.int64, count=len(sources))
+    def _encode_distinct(self, flat: np.ndarray, offsets: np.ndarray, first: np.ndarray):
+        """Encode each distinct source (sequence ``first[k]`` of ``flat``, ``offsets``) once,
+        in batches of one exact length; rows in the order of ``first``."""
+        lengths = offsets[first + 1] - offsets[first]
         order = np.argsort(lengths, kind="stable")
         pieces: list[tuple[np.ndarray, EncoderOutput]] = []
-        start = 0
-        while start < len(order):
-            length = int(lengths[order[start]])
-            rows = max(1, self.batch_tokens // length)
-            end = start + 1
-            limit = min(len(order), start + rows)
-            while end < limit and lengths[order[end]] == length:
-                end += 1
-            idx = order[start:end]
-            ids = np.empty((len(idx), length), dtype=np.int64)
-            ids[:, :-1] = np.array([sources[i] for i in idx], dtype=np.int64).reshape(
-                len(idx), length - 1
-            )
+        for batch in ExactBuckets(self.buckets.batch_tokens).batches(lengths, order, 1):
+            idx, length = batch.index, batch.width
+            ids = np.empty((len(idx), length + 1), dtype=np.int64)
+            ids[:, :-1] = id_matrix(flat, offsets, first[idx], length)
             ids[:, -1] = EOS_ID
             src = self._to_device(ids)
-            src_len = torch.full((len(idx),), length, dtype=torch.long, device=self.device)
+            src_len = torch.full((len(idx),), length + 1, dtype=torch.long, device=self.device)
             pieces.append((idx, self.network.encode(src, src_len)))
-            start = end
         positions = torch.from_numpy(np.argsort(np.concatenate([p[0] for p in pieces]))).to(
             self.device
         )
@@ -281,31 +309,66 @@ class PairScorer:
             return tensor.pin_memory().to(self.device, non_blocking=True)
         return tensor
 
-    def _score_batch(self, enc_all, idx, pair_source, tgt_ids, length, result, per_tok) -> None:
+    def _score_batch(
+        self,
+        enc_all,
+        batch: Batch,
+        pair_source: np.ndarray,
+        pairs: IdPairs,
+        tgt_len: np.ndarray,
+        result: np.ndarray,
+        per_tok,
+        on_device: torch.Tensor | None,
+    ) -> None:
         # the batch's distinct sources, and their source-only decoder terms (V'c, C c, O_c c for
         # the Cho model) once each; then one row per pair
+        idx, length = batch.index, batch.width
         sources, inverse = np.unique(pair_source[idx], return_inverse=True)
         enc = select_rows(enc_all, self._to_device(sources))
         enc.update(self.network.source_terms(enc))
-        enc = select_rows(enc, self._to_device(inverse.astype(np.int64)))
+        enc = select_rows(enc, self._to_device(inverse.reshape(-1).astype(np.int64)))
         n = len(idx)
-        body = np.array([tgt_ids[i] for i in idx], dtype=np.int64).reshape(n, length)
+        body = id_matrix(pairs.tgt_ids, pairs.tgt_offsets, idx, length)
         tgt_in = np.empty((n, length + 1), dtype=np.int64)
         tgt_in[:, 0] = BOS_ID
         tgt_in[:, 1:] = body
-        tgt_out = np.empty((n, length + 1), dtype=np.int64)
+        tgt_out = np.zeros((n, length + 1), dtype=np.int64)
         tgt_out[:, :-1] = body
-        tgt_out[:, -1] = EOS_ID
-        tgt_in = self._to_device(tgt_in)
-        tgt_out = self._to_device(tgt_out)
+        lengths = tgt_len[idx]
+        rows = np.arange(n)
+        tgt_out[rows, lengths] = EOS_ID
+        mask = None
+        if not batch.exact:  # padded: the positions after each target's EOS are masked
+            mask = self._to_device(np.arange(length + 1)[None, :] <= lengths[:, None])
         token_lp = self.network.token_logprobs(
-            enc, tgt_in, tgt_out, None, self.chunk_rows, self_normalized=self.self_normalized
+            enc,
+            self._to_device(tgt_in),
+            self._to_device(tgt_out),
+            mask,
+            self.chunk_rows,
+            self_normalized=self.self_normalized,
         )
-        token_lp = token_lp.double().cpu().numpy()
-        result[idx] = token_lp.sum(axis=1) if self.include_eos else token_lp[:, :-1].sum(axis=1)
+        if on_device is not None:
+            values = token_lp.double()
+            sums = values.sum(dim=1)
+            if not self.include_eos:
+                sums -= values[torch.arange(n, device=self.device), self._to_device(lengths)]
+            on_device[self._to_device(idx)] = sums
+            if per_tok is None:
+                return
+            token_lp = values.cpu().numpy()
+        else:
+            token_lp = token_lp.double().cpu().numpy()
+            if batch.exact:
+                result[idx] = token_lp.sum(axis=1) if self.include_eos else token_lp[:, :-1].sum(1)
+            else:
+                sums = token_lp.sum(axis=1)
+                if not self.include_eos:
+                    sums -= token_lp[rows, lengths]
+                result[idx] = sums
         if per_tok is not None:
-            for row, i in enumerate(idx):
-                per_tok[i] = token_lp[row]
+            for row, i in enumerate(idx.tolist()):
+                per_tok[i] = token_lp[row, : lengths[row] + 1]
 
 
 def check_ensemble(models: Sequence[TrainedModel], paths: Sequence[str]) -> None:

@@ -1,0 +1,257 @@
+"""The batch plan of the scoring engine, numpy over arrays (issue 46): pairs as flat ids and
+offsets (:class:`IdPairs`), their distinct sources, the batches of a bucket policy, and the
+order in which results go back.
+
+No Python step per pair or per token: a block of pairs arrives as four arrays, the distinct
+sources are found by hashing each id sequence (a vectorised polynomial hash, every pair then
+checked against its representative, so that a collision can only cost time, never a wrong
+score), batches are cut from the sorted lengths by runs, and each batch's id matrix is one
+gather from the flat ids.
+
+Bucket policies (:class:`ExactBuckets`, :class:`PaddedBuckets`), chosen per device by
+:func:`bucket_policy`:
+
+* **exact** (the CPU): every batch has targets of one exact length within a token budget, so no
+  padding is ever computed (on the CPU a padded position costs as much as a real one). The
+  batches, their order and the summation are those of the engine before issue 46: the same
+  scores to the bit.
+* **padded** (a GPU): a few length buckets (targets up to 4, 8, 16, 32, ... tokens) and batches
+  of up to ``batch_pairs`` pairs (tens of thousands), the positions after a target's end masked;
+  the results stay on the device and come back in one copy per block instead of one per batch.
+  Scores equal the exact policy's within the engine's tolerance (float32 sums over other batch
+  shapes: < 1e-4 in log p, tests/test_engine_arrays.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+_HASH_WEIGHTS = np.random.default_rng(46).integers(1, 2**63, size=1024, dtype=np.uint64) | 1
+
+
+@dataclass
+class IdPairs:
+    """(source, target) id sequences laid end to end: pair ``i``'s source is
+    ``src_ids[src_offsets[i]:src_offsets[i + 1]]``, its target likewise (no BOS or EOS)."""
+
+    src_ids: np.ndarray
+    src_offsets: np.ndarray  # int64 [n + 1], src_offsets[0] == 0
+    tgt_ids: np.ndarray
+    tgt_offsets: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.src_offsets) - 1
+
+    @classmethod
+    def from_lists(
+        cls, src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]]
+    ) -> IdPairs:
+        """Pairs given as id lists (what :meth:`PairScorer.score_ids` takes)."""
+        if len(src_ids) != len(tgt_ids):
+            raise ValueError("src_ids and tgt_ids differ in length")
+        src, src_off = flatten(src_ids)
+        tgt, tgt_off = flatten(tgt_ids)
+        return cls(src, src_off, tgt, tgt_off)
+
+    def src_lengths(self) -> np.ndarray:
+        return np.diff(self.src_offsets)
+
+    def tgt_lengths(self) -> np.ndarray:
+        return np.diff(self.tgt_offsets)
+
+    def take(self, index: np.ndarray) -> IdPairs:
+        """The pairs ``index`` (in that order)."""
+        src, src_off = gather_sequences(self.src_ids, self.src_offsets, index)
+        tgt, tgt_off = gather_sequences(self.tgt_ids, self.tgt_offsets, index)
+        return IdPairs(src, src_off, tgt, tgt_off)
+
+
+def flatten(sequences: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Id lists as (flat int64 ids, offsets)."""
+    lengths = np.fromiter(map(len, sequences), dtype=np.int64, count=len(sequences))
+    offsets = np.zeros(len(sequences) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = np.fromiter(
+        itertools.chain.from_iterable(sequences), dtype=np.int64, count=int(offsets[-1])
+    )
+    return flat, offsets
+
+
+def gather_sequences(
+    flat: np.ndarray, offsets: np.ndarray, index: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Sequences ``index`` of ``(flat, offsets)``, laid end to end in that order."""
+    index = np.asarray(index, dtype=np.int64)
+    lengths = offsets[index + 1] - offsets[index]
+    new_offsets = np.zeros(len(index) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=new_offsets[1:])
+    positions = np.repeat(offsets[index] - new_offsets[:-1], lengths) + np.arange(
+        new_offsets[-1], dtype=np.int64
+    )
+    return flat[positions], new_offsets
+
+
+def id_matrix(flat: np.ndarray, offsets: np.ndarray, index: np.ndarray, width: int) -> np.ndarray:
+    """Sequences ``index`` (each of at most ``width`` ids) as the rows of an int64
+    ``[len(index), width]`` matrix, padded with 0 (PAD) after each sequence's end."""
+    index = np.asarray(index, dtype=np.int64)
+    starts = offsets[index]
+    lengths = offsets[index + 1] - starts
+    columns = np.arange(width, dtype=np.int64)
+    inside = columns[None, :] < lengths[:, None]
+    positions = np.where(inside, starts[:, None] + columns[None, :], 0)
+    out = flat[positions] if len(flat) else np.zeros(positions.shape, dtype=np.int64)
+    out = out.astype(np.int64, copy=False)
+    out[~inside] = 0
+    return out
+
+
+def sequence_hashes(flat: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """A 64-bit hash of each sequence (its ids and its length)."""
+    n = len(offsets) - 1
+    lengths = np.diff(offsets)
+    total = int(offsets[-1])
+    position = np.arange(total, dtype=np.int64) - np.repeat(offsets[:-1], lengths)
+    weights = _HASH_WEIGHTS[position % len(_HASH_WEIGHTS)] ^ (
+        (position // len(_HASH_WEIGHTS)).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    )
+    terms = (flat.astype(np.uint64) + np.uint64(1)) * weights
+    hashes = lengths.astype(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F)
+    nonempty = np.flatnonzero(lengths)
+    if len(nonempty):
+        hashes[nonempty] += np.add.reduceat(terms, offsets[:-1][nonempty])
+    return hashes[:n]
+
+
+def same_sequences(flat: np.ndarray, offsets: np.ndarray, a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether sequence ``a[i]`` equals sequence ``b[i]`` for every ``i``."""
+    if not np.array_equal(offsets[a + 1] - offsets[a], offsets[b + 1] - offsets[b]):
+        return False
+    ids_a, _ = gather_sequences(flat, offsets, a)
+    ids_b, _ = gather_sequences(flat, offsets, b)
+    return bool(np.array_equal(ids_a, ids_b))
+
+
+def distinct_sequences(flat: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct id sequences, in the order of their first appearance: ``(first, which)``,
+    ``first[k]`` the index of distinct sequence ``k``'s first appearance, ``which[i]`` the
+    distinct sequence of sequence ``i`` (what a dict of tuples gives, without the tuples)."""
+    n = len(offsets) - 1
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    hashes = sequence_hashes(flat, offsets)
+    _, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    if not same_sequences(flat, offsets, np.arange(n), first[inverse]):
+        return _distinct_by_tuples(flat, offsets)  # a hash collision: the slow and sure way
+    order = np.argsort(first, kind="stable")
+    rank = np.empty(len(first), dtype=np.int64)
+    rank[order] = np.arange(len(first))
+    return first[order], rank[inverse]
+
+
+def _distinct_by_tuples(flat, offsets) -> tuple[np.ndarray, np.ndarray]:
+    index: dict[tuple[int, ...], int] = {}
+    which = np.empty(len(offsets) - 1, dtype=np.int64)
+    first = []
+    ids = flat.tolist()
+    bounds = offsets.tolist()
+    for i in range(len(bounds) - 1):
+        key = tuple(ids[bounds[i] : bounds[i + 1]])
+        k = index.setdefault(key, len(index))
+        if k == len(first):
+            first.append(i)
+        which[i] = k
+    return np.array(first, dtype=np.int64), which
+
+
+# ---------------------------------------------------------------------------- bucket policies
+@dataclass(frozen=True)
+class Batch:
+    """Rows ``index`` (into the block's pairs or sources), padded to ``width`` tokens."""
+
+    index: np.ndarray
+    width: int
+    exact: bool
+    """Every row has ``width`` tokens (no padding, no mask)."""
+
+
+def _runs(sorted_lengths: np.ndarray) -> Iterator[tuple[int, int, int]]:
+    """(start, end, length) of the runs of equal values of ``sorted_lengths``."""
+    if not len(sorted_lengths):
+        return
+    change = np.flatnonzero(np.diff(sorted_lengths)) + 1
+    starts = np.concatenate(([0], change))
+    ends = np.concatenate((change, [len(sorted_lengths)]))
+    yield from zip(starts.tolist(), ends.tolist(), sorted_lengths[starts].tolist(), strict=True)
+
+
+class ExactBuckets:
+    """Batches of one exact length within ``batch_tokens`` (rows x (length + extra)): the
+    CPU's policy (module docstring); results come back to the host per batch."""
+
+    padded = False
+    keep_on_device = False
+
+    def __init__(self, batch_tokens: int = 8192):
+        self.batch_tokens = batch_tokens
+
+    def batches(self, lengths: np.ndarray, order: np.ndarray, extra: int) -> list[Batch]:
+        """The batches of the rows ``order`` (sorted by ``lengths``, not decreasing), as the
+        engine cut them before issue 46: from each start, up to ``batch_tokens // (length +
+        extra)`` rows of that length."""
+        out = []
+        for start, end, length in _runs(lengths[order]):
+            rows = max(1, self.batch_tokens // (length + extra))
+            for s in range(start, end, rows):
+                out.append(Batch(order[s : min(end, s + rows)], length, True))
+        return out
+
+
+class PaddedBuckets:
+    """A GPU's policy: lengths rounded up to a few bucket widths (``bounds``), batches of up to
+    ``batch_pairs`` rows and ``batch_tokens`` padded tokens, results kept on the device."""
+
+    padded = True
+    keep_on_device = True
+
+    def __init__(
+        self,
+        batch_pairs: int = 32768,
+        batch_tokens: int = 1 << 19,
+        bounds: Sequence[int] = (4, 8, 16, 32, 64, 128, 256),
+    ):
+        self.batch_pairs = batch_pairs
+        self.batch_tokens = batch_tokens
+        self.bounds = np.array(sorted(bounds), dtype=np.int64)
+
+    def width(self, length: np.ndarray) -> np.ndarray:
+        """The bucket width of each length (a length above the last bound: itself)."""
+        at = np.searchsorted(self.bounds, length)
+        inside = at < len(self.bounds)
+        return np.where(inside, self.bounds[np.minimum(at, len(self.bounds) - 1)], length)
+
+    def batches(self, lengths: np.ndarray, order: np.ndarray, extra: int) -> list[Batch]:
+        widths = self.width(lengths[order])
+        out = []
+        for start, end, width in _runs(widths):
+            rows = max(1, min(self.batch_pairs, self.batch_tokens // (width + extra)))
+            for s in range(start, end, rows):
+                index = order[s : min(end, s + rows)]
+                longest = int(lengths[index].max()) if len(index) else 0
+                out.append(Batch(index, longest, bool((lengths[index] == longest).all())))
+        return out
+
+
+def bucket_policy(device, batch_tokens: int = 8192, padded: bool | None = None):
+    """The policy for ``device`` (a ``torch.device``): exact lengths on the CPU, padded
+    buckets elsewhere (``padded`` overrides, e.g. to test the padded policy on the CPU)."""
+    if padded is None:
+        padded = getattr(device, "type", str(device)) != "cpu"
+    if padded:
+        return PaddedBuckets(batch_tokens=max(batch_tokens, 1 << 19))
+    return ExactBuckets(batch_tokens)

@@ -1,0 +1,112 @@
+"""The one scorer protocol of the engine and the one factory that builds a scorer (issue 46).
+
+Every job that scores pairs (``rescore``, ``nbest`` with any architecture, ``compare``, the
+analyses, the benchmarks) asks :func:`build_scorer` for a scorer of a model on a device in a
+dtype, and uses it through :class:`Scorer` alone (:class:`IdScorer` where it hands ids across
+processes, as ``rescore --io-workers`` does). A new engine (a GPU engine, say) is registered in
+:data:`ENGINES` for its device type and every job gets it; nothing else changes.
+
+* :class:`~phrasescore.engine.scoring.PairScorer`: the engine, one resident model.
+* :class:`~phrasescore.engine.scoring.EnsembleScorer`: several models averaged (phrase level).
+* :class:`~phrasescore.engine.constant_scoring.ConstantScorer`: the same log p for every pair,
+  no network (``tools/bench-io``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from phrasescore.bundle import TrainedModel
+from phrasescore.engine.batching import IdPairs
+from phrasescore.engine.scoring import (
+    EXACT,
+    EncodedPairs,
+    EnsembleScorer,
+    PairScorer,
+    ScoredPairs,
+)
+
+
+@runtime_checkable
+class Scorer(Protocol):
+    """log p(target | source) of phrase pairs: what every scoring job uses."""
+
+    model: TrainedModel
+    include_eos: bool
+    clamped: int
+
+    def warm_up(self) -> None:
+        """Build compiled kernels now (before worker processes are forked)."""
+
+    def score_phrases(
+        self, sources: Sequence[str], targets: Sequence[str], per_token: bool = False
+    ) -> ScoredPairs:
+        """Scores of already-tokenised phrase pairs, in input order."""
+
+
+@runtime_checkable
+class IdScorer(Scorer, Protocol):
+    """A :class:`Scorer` whose text half (ids) and network half (scores) can run in different
+    processes: ``encode_phrases`` where the text is, ``score_arrays`` where the model is."""
+
+    scoring: str
+    self_normalized: bool
+
+    def encode_phrases(
+        self, sources: Sequence[str], targets: Sequence[str], counts: bool = True
+    ) -> EncodedPairs: ...
+
+    def score_ids(
+        self,
+        src_ids: Sequence[Sequence[int]],
+        tgt_ids: Sequence[Sequence[int]],
+        per_token: bool = False,
+    ) -> tuple[np.ndarray, list[np.ndarray] | None]: ...
+
+    def score_arrays(
+        self, pairs: IdPairs, per_token: bool = False
+    ) -> tuple[np.ndarray, list[np.ndarray] | None]: ...
+
+
+ENGINES: dict[str, Callable[..., IdScorer]] = {"cpu": PairScorer, "cuda": PairScorer}
+"""The scorer class per device type (``torch.device.type``); other types take ``"cpu"``'s
+signature with :class:`PairScorer` (e.g. ``mps``)."""
+
+
+def build_scorer(
+    model: TrainedModel,
+    device="cpu",
+    dtype: str = "float32",
+    *,
+    batch_tokens: int = 8192,
+    chunk_rows: int | None = None,
+    include_eos: bool = True,
+    scoring: str = EXACT,
+    model_path: str | None = None,
+    buckets=None,
+) -> IdScorer:
+    """The scorer of ``model`` on ``device`` in ``dtype`` (the engine registered for the
+    device's type in :data:`ENGINES`; ``buckets``: its batch policy, default the device's)."""
+    import torch
+
+    kind = torch.device(device).type
+    engine = ENGINES.get(kind, PairScorer)
+    return engine(
+        model,
+        device=device,
+        dtype=dtype,
+        batch_tokens=batch_tokens,
+        chunk_rows=chunk_rows,
+        include_eos=include_eos,
+        scoring=scoring,
+        model_path=model_path,
+        buckets=buckets,
+    )
+
+
+def build_ensemble(scorers: Sequence[IdScorer]) -> Scorer:
+    """One scorer of several (:class:`EnsembleScorer`), or the one given alone."""
+    return scorers[0] if len(scorers) == 1 else EnsembleScorer(scorers)
