@@ -23,6 +23,7 @@ from phrasescore.files import (
 )
 from phrasescore.jobs.rescore_columns import NewColumns, is_too_long
 from phrasescore.jobs.rescore_partial import ChunkOutput, chunk_bytes
+from phrasescore.moses.columnar import parse_chunk
 from phrasescore.moses.phrase_table import (
     PhraseTableEntry,
     parse_phrase_table_chunk,
@@ -32,6 +33,7 @@ from phrasescore.progress import progress_bar
 from phrasescore.runners.shards import (
     Shard,
     chunk_record,
+    runs_record,
 )
 
 log = logging.getLogger(__name__)
@@ -128,17 +130,25 @@ def score_chunk(
     raw: RawChunk,
     score: Callable | None = None,
 ) -> ChunkOutput:
-    """Parse, score and format one chunk: its bytes as written, its record
+    """Parse (:func:`~phrasescore.moses.columnar.parse_chunk`: arrays over the chunk's
+    bytes), score and format one chunk: its bytes as written, its record
     (:func:`~phrasescore.runners.shards.chunk_record`), its pairs over the length limit and the scores
     it clamped. The same function runs in this process and in ``--workers`` processes; with
     ``score`` (an ``--io-workers`` process) the chunk's ids are scored by ``score`` (the process
     that owns the networks) instead of here (:meth:`NewColumns.format_chunk`)."""
-    chunk = parse_raw(name, raw.first_lineno, raw.data, raw.num_scores)
+    chunk = parse_chunk(raw.data, name, raw.first_lineno, raw.num_scores)
     if raw.first:
         columns.warn_direction(chunk)
-    text, too_long, clamped = columns.format_chunk(chunk, score)
-    record = chunk_record(raw.index, [e.source for e in chunk])
-    return ChunkOutput(chunk_bytes(text, gzip_level), clamped, record, too_long)
+    data, too_long, clamped = columns.format_chunk(chunk, score)
+    sources = chunk.sources()
+    record = runs_record(
+        raw.index,
+        len(sources),
+        len(chunk.source_runs()),
+        sources[0] if sources else None,
+        sources[-1] if sources else None,
+    )
+    return ChunkOutput(chunk_bytes(data, gzip_level), clamped, record, too_long)
 
 
 def chunk_label(index: int, raw: RawChunk) -> str:

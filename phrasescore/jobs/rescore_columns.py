@@ -22,11 +22,12 @@ import numpy as np
 
 from phrasescore.bundle import TrainedLM, load_lm, load_model
 from phrasescore.compression import TABLE_LEVEL
+from phrasescore.engine.batching import IdPairs
 from phrasescore.engine.lm_scoring import LMScorer
+from phrasescore.engine.protocol import build_scorer
 from phrasescore.engine.scoring import (
     SELF_NORMALIZED,
     EncodedPairs,
-    PairScorer,
     ScoredPairs,
     check_scoring,
     phrase_tokens,
@@ -34,12 +35,14 @@ from phrasescore.engine.scoring import (
 from phrasescore.errors import InputError
 from phrasescore.jobs.common import warn_if_reversed
 from phrasescore.jobs.rescore_partial import table_identity
+from phrasescore.moses.columnar import TableChunk, splice
 from phrasescore.moses.phrase_table import (
-    format_entry,
-    format_logprobs,
+    format_float_column,
+    format_logprob_column,
     format_probability,
     probability_from_logprob,
 )
+from phrasescore.text.phrase_ids import PhraseIds
 
 log = logging.getLogger(__name__)
 
@@ -151,16 +154,16 @@ def column_values(scored, options: RescoreOptions, too_long: np.ndarray | None =
         floor = floor_value(options.logprob)
         return [floor if long else v for v, long in zip(values, too_long, strict=True)]
     if options.logprob:
-        return [repr(float(v)) for v in np.maximum(scored.logprob, LOGPROB_FLOOR)]
+        return format_float_column(np.maximum(scored.logprob, LOGPROB_FLOOR))
     if options.normalize:
         per_token = np.maximum(scored.logprob, LOGPROB_FLOOR) / scored.n_tokens
-        return format_logprobs(per_token.tolist())
-    return format_logprobs(scored.logprob.tolist())
+        return format_logprob_column(per_token)
+    return format_logprob_column(scored.logprob)
 
 
 def unknown_values(scored) -> list[str]:
     counts = scored.src_unknown + scored.tgt_unknown
-    return format_logprobs((-counts).tolist())
+    return format_logprob_column(-counts)
 
 
 # ---------------------------------------------------------------------------- CSLM column
@@ -195,7 +198,7 @@ class LMPhraseColumn:
 
 def format_values(logprobs: np.ndarray) -> list[str]:
     """Column values: the probabilities of natural-log scores (floored at -100)."""
-    return format_logprobs(np.asarray(logprobs).tolist())
+    return format_logprob_column(logprobs)
 
 
 def check_directions(models, inverse_models, model_paths, inverse_paths) -> None:
@@ -234,7 +237,7 @@ class NewColumns:
         self.directions = directions
         self.lm_columns = lm_columns
         self.scorers = scorers or [
-            PairScorer(
+            build_scorer(
                 m,
                 device=device,
                 dtype=options.dtype,
@@ -254,6 +257,7 @@ class NewColumns:
             for m, inverse in zip(models, directions, strict=True)
         ]
         self.names += [column.name for column in lm_columns]
+        self._phrase_ids: list[tuple[PhraseIds, PhraseIds]] | None = None
         if options.unk_column:
             if not models:
                 raise InputError("--unk-column counts with a model's vocabularies: give a --model")
@@ -300,8 +304,8 @@ class NewColumns:
         the moses.ini records its languages; what can be seen is which of the model's
         vocabularies knows the table's words.
         """
-        sources = list(dict.fromkeys(e.source for e in chunk))
-        targets = list(dict.fromkeys(e.target for e in chunk))
+        sources = list(dict.fromkeys(chunk.source_strings()))
+        targets = list(dict.fromkeys(chunk.target_strings()))
         for model, inverse, path in zip(self.models, self.directions, self.paths, strict=True):
             src, tgt = (targets, sources) if inverse else (sources, targets)
             warn_if_reversed(
@@ -349,22 +353,70 @@ class NewColumns:
             job["lms"] = [column.lm.signature for column in self.lm_columns]
         return job
 
-    def prepare(self, chunk) -> PreparedChunk:
+    def phrase_ids(self) -> list[tuple[PhraseIds, PhraseIds]]:
+        """Per model: the ids of its source side's phrases and of its target side's, cached
+        (:class:`~phrasescore.text.phrase_ids.PhraseIds`; made in the process that uses them)."""
+        if self._phrase_ids is None:
+            self._phrase_ids = [
+                (
+                    PhraseIds(s.model.src_vocab, s.model.src_text),
+                    PhraseIds(s.model.tgt_vocab, s.model.tgt_text, s.model.config.target_order),
+                )
+                for s in self.scorers
+            ]
+        return self._phrase_ids
+
+    def too_long(self, chunk: TableChunk) -> np.ndarray:
+        """Which lines have a phrase of more than ``max_phrase_length`` tokens: only phrases of
+        more than twice as many bytes can (:func:`too_long_pairs`), and only those are split."""
+        limit = self.options.max_phrase_length
+        src_bytes, tgt_bytes = chunk.phrase_bytes()
+        maybe = np.flatnonzero((src_bytes > 2 * limit) | (tgt_bytes > 2 * limit))
+        too_long = np.zeros(len(chunk), dtype=bool)
+        if len(maybe):
+            sources, targets = chunk.sources(), chunk.targets()
+            for i in maybe.tolist():
+                too_long[i] = is_too_long(sources[i].decode(), targets[i].decode(), limit)
+        return too_long
+
+    def prepare(self, chunk: TableChunk) -> PreparedChunk:
         """The text half of a chunk's scoring (vocabularies, no network): which pairs are too
-        long, and the ids every column scores (:class:`PreparedChunk`)."""
-        sources = [e.source for e in chunk]
-        targets = [e.target for e in chunk]
-        too_long = too_long_pairs(sources, targets, self.options.max_phrase_length)
+        long, and the ids every column scores (:class:`PreparedChunk`), as arrays: each
+        distinct phrase looked up once (a run of one source: once), the ids gathered."""
+        sources, targets = chunk.sources(), chunk.targets()
+        too_long = self.too_long(chunk)
+        keep = np.flatnonzero(~too_long) if too_long.any() else None
+        runs = chunk.source_runs()
         counts = self.options.unk_column  # the unknown-word column is their only use
-        pairs = [
-            encode_within_limit(scorer, *((targets, sources) if inverse else (sources, targets)),
-                                too_long, counts)
-            for scorer, inverse in zip(self.scorers, self.directions, strict=True)
-        ]  # fmt: skip
-        kept = targets if not too_long.any() else [targets[i] for i in np.flatnonzero(~too_long)]
-        lm_ids = [column.encode(kept) for column in self.lm_columns]
-        request = ScoreRequest([(p.src_ids, p.tgt_ids) for p in pairs], lm_ids)
-        return PreparedChunk(too_long, pairs, request)
+        pairs, request_pairs = [], []
+        for index, (scorer, inverse, (src_ids, tgt_ids)) in enumerate(
+            zip(self.scorers, self.directions, self.phrase_ids(), strict=True)
+        ):
+            if inverse:
+                src_index, tgt_index = src_ids.lookup(targets), tgt_ids.lookup_runs(sources, runs)
+            else:
+                src_index, tgt_index = src_ids.lookup_runs(sources, runs), tgt_ids.lookup(targets)
+            kept_src, kept_tgt = (
+                (src_index, tgt_index) if keep is None else (src_index[keep], tgt_index[keep])
+            )
+            request_pairs.append(IdPairs(*src_ids.gather(kept_src), *tgt_ids.gather(kept_tgt)))
+            eos = 1 if scorer.include_eos else 0  # counted as the scorer counts
+            n_tokens = tgt_ids.lengths(tgt_index) + eos
+            if keep is not None:  # a pair not scored: its words (only --normalize uses it)
+                side = sources if inverse else targets
+                for i in np.flatnonzero(too_long).tolist():
+                    n_tokens[i] = len(side[i].decode().split()) + eos
+            src_unk = tgt_unk = None
+            if counts and index == 0:
+                src_unk, tgt_unk = src_ids.unknown(src_index), tgt_ids.unknown(tgt_index)
+            pairs.append(EncodedPairs(None, None, src_unk, tgt_unk, n_tokens))
+        lm_ids = []
+        if self.lm_columns:
+            kept = [t.decode() for t in targets]
+            if keep is not None:
+                kept = [kept[i] for i in keep.tolist()]
+            lm_ids = [column.encode(kept) for column in self.lm_columns]
+        return PreparedChunk(too_long, pairs, ScoreRequest(request_pairs, lm_ids))
 
     def score_request(self, request: ScoreRequest) -> ScoredRequest:
         """The network half: log p of the request's ids, one array per column, and the model
@@ -372,8 +424,8 @@ class NewColumns:
         runs, for itself or for ``--io-workers`` processes."""
         before = self.clamped()
         logprobs = [
-            scorer.score_ids(src_ids, tgt_ids)[0]
-            for scorer, (src_ids, tgt_ids) in zip(self.scorers, request.pairs, strict=True)
+            scorer.score_arrays(pairs)[0]
+            for scorer, pairs in zip(self.scorers, request.pairs, strict=True)
         ]
         logprobs += [
             column.score_ids(ids)
@@ -381,8 +433,9 @@ class NewColumns:
         ]
         return ScoredRequest(logprobs, self.clamped() - before)
 
-    def finish(self, chunk, prepared: PreparedChunk, scored: ScoredRequest) -> str:
-        """The output lines of a prepared and scored chunk."""
+    def finish(self, chunk: TableChunk, prepared: PreparedChunk, scored: ScoredRequest) -> bytes:
+        """The output lines of a prepared and scored chunk: the new columns spliced into the
+        chunk's bytes (:func:`~phrasescore.moses.columnar.splice`)."""
         too_long = prepared.too_long
         columns = []
         first_scored = None
@@ -394,12 +447,12 @@ class NewColumns:
             columns.append(lm_values_within_limit(format_values(logprob), too_long))
         if self.options.unk_column:
             columns.append(unknown_values(first_scored))
-        return "".join(
-            format_entry(entry, [col[i] for col in columns]) for i, entry in enumerate(chunk)
-        )
+        return splice(chunk, columns)
 
-    def format_chunk(self, chunk, score: Callable | None = None) -> tuple[str, int, int]:
-        """The output lines of a chunk of table entries, how many pairs have a phrase over
+    def format_chunk(
+        self, chunk: TableChunk, score: Callable | None = None
+    ) -> tuple[bytes, int, int]:
+        """The output lines of a chunk of the table, how many pairs have a phrase over
         ``max_phrase_length`` tokens (they get the floor value without being scored), and the
         model scores clamped: :meth:`prepare`, then ``score`` (:meth:`score_request` in this
         process by default; a ``--io-workers`` process asks the one that owns the networks),
@@ -411,10 +464,11 @@ class NewColumns:
 
 
 class ScoreRequest(NamedTuple):
-    """What the scoring process gets of a chunk: ids only (one pickle of int lists)."""
+    """What the scoring process gets of a chunk: ids only, as arrays (a pickle of a few
+    numpy arrays)."""
 
-    pairs: list[tuple[list[list[int]], list[list[int]]]]
-    """Per model: (source ids, target ids) of the pairs that are not too long."""
+    pairs: list[IdPairs]
+    """Per model: the ids of the pairs that are not too long."""
     lm_ids: list[list[list[int]]]
     """Per CSLM: the ids of those pairs' target phrases."""
 

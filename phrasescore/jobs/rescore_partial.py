@@ -50,11 +50,11 @@ _BLOCK = 1 << 20
 """Bytes read at a time when a resume checks the partial file."""
 
 
-def chunk_bytes(text: str, gzip_level: int | None) -> bytes:
-    """A chunk's output lines as written: UTF-8, and for a ``.gz`` output (``gzip_level`` not
+def chunk_bytes(text: str | bytes, gzip_level: int | None) -> bytes:
+    """A chunk's output lines as written: UTF-8 (bytes as they are), and for a ``.gz`` output (``gzip_level`` not
     None) one complete gzip member (a file of members is one valid gzip stream;
     :mod:`phrasescore.compression`)."""
-    data = text.encode("utf-8")
+    data = text.encode("utf-8") if isinstance(text, str) else text
     if gzip_level is None:
         return data
     return compress_member(data, gzip_level)

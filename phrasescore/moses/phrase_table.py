@@ -347,6 +347,39 @@ def format_logprobs(logprobs: Iterable[float]) -> list[str]:
     return out
 
 
+def format_logprob_column(logprobs) -> list[str]:
+    """:func:`format_logprobs` of an array, the same strings from C loops (issue 46): the
+    checks on the whole array (the first bad value raises as :func:`format_logprobs` raises),
+    ``math.exp`` over the list, the floats' shortest round-trip text from one ``repr`` of the
+    list (the ``repr`` of each float), ``"1.0"`` written ``"1"``."""
+    import numpy as np
+
+    values = np.asarray(logprobs, dtype=np.float64)
+    if not len(values):
+        return []
+    if np.isnan(values).any() or (values > LOGPROB_TOLERANCE).any():
+        return format_logprobs(values.tolist())  # raises for the first bad value
+    values = np.where(values > 0.0, 0.0, values)
+    values = np.where(values > LOWEST_SCORE, values, LOWEST_SCORE)
+    return _float_texts(list(map(math.exp, values.tolist())), strip_one=True)
+
+
+def _float_texts(values: list[float], strip_one: bool = False) -> list[str]:
+    """``repr`` of each float, from one ``repr`` of the list; ``strip_one``: values in (0, 1],
+    of which only 1.0 is written with ``.0`` (``"1"``)."""
+    text = repr(values)[1:-1]
+    if strip_one and "1.0" in text:
+        text = f", {text},".replace(", 1.0,", ", 1,").replace(", 1.0,", ", 1,")[2:-1]
+    return text.split(", ")
+
+
+def format_float_column(values) -> list[str]:
+    """``repr(float(v))`` of each value of an array (``rescore --logprob``'s column)."""
+    import numpy as np
+
+    return _float_texts(np.asarray(values, dtype=np.float64).tolist())
+
+
 def iter_source_groups(entries: Iterable[PhraseTableEntry]) -> Iterator[list[PhraseTableEntry]]:
     """Yield lists of consecutive entries with the same source phrase, in input order."""
     group: list[PhraseTableEntry] = []

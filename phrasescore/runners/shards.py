@@ -129,10 +129,18 @@ def chunk_record(index: int, keys: list[str]) -> dict:
     counts them; an n-best list's sentence ids: its sentences) and the SHA-256 of its first and
     last key, so that the merge can tell a run cut by the chunk's edges (:func:`joined_runs`)."""
     runs = sum(1 for i, key in enumerate(keys) if i == 0 or key != keys[i - 1])
-    record = {"chunk": index, "lines": len(keys), "runs": runs}
-    if keys:
-        record["first"] = hashlib.sha256(keys[0].encode("utf-8")).hexdigest()
-        record["last"] = hashlib.sha256(keys[-1].encode("utf-8")).hexdigest()
+    if not keys:
+        return runs_record(index, 0, 0, None, None)
+    return runs_record(index, len(keys), runs, keys[0].encode("utf-8"), keys[-1].encode("utf-8"))
+
+
+def runs_record(index: int, lines: int, runs: int, first: bytes | None, last: bytes | None):
+    """:func:`chunk_record` of a chunk whose runs were counted already (``first``, ``last``:
+    its first and last key as UTF-8; None for a chunk of no line)."""
+    record = {"chunk": index, "lines": lines, "runs": runs}
+    if lines:
+        record["first"] = hashlib.sha256(first).hexdigest()
+        record["last"] = hashlib.sha256(last).hexdigest()
     return record
 
 
