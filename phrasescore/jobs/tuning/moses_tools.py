@@ -304,7 +304,7 @@ with ``--tokenize none`` on tokenised text)."""
 class MosesTuning:
     """Re-ranking weights tuned on fixed n-best lists with Moses' own tools, the part ``ab
     --rerank`` (:meth:`RerankStep.tune`) and ``rerank-tune``
-    (:mod:`phrasescore.jobs.rerank_tune`) share: :meth:`extract` once, then :meth:`tune` once
+    (:mod:`phrasescore.jobs.tuning.rerank_tune`) share: :meth:`extract` once, then :meth:`tune` once
     per seed."""
 
     program: Callable[[str], str]

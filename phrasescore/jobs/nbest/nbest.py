@@ -37,7 +37,7 @@ next-token probabilities averaged), for checkpoints or seeds of one model (Sutsk
 Several features in one pass: ``-m NAME=MODEL`` (repeatable), ``--inverse-model NAME=MODEL``
 (``options.inverse_models``, target->source) and ``NAME=A,B`` (an ensemble) add one feature per
 name, the ``-m`` ones in their order, then the inverse ones
-(:func:`~phrasescore.jobs.nbest_features.nbest_feature_models`). The list is read and written
+(:func:`~phrasescore.jobs.nbest.features.nbest_feature_models`). The list is read and written
 once, every model scores each block in turn, and the output is byte-identical to one call per
 feature, each on the list the previous call wrote: a feature's values do not depend on the
 others', and each is added after the line's last feature as that call would. Every model is
@@ -89,7 +89,7 @@ from phrasescore.files import (
     remove_stale_temporaries,
 )
 from phrasescore.hardware import resolve_device
-from phrasescore.jobs.nbest_features import FeatureModel, ModelFeatures, nbest_feature_models
+from phrasescore.jobs.nbest.features import FeatureModel, ModelFeatures, nbest_feature_models
 from phrasescore.moses.nbest import (
     NBestEntry,
     best_index,
@@ -315,7 +315,7 @@ class _BlockReader:
         self.records: list[dict] = []
         self.first_block = None
         """Called with the first scored block's ``(sources, hypotheses)`` in this process (the
-        models' direction check, :meth:`~phrasescore.jobs.nbest_features.ModelFeatures.warn_direction`)."""
+        models' direction check, :meth:`~phrasescore.jobs.nbest.features.ModelFeatures.warn_direction`)."""
 
     def pairs(self) -> Iterator[tuple[list[str], list[str]] | None]:
         """The ``(sources, hypotheses)`` of each block to score (None for another shard's)."""
@@ -619,7 +619,7 @@ def model_paths(model_path: str | Sequence[str] | None) -> list[str]:
 
 def _features(options: NBestOptions, device, features: Sequence[FeatureModel]):
     """(name, score(sources, hypotheses) -> values) of each feature to add, in line order:
-    the CSLM's first, then the models' (:class:`~phrasescore.jobs.nbest_features.ModelFeatures`,
+    the CSLM's first, then the models' (:class:`~phrasescore.jobs.nbest.features.ModelFeatures`,
     one feature per :class:`FeatureModel`); the signatures of the LM and models; and the models'
     scorers (None without a model)."""
     scored = []
