@@ -9,7 +9,8 @@ from click.testing import CliRunner
 
 from phrasescore.cli import cli
 from phrasescore.errors import InputError
-from phrasescore.jobs.nbest.features import FeatureModel, nbest_feature_models
+from phrasescore.jobs.feature_specs import FeatureModel
+from phrasescore.jobs.nbest.features import nbest_feature_models
 from phrasescore.moses.nbest import read_nbest, read_weights
 
 from .conftest import DATA, write_lines

@@ -89,7 +89,8 @@ from phrasescore.files import (
     remove_stale_temporaries,
 )
 from phrasescore.hardware import resolve_device
-from phrasescore.jobs.nbest.features import FeatureModel, ModelFeatures, nbest_feature_models
+from phrasescore.jobs.feature_specs import FeatureModel
+from phrasescore.jobs.nbest.features import ModelFeatures, nbest_feature_models
 from phrasescore.moses.nbest import (
     NBestEntry,
     best_index,

@@ -38,7 +38,7 @@ from pathlib import Path
 from phrasescore.errors import InputError
 from phrasescore.files import AtomicOutput, check_input_file, iter_lines
 from phrasescore.jobs.bleu import bleu_metric
-from phrasescore.jobs.nbest.features import FeatureModel
+from phrasescore.jobs.feature_specs import FeatureModel
 from phrasescore.jobs.tuning.ab_rerank import RerankStep, rerank_models
 from phrasescore.jobs.tuning.moses_tools import RERANK_TUNERS, MosesInstall, Programs
 from phrasescore.moses.ini import read_weights
