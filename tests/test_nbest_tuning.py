@@ -8,7 +8,9 @@ import pytest
 from sacrebleu.metrics import BLEU
 
 from phrasescore.errors import InputError
-from phrasescore.jobs.tuning.moses_tools import (
+from phrasescore.moses.ini import read_weights
+from phrasescore.moses.nbest import iter_nbest_groups, read_nbest, total_score
+from phrasescore.moses.tuning import (
     dense_feature_names,
     read_kbmira_weights,
     read_tuned_weights,
@@ -17,8 +19,6 @@ from phrasescore.jobs.tuning.moses_tools import (
     write_start_point,
     write_weights_file,
 )
-from phrasescore.moses.ini import read_weights
-from phrasescore.moses.nbest import iter_nbest_groups, read_nbest, total_score
 
 DATA = Path(__file__).parent / "data"
 NBEST = DATA / "nbest" / "multi30k.test2016.ids0-4.100best.nbest.gz"

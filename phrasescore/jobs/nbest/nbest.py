@@ -95,13 +95,13 @@ from phrasescore.moses.nbest import (
     NBestEntry,
     best_index,
     check_feature_name,
-    format_feature_value,
     iter_nbest_groups,
     parse_features,
     read_nbest,
     read_weights,
     weighted_totals,
     with_feature,
+    with_total,
 )
 from phrasescore.progress import progress_bar
 from phrasescore.runners import distributed
@@ -213,14 +213,6 @@ def _source_of(entry: NBestEntry, sources: list[str], source_path: str) -> str:
             entry.lineno,
         )
     return text
-
-
-def _total_field(entry: NBestEntry, total: float) -> str:
-    """The raw total field of ``entry`` with another number, its spaces kept."""
-    raw = entry.total
-    lead = raw[: len(raw) - len(raw.lstrip())] or " "
-    trail = raw[len(raw.rstrip()) :]
-    return f"{lead}{format_feature_value(total)}{trail}"
 
 
 def rescore_nbest(
@@ -761,5 +753,5 @@ def _rerank(
     totals = weighted_totals(group, weights, options.weights)
     old_best = best_index([float(entry.total) for entry in group])
     order = sorted(range(len(group)), key=lambda i: (-totals[i], i))
-    lines = [group[i]._replace(total=_total_field(group[i], totals[i])).line() for i in order]
+    lines = [with_total(group[i], totals[i]).line() for i in order]
     return lines, group[order[0]], group[old_best]

@@ -42,6 +42,7 @@ from phrasescore.jobs.feature_specs import FeatureModel
 from phrasescore.jobs.tuning.ab_rerank import RerankStep, rerank_models
 from phrasescore.jobs.tuning.moses_tools import RERANK_TUNERS, MosesInstall, Programs
 from phrasescore.moses.ini import read_weights
+from phrasescore.moses.tuning import weight_line
 
 log = logging.getLogger(__name__)
 
@@ -218,10 +219,7 @@ class Comparison:
 
     # -- step 3: decode the test sets ------------------------------------------------------------
     def _decoder_command(self, system: System, weights: dict[str, list[float]]) -> list[str]:
-        overwrite = " ".join(
-            f"{name}= " + " ".join(repr(value) for value in values)
-            for name, values in weights.items()
-        )
+        overwrite = " ".join(weight_line(name, values) for name, values in weights.items())
         return [
             self.moses.program("decoder"),
             "-f",

@@ -26,15 +26,15 @@ from phrasescore.files import (
     refuse_outputs_onto_inputs,
 )
 from phrasescore.jobs.feature_specs import FeatureModel, parse_feature_models
-from phrasescore.jobs.tuning.moses_tools import (
-    MosesTuning,
+from phrasescore.jobs.tuning.moses_tools import MosesTuning
+from phrasescore.moses.nbest import read_weights
+from phrasescore.moses.tuning import (
     dense_feature_names,
     read_tuner_output,
     weight_vector,
     write_start_point,
     write_weights_file,
 )
-from phrasescore.moses.nbest import read_weights
 from phrasescore.runners.shards import file_sha256
 
 log = logging.getLogger(__name__)

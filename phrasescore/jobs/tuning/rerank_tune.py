@@ -47,7 +47,6 @@ from phrasescore.jobs.tuning.moses_tools import (
     MosesInstall,
     MosesTuning,
     Programs,
-    write_weights_file,
 )
 from phrasescore.moses.nbest import (
     NBestEntry,
@@ -58,6 +57,7 @@ from phrasescore.moses.nbest import (
     read_weights,
     weighted_totals,
 )
+from phrasescore.moses.tuning import write_weights_file
 
 log = logging.getLogger(__name__)
 
