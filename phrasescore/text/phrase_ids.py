@@ -16,11 +16,13 @@ bounded on any table).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import numpy as np
 
 from phrasescore.text.tokenize import TextNormalizer
+from phrasescore.text.vocab import UNK_ID, WordVocabulary
 
 
 class PhraseIds:
@@ -73,16 +75,40 @@ class PhraseIds:
         return np.repeat(index, lengths)
 
     def _add(self, phrases: list[bytes]) -> None:
-        texts = [p.decode("utf-8") for p in phrases]
-        normalize = self.normalizer.normalize_tokenized
-        tokens = [normalize(t) for t in texts]
-        order = self.order
-        ids = self.vocab.encode_batch(tokens if order is None else [order(t) for t in tokens])
-        count = self.vocab.count_unknown
+        if not self._add_words(phrases):
+            self._add_each(phrases)
+
+    def _add_words(self, phrases: list[bytes]) -> bool:
+        """:meth:`_add` for a word vocabulary read left to right, all phrases at once: one
+        text, one split on spaces, one C loop of dict lookups (False: not such phrases, where
+        a tab, a run of spaces or a lowercasing beyond ASCII needs the tokeniser per phrase)."""
+        if not isinstance(self.vocab, WordVocabulary) or self.order is not None or not phrases:
+            return False
+        joined = b"\n".join(phrases)
+        if b"\t" in joined or b"  " in joined or b"\n " in joined or b" \n" in joined:
+            return False
+        text = joined.decode("utf-8")
+        if self.normalizer.lowercase:
+            if not text.isascii():
+                return False
+            text = text.lower()
+        if text[:1] == " " or text[-1:] == " ":
+            return False
+        ids = self.vocab.ids_array(text.replace("\n", " ").split(" "))
+        raw = np.frombuffer(joined, dtype=np.uint8)
+        ends = np.concatenate((np.flatnonzero(raw == 10), [len(raw)]))
+        spaces = np.concatenate(([0], np.cumsum(raw == 32)))
+        starts = np.concatenate(([0], ends[:-1] + 1))
+        lengths = spaces[ends] - spaces[starts] + 1
+        offsets = np.concatenate(([0], np.cumsum(lengths)))
+        unknown = np.add.reduceat((ids == UNK_ID).astype(np.int64), offsets[:-1])
+        self._append(phrases, ids, lengths, unknown)
+        return True
+
+    def _append(self, phrases, ids: np.ndarray, lengths: np.ndarray, unknown) -> None:
         first = len(self._index)
         total = first + len(phrases)
-        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-        needed = self._used + int(lengths.sum())
+        needed = self._used + len(ids)
         if needed > len(self._ids):
             self._ids = np.resize(self._ids, max(needed, 2 * len(self._ids)))
         if total > len(self._start):
@@ -90,14 +116,25 @@ class PhraseIds:
             self._start = np.resize(self._start, size)
             self._length = np.resize(self._length, size)
             self._unknown = np.resize(self._unknown, size)
-        self._ids[self._used : needed] = np.fromiter(
-            (i for seq in ids for i in seq), dtype=np.int32, count=needed - self._used
-        )
+        self._ids[self._used : needed] = ids
         self._start[first:total] = self._used + np.cumsum(lengths) - lengths
         self._length[first:total] = lengths
-        self._unknown[first:total] = [count(t) for t in tokens]
+        self._unknown[first:total] = unknown
         self._used = needed
         self._index.update(zip(phrases, range(first, total), strict=True))
+
+    def _add_each(self, phrases: list[bytes]) -> None:
+        texts = [p.decode("utf-8") for p in phrases]
+        normalize = self.normalizer.normalize_tokenized
+        tokens = [normalize(t) for t in texts]
+        order = self.order
+        ids = self.vocab.encode_batch(tokens if order is None else [order(t) for t in tokens])
+        count = self.vocab.count_unknown
+        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        flat = np.fromiter(
+            itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum())
+        )
+        self._append(phrases, flat, lengths, [count(t) for t in tokens])
 
     def gather(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The ids of phrases ``index`` laid end to end, and their offsets (``[n + 1]``)."""

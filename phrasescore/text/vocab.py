@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import base64
 import io
+import itertools
 import logging
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, ClassVar
 
+import numpy as np
 import sentencepiece
 
 from phrasescore.errors import InputError, ModelFileError
@@ -102,6 +104,15 @@ class WordVocabulary:
         """:meth:`encode` of each list."""
         get = self._id_of_word.get
         return [[get(token, UNK_ID) for token in tokens] for tokens in token_lists]
+
+    def ids_array(self, tokens: list[str]) -> np.ndarray:
+        """:meth:`encode` of ``tokens`` as an int32 array, from a C loop (issue 46: the ids of
+        many phrases' tokens laid end to end in one call)."""
+        return np.fromiter(
+            map(self._id_of_word.get, tokens, itertools.repeat(UNK_ID)),
+            dtype=np.int32,
+            count=len(tokens),
+        )
 
     def decode(self, ids: Iterable[int]) -> list[str]:
         """The words of ``ids``; PAD/BOS/EOS are skipped (not stopped at), UNK gives ``<unk>``."""

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from phrasescore.bundle import TrainedModel
-from phrasescore.engine.scoring import PairScorer
+from phrasescore.engine.protocol import build_scorer
 from phrasescore.errors import InputError
 from phrasescore.figures import new_figure, save_figure
 from phrasescore.files import check_output_path, display_name, refuse_outputs_onto_inputs
@@ -244,7 +244,7 @@ def compare(
         raise InputError(f"--column must be between 1 and {n_scores} (the table's scores)")
     names = column_names(n_scores)
     column = options.column - 1
-    scorer = PairScorer(model, device=dev, batch_tokens=options.batch_tokens)
+    scorer = build_scorer(model, device=dev, batch_tokens=options.batch_tokens)
     comparisons = [
         _compare_source(scorer, source, rows, column, options, dev)
         for source, rows in _ordered_groups(groups, wanted, options)

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from phrasescore.bundle import load_model
-from phrasescore.engine.scoring import EnsembleScorer, PairScorer, check_ensemble
+from phrasescore.engine.protocol import Scorer, build_ensemble, build_scorer
+from phrasescore.engine.scoring import check_ensemble
 from phrasescore.errors import InputError
 from phrasescore.jobs.common import warn_if_reversed
 from phrasescore.jobs.feature_specs import FeatureModel, is_named_spec, parse_feature_models
@@ -64,7 +65,8 @@ def nbest_feature_models(
 
 class ModelFeatures:
     """The models of every feature, loaded on ``device``, and their scorers: one
-    :class:`PairScorer` per model, an :class:`EnsembleScorer` per feature of several."""
+    scorer per model (:func:`~phrasescore.engine.protocol.build_scorer`), their ensemble per
+    feature of several (:func:`~phrasescore.engine.protocol.build_ensemble`)."""
 
     def __init__(
         self, features: Sequence[FeatureModel], device, batch_tokens: int, scoring: str
@@ -72,13 +74,13 @@ class ModelFeatures:
         self.features = tuple(features)
         self.models = []
         """The loaded models of each feature, in order."""
-        self.scorers: list[PairScorer | EnsembleScorer] = []
+        self.scorers: list[Scorer] = []
         for feature in self.features:
             models = [load_model(path, device) for path in feature.paths]
             if len(models) > 1:
                 check_ensemble(models, list(feature.paths))
             scorers = [
-                PairScorer(
+                build_scorer(
                     model,
                     device=device,
                     batch_tokens=batch_tokens,
@@ -88,7 +90,7 @@ class ModelFeatures:
                 for model, path in zip(models, feature.paths, strict=True)
             ]
             self.models.append(models)
-            self.scorers.append(scorers[0] if len(scorers) == 1 else EnsembleScorer(scorers))
+            self.scorers.append(build_ensemble(scorers))
             log.info(
                 "n-best rescoring with %s %s, feature %s = log p(%s), %s scoring",
                 "model" if len(models) == 1 else f"the ensemble of {len(models)} models",
@@ -144,7 +146,7 @@ class ModelFeature:
     """One feature's values: log p(hypothesis | source), or per token with ``normalize``; with
     ``inverse`` (a target->source model) log p(source | hypothesis)."""
 
-    scorer: PairScorer | EnsembleScorer
+    scorer: Scorer
     normalize: bool
     inverse: bool = False
 

@@ -360,7 +360,11 @@ class NewColumns:
             self._phrase_ids = [
                 (
                     PhraseIds(s.model.src_vocab, s.model.src_text),
-                    PhraseIds(s.model.tgt_vocab, s.model.tgt_text, s.model.config.target_order),
+                    PhraseIds(
+                        s.model.tgt_vocab,
+                        s.model.tgt_text,
+                        s.model.config.target_order if s.model.config.reverse_target else None,
+                    ),
                 )
                 for s in self.scorers
             ]
