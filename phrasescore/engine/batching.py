@@ -102,6 +102,8 @@ def id_matrix(flat: np.ndarray, offsets: np.ndarray, index: np.ndarray, width: i
     starts = offsets[index]
     lengths = offsets[index + 1] - starts
     columns = np.arange(width, dtype=np.int64)
+    if len(flat) and (lengths == width).all():  # one exact length: no padding
+        return flat[starts[:, None] + columns[None, :]].astype(np.int64, copy=False)
     inside = columns[None, :] < lengths[:, None]
     positions = np.where(inside, starts[:, None] + columns[None, :], 0)
     out = flat[positions] if len(flat) else np.zeros(positions.shape, dtype=np.int64)
@@ -116,9 +118,12 @@ def sequence_hashes(flat: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     lengths = np.diff(offsets)
     total = int(offsets[-1])
     position = np.arange(total, dtype=np.int64) - np.repeat(offsets[:-1], lengths)
-    weights = _HASH_WEIGHTS[position % len(_HASH_WEIGHTS)] ^ (
-        (position // len(_HASH_WEIGHTS)).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-    )
+    if total and position.max() < len(_HASH_WEIGHTS):
+        weights = _HASH_WEIGHTS[position]
+    else:
+        weights = _HASH_WEIGHTS[position % len(_HASH_WEIGHTS)] ^ (
+            (position // len(_HASH_WEIGHTS)).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        )
     terms = (flat.astype(np.uint64) + np.uint64(1)) * weights
     hashes = lengths.astype(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F)
     nonempty = np.flatnonzero(lengths)
@@ -127,13 +132,12 @@ def sequence_hashes(flat: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return hashes[:n]
 
 
-def same_sequences(flat: np.ndarray, offsets: np.ndarray, a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether sequence ``a[i]`` equals sequence ``b[i]`` for every ``i``."""
-    if not np.array_equal(offsets[a + 1] - offsets[a], offsets[b + 1] - offsets[b]):
+def same_sequences(flat: np.ndarray, offsets: np.ndarray, b: np.ndarray) -> bool:
+    """Whether sequence ``i`` equals sequence ``b[i]`` for every ``i``."""
+    if not np.array_equal(np.diff(offsets), offsets[b + 1] - offsets[b]):
         return False
-    ids_a, _ = gather_sequences(flat, offsets, a)
     ids_b, _ = gather_sequences(flat, offsets, b)
-    return bool(np.array_equal(ids_a, ids_b))
+    return bool(np.array_equal(flat[: offsets[-1]], ids_b))
 
 
 def distinct_sequences(flat: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -144,14 +148,31 @@ def distinct_sequences(flat: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarra
     if n == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     hashes = sequence_hashes(flat, offsets)
-    _, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    if not same_sequences(flat, offsets, np.arange(n), first[inverse]):
+    perm = np.argsort(hashes)  # any sort: each group's first index is its least one
+    change = np.empty(n, dtype=bool)
+    change[0] = True
+    sorted_hashes = hashes[perm]
+    np.not_equal(sorted_hashes[1:], sorted_hashes[:-1], out=change[1:])
+    starts = np.flatnonzero(change)
+    first = np.minimum.reduceat(perm, starts)
+    inverse = np.empty(n, dtype=np.int64)
+    inverse[perm] = np.cumsum(change) - 1
+    if not same_sequences(flat, offsets, first[inverse]):
         return _distinct_by_tuples(flat, offsets)  # a hash collision: the slow and sure way
-    order = np.argsort(first, kind="stable")
+    order = np.argsort(first)  # distinct values: any sort is stable
     rank = np.empty(len(first), dtype=np.int64)
     rank[order] = np.arange(len(first))
     return first[order], rank[inverse]
+
+
+def sorted_runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True)`` of values sorted already (runs, no sort)."""
+    if not len(values):
+        return values, np.zeros(0, dtype=np.int64)
+    change = np.empty(len(values), dtype=bool)
+    change[0] = True
+    np.not_equal(values[1:], values[:-1], out=change[1:])
+    return values[change], np.cumsum(change) - 1
 
 
 def _distinct_by_tuples(flat, offsets) -> tuple[np.ndarray, np.ndarray]:

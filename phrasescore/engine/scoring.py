@@ -52,6 +52,7 @@ from phrasescore.engine.batching import (
     bucket_policy,
     distinct_sequences,
     id_matrix,
+    sorted_runs,
 )
 from phrasescore.errors import InputError
 from phrasescore.hardware import resolve_dtype
@@ -286,7 +287,9 @@ class PairScorer:
         """Encode each distinct source (sequence ``first[k]`` of ``flat``, ``offsets``) once,
         in batches of one exact length; rows in the order of ``first``."""
         lengths = offsets[first + 1] - offsets[first]
-        order = np.argsort(lengths, kind="stable")
+        # a stable sort of small integers (16 bits: numpy's radix sort), the order of before
+        small = lengths.astype(np.int16) if lengths.max(initial=0) < 1 << 15 else lengths
+        order = np.argsort(small, kind="stable")
         pieces: list[tuple[np.ndarray, EncoderOutput]] = []
         for batch in ExactBuckets(self.buckets.batch_tokens).batches(lengths, order, 1):
             idx, length = batch.index, batch.width
@@ -296,9 +299,10 @@ class PairScorer:
             src = self._to_device(ids)
             src_len = torch.full((len(idx),), length + 1, dtype=torch.long, device=self.device)
             pieces.append((idx, self.network.encode(src, src_len)))
-        positions = torch.from_numpy(np.argsort(np.concatenate([p[0] for p in pieces]))).to(
-            self.device
-        )
+        done = np.concatenate([p[0] for p in pieces])
+        positions = np.empty(len(done), dtype=np.int64)
+        positions[done] = np.arange(len(done))  # the inverse permutation, no sort
+        positions = self._to_device(positions)
         merged = self.network.concat_encodings([p[1] for p in pieces])
         return select_rows(merged, positions)
 
@@ -323,10 +327,11 @@ class PairScorer:
         # the batch's distinct sources, and their source-only decoder terms (V'c, C c, O_c c for
         # the Cho model) once each; then one row per pair
         idx, length = batch.index, batch.width
-        sources, inverse = np.unique(pair_source[idx], return_inverse=True)
+        # a batch's pairs are in source order (the plan sorts them by length, then source)
+        sources, inverse = sorted_runs(pair_source[idx])
         enc = select_rows(enc_all, self._to_device(sources))
         enc.update(self.network.source_terms(enc))
-        enc = select_rows(enc, self._to_device(inverse.reshape(-1).astype(np.int64)))
+        enc = select_rows(enc, self._to_device(inverse))
         n = len(idx)
         body = id_matrix(pairs.tgt_ids, pairs.tgt_offsets, idx, length)
         tgt_in = np.empty((n, length + 1), dtype=np.int64)
