@@ -17,6 +17,7 @@ bounded on any table).
 from __future__ import annotations
 
 import itertools
+import operator
 from collections.abc import Callable
 
 import numpy as np
@@ -54,15 +55,17 @@ class PhraseIds:
 
     def lookup(self, phrases: list[bytes]) -> np.ndarray:
         """The index of each phrase in the cache (int64), the phrases not seen yet added."""
-        found = list(map(self._index.get, phrases))
-        if None in found:
-            new = list(dict.fromkeys(p for p, f in zip(phrases, found, strict=True) if f is None))
+        get = self._index.get
+        found = list(map(get, phrases))
+        if None in found:  # the phrases not seen yet, each once (C loops)
+            missing = map(operator.is_, found, itertools.repeat(None))
+            new = list(dict.fromkeys(itertools.compress(phrases, missing)))
             if len(self._index) + len(new) > self.max_phrases:
                 self.clear()
                 new = list(dict.fromkeys(phrases))
             self._add(new)
-            found = list(map(self._index.get, phrases))
-        return np.array(found, dtype=np.int64)
+            found = list(map(get, phrases))
+        return np.fromiter(found, dtype=np.int64, count=len(found))
 
     def lookup_runs(self, phrases: list[bytes], runs: np.ndarray) -> np.ndarray:
         """:meth:`lookup` of phrases that come in runs of equal ones (``runs``: the index of

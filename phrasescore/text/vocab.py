@@ -125,12 +125,11 @@ class WordVocabulary:
         return len(tokens) - sum(map(self._id_of_word.__contains__, tokens))
 
     def coverage(self, sentences: Iterable[list[str]]) -> float:
-        """Fraction of the tokens of ``sentences`` that are known (1.0 for no tokens)."""
-        total = unknown = 0
-        for tokens in sentences:
-            total += len(tokens)
-            unknown += self.count_unknown(tokens)
-        return _known_fraction(total - unknown, total)
+        """Fraction of the tokens of ``sentences`` that are known (1.0 for no tokens); the
+        tokens counted in C loops (``rescore`` checks the direction on a whole chunk)."""
+        tokens = list(itertools.chain.from_iterable(sentences))
+        known = sum(map(self._id_of_word.__contains__, tokens))
+        return _known_fraction(known, len(tokens))
 
     def to_state(self) -> dict[str, Any]:
         """JSON-serialisable description: ``{"kind": "word", "words": [...]}`` (ids 4, 5, ...)."""
