@@ -132,16 +132,19 @@ def test_random_lines():
 
 
 def test_score_grammar_against_float():
-    """Every score the vectorised grammar takes is a finite float > 0."""
+    """Every score the vectorised grammar takes is a finite float > 0, and every other one is
+    judged by the line-by-line check (the same errors)."""
     rng = random.Random(7)
     alphabet = "0123456789.eE+-"
-    for _ in range(20000):
+    taken = 0
+    for _ in range(5000):
         token = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 7)))
         data = f"a ||| b ||| {token}\n".encode()
-        chunk = parse_chunk(data, "t", 1, 1) if _accepted(token) else None
+        chunk = check_same(data, 1)
         if chunk is not None and not chunk.entries:
-            value = float(token)
-            assert 0.0 < value < float("inf"), token
+            taken += 1
+            assert _accepted(token), token
+    assert taken > 100
 
 
 def _accepted(token: str) -> bool:
@@ -171,3 +174,14 @@ def test_shipped_tables(name):
     src_bytes, tgt_bytes = chunk.phrase_bytes()
     assert src_bytes.tolist() == [len(s) for s in sources]
     assert np.all(tgt_bytes > 0)
+
+
+@pytest.mark.parametrize(
+    "scores",
+    [b"0.5 1e", b"0.5 1e-", b"0.5 -1", b"1e+5 -1", b"1e5 +1", b"5e5e5 1", b"1e5. 1", b"1..5 1",
+     b"e5 1", b"0e5 1", b"0.0 1", b"1 0", b"1e-5 1E+05", b"1e005 1", b".5 5.", b"+.5 1"],
+)  # fmt: skip
+def test_scores_next_to_other_lines_scores(scores):
+    """A score is judged alone, whatever ends the line before it."""
+    for before in (b"a ||| b ||| 1 1e\n", b"a ||| b ||| 1 1\n", b""):
+        check_same(before + b"a ||| b ||| " + scores + b"\n" + before, 2)

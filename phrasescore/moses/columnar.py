@@ -22,8 +22,8 @@ raises the first error in line order with the file name and line number, exactly
 (invalid UTF-8 is found by one ``bytes.decode`` of the chunk, :func:`~phrasescore.files.decode_text`).
 
 **Scores.** A score is taken by the vectorised check only if it is ``D* [. D*] [(e|E) [+|-] D+]``
-with at least one and at most 200 digits before the exponent, one of them not 0, and at most 2
-exponent digits: such a string is a finite number > 0 for Python's ``float`` (no overflow to
+with at least one and at most 200 digits before the exponent, one of them not 0, and 1 or 2
+exponent digits (checked per exponent letter, sign and point, and one ``reduceat`` per score): such a string is a finite number > 0 for Python's ``float`` (no overflow to
 infinity, no underflow to 0), which is what Moses needs (phrase_table.py). Anything else (a
 sign before the number, ``nan``, ``1e999``, ``1_0``) is decided by the line-by-line check.
 """
@@ -43,18 +43,6 @@ from phrasescore.moses.phrase_table import (
 
 _LF, _CR, _SP, _TAB, _BAR, _DOT = 10, 13, 32, 9, 124, 46
 
-_DIGIT = np.zeros(256, dtype=bool)
-_DIGIT[ord("0") : ord("9") + 1] = True
-_NONZERO = _DIGIT.copy()
-_NONZERO[ord("0")] = False
-_EXP = np.zeros(256, dtype=bool)
-_EXP[[ord("e"), ord("E")]] = True
-_SIGN = np.zeros(256, dtype=bool)
-_SIGN[[ord("+"), ord("-")]] = True
-_SCORE_BYTE = _DIGIT | _EXP | _SIGN
-_SCORE_BYTE[_DOT] = True
-_SCORE_FIELD_BYTE = _SCORE_BYTE.copy()
-_SCORE_FIELD_BYTE[_SP] = True
 _FIELD_SPACE = np.zeros(256, dtype=bool)
 _FIELD_SPACE[[_SP, _TAB]] = True
 
@@ -209,21 +197,26 @@ def parse_chunk(
     field_len = np.where(fast, sc_end - sc_start, 0)
     field_at = np.concatenate(([0], np.cumsum(field_len)))
     scores = buf[_spans_index(sc_start, field_len, int(field_at[-1]))]
-    codes = _FIELD_CODE[scores]
-    line_codes = _sum_spans(codes, field_at)
-    fast &= (line_codes >> _NOT_SCORE_BIT) == 0
-    spaces = line_codes & _COUNT_MASK
+    kind = _CLASS[scores]
+
+    def line_of(positions: np.ndarray) -> np.ndarray:
+        return np.searchsorted(field_at, positions, side="right") - 1
+
+    other = np.flatnonzero(kind == _OTHER)
+    if len(other):
+        fast[line_of(other)] = False
+    spaces = np.flatnonzero(kind == _SPACE)
+    per_line = np.bincount(line_of(spaces), minlength=n)
     if num_scores < 0 and n and fast[0]:
-        num_scores = int(spaces[0]) + 1
-    fast &= spaces + 1 == num_scores
-    if len(scores) > 1:
-        double = (scores[1:] == _SP) & (scores[:-1] == _SP)
-        if double.any():
-            fast[np.searchsorted(field_at, np.flatnonzero(double) + 1, side="right") - 1] = False
+        num_scores = int(per_line[0]) + 1
+    fast &= per_line + 1 == num_scores
+    double = spaces[1:][np.diff(spaces) == 1]
+    if len(double):
+        fast[line_of(double)] = False
     if validate and fast.any():
-        bad = _bad_scores(scores, field_at, fast)
+        bad = _bad_scores(kind, field_at, field_len, spaces)
         if len(bad):
-            fast[bad] = False
+            fast[line_of(bad)] = False
     entries: dict[int, PhraseTableEntry] = {}
     if not fast.all():
         # the line-by-line parser: its errors, and the lines of another layout
@@ -260,85 +253,67 @@ def _spans_index(start: np.ndarray, length: np.ndarray, total: int) -> np.ndarra
     return np.repeat(start - at, length) + np.arange(total, dtype=np.int64)
 
 
-def _sum_spans(values: np.ndarray, bounds: np.ndarray) -> np.ndarray:
-    """The sum of ``values`` over each ``[bounds[i], bounds[i + 1])`` (0 for an empty one)."""
-    sums = np.zeros(len(bounds) - 1, dtype=values.dtype)
-    nonempty = np.flatnonzero(bounds[1:] > bounds[:-1])
-    if len(nonempty) and len(values):
-        sums[nonempty] = np.add.reduceat(values, bounds[:-1][nonempty])
-    return sums
+# the bytes of a score field, by class
+_OTHER, _SPACE, _ZERO, _NONZERO_DIGIT, _POINT, _EXPONENT, _PLUS_MINUS = range(7)
+_CLASS = np.full(256, _OTHER, dtype=np.uint8)
+_CLASS[_SP] = _SPACE
+_CLASS[ord("0")] = _ZERO
+_CLASS[ord("1") : ord("9") + 1] = _NONZERO_DIGIT
+_CLASS[_DOT] = _POINT
+_CLASS[[ord("e"), ord("E")]] = _EXPONENT
+_CLASS[[ord("+"), ord("-")]] = _PLUS_MINUS
 
 
-_COUNT_MASK = (1 << 16) - 1
-_NOT_SCORE_BIT = 16
-_FIELD_CODE = np.where(_SCORE_FIELD_BYTE, 0, 1 << _NOT_SCORE_BIT).astype(np.int64)
-_FIELD_CODE[_SP] = 1
-# a score's bytes: digits, nonzero digits, dots, exponent letters, signs (8 bits each)
-_TOKEN_CODE = np.zeros(256, dtype=np.int64)
-_TOKEN_CODE[_DIGIT] += 1
-_TOKEN_CODE[_NONZERO] += 1 << 8
-_TOKEN_CODE[_DOT] += 1 << 16
-_TOKEN_CODE[_EXP] += 1 << 24
-_TOKEN_CODE[_SIGN] += 1 << 32
-
-
-def _bad_scores(scores: np.ndarray, field_at: np.ndarray, fast: np.ndarray) -> np.ndarray:
-    """The lines (among ``fast``, whose score fields laid end to end are ``scores``, line i's
-    at ``field_at[i]``: single-space separated score bytes) with a score that the grammar of
-    the module docstring does not take."""
-    if not len(scores):
+def _bad_scores(
+    kind: np.ndarray, field_at: np.ndarray, field_len: np.ndarray, spaces: np.ndarray
+) -> np.ndarray:
+    """Positions (in the score fields laid end to end, classes ``kind``; field i at
+    ``field_at[i]``, single spaces ``spaces`` between scores) in scores that the grammar of
+    the module docstring does not take: ``M [e [+|-] D [D]]`` where the mantissa ``M`` is
+    digits with at most one point and a digit that is not 0, all of it at most 200 bytes.
+    Checked per exponent letter, sign and point (few), and per score only the mantissa's
+    nonzero digits (one ``reduceat``)."""
+    size = len(kind)
+    if not size:
         return np.zeros(0, dtype=np.int64)
-    lines = np.flatnonzero(fast)
-    if len(lines) < len(fast):  # only the fields of the lines still taken
-        length = field_at[lines + 1] - field_at[lines]
-        at = np.concatenate(([0], np.cumsum(length)))
-        scores = scores[_spans_index(field_at[lines], length, int(at[-1]))]
-        field_at = np.zeros(len(fast) + 1, dtype=np.int64)
-        field_at[lines], field_at[lines + 1] = at[:-1], at[1:]
-    size = len(scores)
-    starts_f = field_at[lines]
-    space = scores == _SP
-    # tokens: from a field's start or after a space, to a space or the field's end; each
-    # reduction runs from a token's start to the next one's (a space adds nothing)
-    first = np.zeros(size + 1, dtype=bool)
-    first[starts_f] = True
-    first[1:][space] = True
-    tok_start = np.flatnonzero(first[:size])
-    last = np.zeros(size + 1, dtype=bool)
-    last[field_at[lines + 1]] = True
-    last[:-1][space] = True
-    tok_end = np.flatnonzero(last[1:]) + 1
-    length = tok_end - tok_start
-    position = np.arange(size, dtype=np.int32)
-    is_exp = _EXP[scores]
-    is_sign = _SIGN[scores]
-
-    def over_tokens(ufunc, values, dtype=None):
-        return ufunc.reduceat(values, tok_start, dtype=dtype)
-
-    counts = over_tokens(np.add, _TOKEN_CODE[scores])
-    digits = counts & 0xFF
-    dots = (counts >> 16) & 0xFF
-    exps = (counts >> 24) & 0xFF
-    signs = (counts >> 32) & 0xFF
-    exp_at = over_tokens(np.add, np.where(is_exp, position, 0), np.int64)
-    dot_at = over_tokens(np.add, np.where(scores == _DOT, position, 0), np.int64)
-    first_nonzero = over_tokens(np.minimum, np.where(_NONZERO[scores], position, size))
-    sign_after_exp = np.zeros(len(scores), dtype=bool)
-    sign_after_exp[1:] = is_sign[1:] & is_exp[:-1]
-    good_signs = over_tokens(np.add, sign_after_exp.view(np.uint8), np.int64)
-    exp_at = np.where(exps == 1, exp_at, tok_end)  # no exponent: the mantissa is all of it
-    exp_digits = np.where(exps == 1, tok_end - exp_at - 1 - signs, 0)
-    ok = (length >= 1) & (length <= 255) & (exps <= 1) & (dots <= 1) & (signs == good_signs)
-    ok &= (dots == 0) | (dot_at < exp_at)
-    ok &= (exps == 0) | ((exp_digits >= 1) & (exp_digits <= MAX_EXPONENT_DIGITS))
-    mantissa = digits - exp_digits
-    ok &= (mantissa >= 1) & (mantissa <= MAX_MANTISSA_DIGITS)
-    ok &= first_nonzero < exp_at
-    bad = np.flatnonzero(~ok)
-    if not len(bad):
-        return bad
-    return lines[np.searchsorted(starts_f, tok_start[bad], side="right") - 1]
+    # a score ends at a space or at its field's end
+    boundary = np.zeros(size + 8, dtype=bool)
+    boundary[spaces] = True
+    boundary[field_at[1:][field_len > 0]] = True
+    boundary[size:] = True
+    padded = np.concatenate((kind, np.full(8, _OTHER, dtype=np.uint8)))
+    starts = np.zeros(size, dtype=bool)
+    starts[field_at[:-1][field_len > 0]] = True
+    starts[spaces + 1] = True  # a field never ends with a space
+    tok_start = np.flatnonzero(starts)
+    bad = [tok_start[np.diff(np.concatenate((tok_start, [size]))) > MAX_MANTISSA_DIGITS + 8]]
+    # each exponent letter: [+|-] then 1 or 2 digits, then the score's end
+    exps = np.flatnonzero(kind == _EXPONENT)
+    exp_nonzero = np.zeros(len(exps), dtype=np.int64)
+    if len(exps):
+        q = exps + 1 + (padded[exps + 1] == _PLUS_MINUS)
+        digit = (padded == _ZERO) | (padded == _NONZERO_DIGIT)
+        one = digit[q] & boundary[q + 1]
+        two = digit[q] & digit[q + 1] & boundary[q + 2]
+        bad.append(exps[~(one | two)])
+        exp_nonzero = (padded[q] == _NONZERO_DIGIT).astype(np.int64) + (
+            two & (padded[q + 1] == _NONZERO_DIGIT)
+        )
+    # each sign right after an exponent letter
+    signs = np.flatnonzero(kind == _PLUS_MINUS)
+    if len(signs):
+        bad.append(signs[starts[signs] | (padded[signs - 1] != _EXPONENT)])
+    # at most one point a score (a point after the exponent fails the exponent's check)
+    points = np.flatnonzero(kind == _POINT)
+    if len(points) > 1:
+        score_of = np.searchsorted(tok_start, points, side="right")
+        bad.append(points[1:][np.diff(score_of) == 0])
+    # a nonzero digit in the mantissa: value > 0
+    nonzero = np.add.reduceat((kind == _NONZERO_DIGIT).view(np.uint8), tok_start, dtype=np.int64)
+    if len(exps):
+        np.subtract.at(nonzero, np.searchsorted(tok_start, exps, side="right") - 1, exp_nonzero)
+    bad.append(tok_start[nonzero < 1])
+    return np.concatenate(bad)
 
 
 # ---------------------------------------------------------------------------- writing
