@@ -332,8 +332,8 @@ def splice(chunk: TableChunk, columns: list[list[str]]) -> bytes:
         return b""
     if not columns:
         inserts = [b""] * n
-    elif len(columns) == 1:
-        inserts = [(" " + v).encode("ascii") for v in columns[0]]
+    elif len(columns) == 1:  # b" v" each, cut from one text (values hold no NUL)
+        inserts = ("\0 " + "\0 ".join(columns[0])).encode("ascii").split(b"\0")[1:]
     else:
         inserts = [(" " + " ".join(row)).encode("ascii") for row in zip(*columns, strict=True)]
     at = chunk.insert_at.tolist()
