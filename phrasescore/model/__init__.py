@@ -5,6 +5,7 @@
 * :mod:`~phrasescore.model.builders` -- the architecture registry and :func:`build_network`;
 * :mod:`~phrasescore.model.initialization` -- each paper's initial weights;
 * :mod:`~phrasescore.model.base` -- the interface of every encoder-decoder;
+* :mod:`~phrasescore.model.output_layer` -- the softmax's loss and scoring kernels, maxout;
 * :mod:`~phrasescore.model.encdec`, :mod:`~phrasescore.model.lstm`,
   :mod:`~phrasescore.model.attention`, :mod:`~phrasescore.model.cslm` -- the networks;
 * :mod:`~phrasescore.model.checkpoint` -- weights files (safetensors + JSON metadata).

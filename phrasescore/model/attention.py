@@ -54,12 +54,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from phrasescore.model.base import EncoderDecoder, EncoderOutput, maxout, summed_linear
+from phrasescore.model.base import EncoderDecoder, EncoderOutput
 from phrasescore.model.config import ModelConfig
 from phrasescore.model.constants import PAD_ID
 from phrasescore.model.gru import gru_encoder_step, run_fused_gru, run_gru_encoder
 from phrasescore.model.initialization import init_attention
 from phrasescore.model.lstm import reverse_within
+from phrasescore.model.output_layer import maxout, summed_linear
 
 
 class AttentionEncoderDecoder(EncoderDecoder):

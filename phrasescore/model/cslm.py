@@ -44,10 +44,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from phrasescore.model.base import LossTerms, bf16_autocast, token_nll
+from phrasescore.model.base import LossTerms, bf16_autocast
 from phrasescore.model.config import TrainConfig
 from phrasescore.model.constants import BOS_ID, PAD_ID
 from phrasescore.model.initialization import init_cslm
+from phrasescore.model.output_layer import token_nll
 
 
 @dataclass

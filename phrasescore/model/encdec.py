@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from phrasescore.model.base import EncoderDecoder, EncoderOutput, maxout, summed_linear
+from phrasescore.model.base import EncoderDecoder, EncoderOutput
 from phrasescore.model.config import ModelConfig
 from phrasescore.model.constants import PAD_ID
 from phrasescore.model.gru import (
@@ -42,6 +42,7 @@ from phrasescore.model.gru import (
     run_gru_encoder,
 )
 from phrasescore.model.initialization import init_cho
+from phrasescore.model.output_layer import maxout, summed_linear
 
 
 class GRUEncoderDecoder(EncoderDecoder):
