@@ -373,7 +373,7 @@ class Trainer:
         """Whether this run saved a checkpoint (a failed run then keeps its files)."""
 
     # ------------------------------------------------------------------ what is trained
-    # Hooks that a trainer of another kind of network overrides (phrasescore.jobs.train_lm).
+    # Hooks that a trainer of another kind of network overrides (training.lm_trainer.LMTrainer).
     config_class = ModelConfig
 
     def prepare(self, tcfg: TrainConfig, vocab_states):
