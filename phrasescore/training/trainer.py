@@ -374,11 +374,6 @@ def evaluate(network, dataset: ParallelDataset, device, batch_tokens: int) -> Va
     return Validation(perplexity(nll / n), abs_log_z / n if have_log_z else None)
 
 
-def evaluate_perplexity(network, dataset: ParallelDataset, device, batch_tokens: int) -> float:
-    """Per-token perplexity (EOS included) of ``dataset`` under ``network``."""
-    return evaluate(network, dataset, device, batch_tokens).perplexity
-
-
 def _plot_curve(path: str, history: list[dict[str, Any]]) -> None:
     steps = [h["step"] for h in history]
     fig, ax = new_figure(6, 4)
