@@ -877,7 +877,7 @@ def nbest(
         normalize=normalize,
         weights=weights,
         one_best=one_best,
-        block_hypotheses=chunk_lines,
+        chunk_lines=chunk_lines,
         batch_tokens=batch_tokens,
         lm=lm,
         lm_name=lm_name,

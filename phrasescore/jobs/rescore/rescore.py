@@ -65,7 +65,7 @@ from phrasescore.runners.shards import (
     write_manifest,
 )
 from phrasescore.runners.workers import (
-    ChunkScoring,
+    WorkerMap,
     check_io_workers,
     check_torchrun_options,
     check_workers_device,
@@ -358,11 +358,11 @@ def _write_table(run: RescoreRun, columns, sink, start_line: int, device, before
     score = ChunkScorer(columns, sink.gzip_level, reader.name)
     again = "run again" if isinstance(sink, StdoutOutput) else "rerun with --resume"
     if run.io_workers:  # they parse and write; this process scores (columns.score_request)
-        scoring = ChunkScoring(
+        scoring = WorkerMap(
             score, run.io_workers, columns.warm_up, chunk_label, again, columns.score_request
         )
     else:
-        scoring = ChunkScoring(score, run.workers, columns.warm_up, chunk_label, again)
+        scoring = WorkerMap(score, run.workers, columns.warm_up, chunk_label, again)
     try:
         with scoring, frozen_heap():
             chunks = own_chunks(reader, run.shard, options.chunk_lines, index)
