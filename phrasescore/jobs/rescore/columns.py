@@ -261,14 +261,14 @@ class NewColumns:
 
     @classmethod
     def load(
-        cls, model_paths, models, inverse_paths, lm_paths, options, device, scorers=None
+        cls, model_paths, inverse_paths, lm_paths, options, device, scorers=None
     ) -> NewColumns:
-        """Load the models and CSLMs (``models``: the direct ones, already loaded; ``scorers``:
-        the direct ones' scorers, built already)."""
+        """Load the models and CSLMs (``scorers``: the direct models' scorers, built already,
+        in place of ``model_paths``)."""
         lm_columns = [LMPhraseColumn(load_lm(path, device), device) for path in lm_paths]
         if scorers is not None:
             models = [scorer.model for scorer in scorers]
-        if models is None:
+        else:
             if not model_paths and not inverse_paths and not lm_columns:
                 raise InputError("give at least one --model (or --lm)")
             models = [load_model(path, device) for path in model_paths]

@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from phrasescore.bundle import TrainedModel
 from phrasescore.compression import compressor
 from phrasescore.errors import InputError
 from phrasescore.files import (
@@ -134,8 +133,6 @@ class RescoreRun:
     device: str = "auto"
     resume: bool = False
     progress: bool = True
-    models: list[TrainedModel] | None = None
-    """The direct models, already loaded (instead of ``model_paths``)."""
     inverse_model_paths: list[str] = field(default_factory=list)
     lm_paths: list[str] = field(default_factory=list)
     shard: Shard | None = None
@@ -144,7 +141,7 @@ class RescoreRun:
     """Processes that parse, look up ids, format and compress chunks while this process scores
     them (0: this process does everything, or the ``workers``)."""
     scorers: list | None = None
-    """Scorers already built, one per direct model (instead of ``model_paths``/``models``):
+    """Scorers already built, one per direct model (instead of ``model_paths``):
     ``tools/bench-io``'s :class:`~phrasescore.engine.constant_scoring.ConstantScorer`."""
 
     def __post_init__(self):
@@ -315,7 +312,6 @@ def _load_columns(run: RescoreRun):
     with loading_for_workers(forks):  # loaded at one thread, to fork from
         columns = NewColumns.load(
             run.model_paths,
-            run.models,
             run.inverse_model_paths,
             run.lm_paths,
             run.options,
