@@ -8,6 +8,9 @@ with (:mod:`.partial`), renames the output into place once complete, and writes 
 moses.ini beside it (:mod:`.ini_update`). With ``--shard`` it scores one shard and writes a
 manifest (``merge-shards`` joins the parts); under torchrun every rank scores one shard and rank
 0 merges them.
+
+Two entry points: :func:`run_rescore`, the command (the moses.ini too, torchrun), and
+:func:`rescore_table`, the table alone for a caller in Python (the tests, ``tools/bench-io``).
 """
 
 from __future__ import annotations
@@ -263,15 +266,16 @@ def rescore_table(
     by every core").
     """
     run = RescoreRun(table, model_paths, options or RescoreOptions(), **settings)
-    return score_table(run, output, before_publish)
+    return _score_run(run, output, before_publish)
 
 
-def score_table(
+def _score_run(
     run: RescoreRun,
     output: str | None = None,
     before_publish: Callable[[RescoreResult], None] | None = None,
 ) -> RescoreResult:
-    """:func:`rescore_table` of a :class:`RescoreRun`."""
+    """:func:`rescore_table` of a :class:`RescoreRun`: what the two entry points, and each torchrun
+    rank, run."""
     output = output or default_output_path(run.table, run.shard)
     _check_request(run, output)
     stream = output == "-" or is_stream_target(output)
@@ -569,7 +573,7 @@ def run_rescore(
             if ini is not None:
                 ini.before_publish(result)
         else:
-            result = score_table(run, output, ini.before_publish if ini is not None else None)
+            result = _score_run(run, output, ini.before_publish if ini is not None else None)
     except BaseException:
         if ini is not None:
             ini.discard()
@@ -672,7 +676,7 @@ class _RankPart:
 
     def __call__(self, part: str, device: str, shard: Shard) -> RescoreResult:
         progress = self.run.progress and self.is_main
-        return score_table(replace(self.run, device=device, shard=shard, progress=progress), part)
+        return _score_run(replace(self.run, device=device, shard=shard, progress=progress), part)
 
 
 def _rank_sums(result: RescoreResult | None) -> list[int]:
