@@ -82,7 +82,7 @@ def split_moses_tokens(line: str) -> list[str]:
     if "\t" in line:
         line = line.replace("\t", " ")
     tokens = line.split(" ")
-    if "" in tokens:  # a run of spaces, or one at an end (the common case has none: issue 42)
+    if "" in tokens:  # a run of spaces, or one at an end (rare: most lines skip this copy)
         return [token for token in tokens if token]
     return tokens
 

@@ -76,7 +76,7 @@ def is_too_long(source: str, target: str, limit: int) -> bool:
 def too_long_pairs(sources, targets, limit: int) -> np.ndarray:
     """:func:`is_too_long` for each pair of a block. A phrase of at most ``2 * limit``
     characters cannot have more than ``limit`` tokens (each takes a character and a separator),
-    so only longer ones are split (issue 42: the split was most of the time here)."""
+    so only longer ones are split (splitting every phrase was most of this function's time)."""
     short = 2 * limit
     return np.array(
         [
