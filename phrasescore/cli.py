@@ -593,7 +593,7 @@ def train_lm(
     no_progress,
     **settings,
 ):
-    """Train the CSLM target language model (SPEC §3.6) on CORPUS (target-language text)."""
+    """Train the CSLM target language model (Schwenk 2007) on CORPUS (target-language text)."""
     from phrasescore.jobs.training.train_lm import run_lm_training
 
     result = run_lm_training(

@@ -1,7 +1,7 @@
 """Turning a line of text into the tokens a model sees, the way Moses pipelines do.
 
 Moses pipelines tokenise with ``tokenizer.perl -l LANG`` (which escapes ``& | < > ' " [ ]`` as
-``&amp; &#124; &lt; &gt; &apos; &quot; &#91; &#93;``, SPEC 2.1) and then lowercase with
+``&amp; &#124; &lt; &gt; &apos; &quot; &#91; &#93;``) and then lowercase with
 ``lowercase.perl`` (or truecase). Phrase tables and n-best lists hold such tokens, so a model must
 see text prepared the same way:
 

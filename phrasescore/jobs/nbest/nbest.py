@@ -1,7 +1,7 @@
 """The n-best rescoring job: add log p(hypothesis | source) to every hypothesis of a Moses list.
 
-This is the last step of the pipeline of SPEC §1 (and how Sutskever et al. 2014, §3.2, used their
-LSTM: rescoring the n-best lists of an SMT baseline). For every line of a Moses n-best list
+This is the last step of the README's recipe (README.md "The recipe"), and how Sutskever et al.
+(2014, §3.2) used their LSTM: rescoring the n-best lists of an SMT baseline. For every line of a Moses n-best list
 ``id ||| hypothesis ||| features ||| total [||| ...]`` it writes the same line with
 ``Name= value`` added after the last feature (:func:`phrasescore.moses.nbest.add_feature`): every
 other byte, the total included, is unchanged. ``value`` is log p(hypothesis | source sentence id)
@@ -44,7 +44,7 @@ others', and each is added after the line's last feature as that call would. Eve
 checked for the list's direction on the first chunk (a warning per model that looks reversed).
 
 CSLM: with ``lm`` (``--lm``), the feature ``CSLM0= log p(hypothesis </s> | <s>)`` of a target
-language model (:mod:`phrasescore.engine.lm_scoring`, SPEC §3.6) is added too, before the model's
+language model (:mod:`phrasescore.engine.lm_scoring`, Schwenk 2007) is added too, before the model's
 feature; re-ranking then needs a weight for it as well.
 
 Shards: with ``shard`` (``--shard K/N``) only the chunks of shard K are scored and written, and a

@@ -1,4 +1,4 @@
-"""Training the CSLM target language model (SPEC §3.6): ``phrasescore train-lm``.
+"""Training the CSLM target language model (Schwenk 2007): ``phrasescore train-lm``.
 
 The loop is the encoder-decoder's (:class:`phrasescore.training.trainer.Trainer`): the same token-budget
 batches of sentences, optimiser, validation perplexity, early stopping, ``MODEL.checkpoint`` with
