@@ -12,8 +12,8 @@
   token count (batches of similar lengths: Sutskever et al. 2014, §3.4), deterministic
   for a (seed, epoch) so that training can resume inside an epoch.
 * :func:`collate` / :func:`make_batch` build padded tensors. Following Cho et al. (2014, §2:
-  source x and target y, each ending with an end-of-sequence symbol) the source is ``ids + [EOS]``; the
-  decoder reads ``[BOS] + ids`` and predicts ``ids + [EOS]``.
+  source x and target y, each ending with an end-of-sequence symbol) the source is
+  ``ids + [EOS]``; the decoder reads ``[BOS] + ids`` and predicts ``ids + [EOS]``.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ computes the same quantities for a trained model:
 * **Phrase vectors**: :meth:`~phrasescore.model.base.EncoderDecoder.summary_vector` of each phrase
   read as a source by the model's encoder. For the Cho architecture that is ``c = tanh(V h_T)``
   (Cho et al. 2014, appendix A; ``model/encdec.py``), the vector the decoder is conditioned on,
-  of ``hidden_dim`` entries. The encoder reads the model's *source* language: phrases are encoded with the
-  end-of-sequence symbol appended, exactly as in training and scoring.
+  of ``hidden_dim`` entries. The encoder reads the model's *source* language: phrases are
+  encoded with the end-of-sequence symbol appended, exactly as in training and scoring.
 * **Word vectors** (``words``): rows of the source and target embedding matrices for the N most
   frequent words of each vocabulary (word vocabularies are in frequency order).
 

@@ -1,12 +1,12 @@
 """The n-best rescoring job: add log p(hypothesis | source) to every hypothesis of a Moses list.
 
 This is the last step of the README's recipe (README.md "The recipe"), and how Sutskever et al.
-(2014, §3.2) used their LSTM: rescoring the n-best lists of an SMT baseline. For every line of a Moses n-best list
-``id ||| hypothesis ||| features ||| total [||| ...]`` it writes the same line with
-``Name= value`` added after the last feature (:func:`phrasescore.moses.nbest.add_feature`): every
-other byte, the total included, is unchanged. ``value`` is log p(hypothesis | source sentence id)
-under the model (end-of-sequence included), or with ``normalize`` the per-token average
-log p / n (n target tokens including EOS). It is a log score, used by MERT as it is.
+(2014, §3.2) used their LSTM: rescoring the n-best lists of an SMT baseline. For every line of
+a Moses n-best list ``id ||| hypothesis ||| features ||| total [||| ...]`` it writes the same
+line with ``Name= value`` added after the last feature
+(:func:`phrasescore.moses.nbest.add_feature`): every other byte, the total included, is
+unchanged. ``value`` is log p(hypothesis | source sentence id) under the model (end-of-sequence
+included), or with ``normalize`` the per-token average log p / n (n target tokens including EOS). It is a log score, used by MERT as it is.
 
 Text: the hypotheses of a Moses n-best list are tokenised text, and the source is the decoder's
 input (for a Moses system, tokenised and lowercased or truecased): both are treated as already
