@@ -16,8 +16,8 @@ Files written next to the model ``MODEL``:
 ``MODEL.best``         the best model so far while the run goes on (renamed to ``MODEL`` at the
                        end; kept with the checkpoint when a run fails, for ``--resume``)
 ``MODEL.checkpoint``   the full training state (weights, optimiser, RNG, position in the epoch)
-                       with the run's recipe and a checksum (:mod:`.checkpoint_file`,
-                       :mod:`.recipe`), written every ``checkpoint_every`` steps, on Ctrl-C and
+                       with the run's identity and a checksum (:mod:`.checkpoint_file`,
+                       :mod:`.run_identity`), written every ``checkpoint_every`` steps, on Ctrl-C and
                        at the end; ``--resume`` continues from it exactly (same weights as an
                        uninterrupted run), and only the same run: other data or flags are
                        refused in one line
@@ -78,7 +78,7 @@ from phrasescore.text.corpus import (
 from phrasescore.text.tokenize import TextNormalizer
 from phrasescore.text.vocab import EOS_ID, SubwordVocabulary, WordVocabulary, vocabulary_from_state
 from phrasescore.training import checkpoint_file
-from phrasescore.training.recipe import BUDGETS, make_recipe, recipe_difference
+from phrasescore.training.run_identity import BUDGETS, identity_difference, make_run_identity
 
 log = logging.getLogger(__name__)
 
@@ -456,8 +456,8 @@ class Trainer:
         return read_metadata(self.model_path)["signature"]
 
     def make_recipe(self) -> dict[str, Any]:
-        """What this run is made of (:mod:`phrasescore.training.recipe`), before any resume."""
-        return make_recipe(
+        """What this run is made of (:mod:`.run_identity`), before any resume."""
+        return make_run_identity(
             self.data.files(),
             self.data.flags(),
             self.preset,
@@ -594,7 +594,7 @@ class Trainer:
         return self._finish(run, stopped)
 
     def _check_recipe(self, meta: dict[str, Any]) -> None:
-        """Refuse to resume a checkpoint of other data or flags (:func:`recipe_difference`)."""
+        """Refuse to resume a checkpoint of other data or flags (:func:`identity_difference`)."""
         saved = meta.get("recipe")
         if saved is None:
             log.warning(
@@ -603,7 +603,7 @@ class Trainer:
                 self.checkpoint_path,
             )
             return
-        difference = recipe_difference(saved, self.recipe, self.checkpoint_path)
+        difference = identity_difference(saved, self.recipe, self.checkpoint_path)
         if difference:
             raise InputError(
                 f"{difference} (resume with the data and flags of the run, or train without "

@@ -1,4 +1,4 @@
-"""Training the CSLM target language model (SPEC §3.6): ``phrasescore train-lm``.
+"""Training the CSLM target language model (Schwenk 2007): ``phrasescore train-lm``.
 
 The job checks the arguments and configures the run; the loop is
 :class:`~phrasescore.training.lm_trainer.LMTrainer`, the encoder-decoder's trainer with the
