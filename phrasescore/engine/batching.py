@@ -1,4 +1,4 @@
-"""The batch plan of the scoring engine, numpy over arrays (issue 46): pairs as flat ids and
+"""The batch plan of the scoring engine, numpy over arrays: pairs as flat ids and
 offsets (:class:`IdPairs`), their distinct sources, the batches of a bucket policy, and the
 order in which results go back.
 
@@ -13,7 +13,7 @@ Bucket policies (:class:`ExactBuckets`, :class:`PaddedBuckets`), chosen per devi
 
 * **exact** (the CPU): every batch has targets of one exact length within a token budget, so no
   padding is ever computed (on the CPU a padded position costs as much as a real one). The
-  batches, their order and the summation are those of the engine before issue 46: the same
+  batches, their order and the summation are those of the engine over id lists before it: the same
   scores to the bit.
 * **padded** (a GPU): a few length buckets (targets up to 4, 8, 16, 32, ... tokens) and batches
   of up to ``batch_pairs`` pairs (tens of thousands), the positions after a target's end masked;
@@ -223,7 +223,7 @@ class ExactBuckets:
 
     def batches(self, lengths: np.ndarray, order: np.ndarray, extra: int) -> list[Batch]:
         """The batches of the rows ``order`` (sorted by ``lengths``, not decreasing), as the
-        engine cut them before issue 46: from each start, up to ``batch_tokens // (length +
+        engine cut them over id lists: from each start, up to ``batch_tokens // (length +
         extra)`` rows of that length."""
         out = []
         for start, end, length in _runs(lengths[order]):

@@ -2,7 +2,7 @@
 
 ``tools/bench-io`` runs ``rescore``'s whole table path (reading, decompression, parsing, token
 ids, formatting, compression, writing, resume state) with it, so that what it measures is the
-path and not the model (issue 42, item 2). It implements the scorer protocol
+path and not the model (docs/benchmarks.md "Table I/O"). It implements the scorer protocol
 (:class:`~phrasescore.engine.protocol.IdScorer`) with the engine's text half
 (:class:`~phrasescore.engine.scoring.PhraseEncoder`): the pairs are tokenised and looked up in
 the model's vocabularies as for scoring, the unknown-word and token counts are the real ones.

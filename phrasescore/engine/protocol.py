@@ -1,4 +1,4 @@
-"""The one scorer protocol of the engine and the one factory that builds a scorer (issue 46).
+"""The one scorer protocol of the engine and the one factory that builds a scorer.
 
 Every job that scores pairs (``rescore``, ``nbest`` with any architecture, ``compare``, the
 analyses, the benchmarks) asks :func:`build_scorer` for a scorer of a model on a device in a

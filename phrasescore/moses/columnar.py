@@ -1,5 +1,5 @@
 """A chunk of a phrase table as arrays: the lines' fields found with numpy over the chunk's
-bytes, the new columns spliced into those bytes in bulk (issue 46).
+bytes, the new columns spliced into those bytes in bulk.
 
 :func:`parse_chunk` reads a chunk (whole lines, as :class:`~phrasescore.files.LineBlocks` cuts
 them) into a :class:`TableChunk`: per line its byte span, the spans of its source and target
@@ -325,7 +325,7 @@ def splice(chunk: TableChunk, columns: list[list[str]]) -> bytes:
 
     One ``bytes.join`` of the chunk's pieces between insertion points and the inserts: on the
     2-core machine 0.27 us/line against 0.80 for the same splice as numpy scatters (two index
-    arrays as long as the chunk), issue 46."""
+    arrays as long as the chunk; docs/benchmarks.md "Ids as arrays")."""
     n = len(chunk)
     data = chunk.data
     if n == 0:

@@ -1,4 +1,4 @@
-"""Ids of phrases as arrays, each distinct phrase looked up once (issue 46).
+"""Ids of phrases as arrays, each distinct phrase looked up once.
 
 A phrase table repeats each source on consecutive lines (a sorted table) and each target across
 sources; the ids of a phrase depend only on its text and the model. :class:`PhraseIds` keeps the

@@ -3,7 +3,7 @@
 Two kinds share one interface and the same special ids (:data:`PAD_ID`, :data:`UNK_ID`,
 :data:`BOS_ID`, :data:`EOS_ID` = 0, 1, 2, 3):
 
-* :class:`WordVocabulary` -- Cho et al. (2014, §4.1; SPEC 3.2): the K most frequent words of one
+* :class:`WordVocabulary` -- Cho et al. (2014, §4.1): the K most frequent words of one
   language side (15,000 in the paper, 93% coverage); every other word maps to one unknown-word
   symbol.
 * :class:`SubwordVocabulary` -- a SentencePiece model (Kudo & Richardson 2018) trained on the
@@ -106,7 +106,7 @@ class WordVocabulary:
         return [[get(token, UNK_ID) for token in tokens] for tokens in token_lists]
 
     def ids_array(self, tokens: list[str]) -> np.ndarray:
-        """:meth:`encode` of ``tokens`` as an int32 array, from a C loop (issue 46: the ids of
+        """:meth:`encode` of ``tokens`` as an int32 array, from a C loop (the ids of
         many phrases' tokens laid end to end in one call)."""
         return np.fromiter(
             map(self._id_of_word.get, tokens, itertools.repeat(UNK_ID)),
