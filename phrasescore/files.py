@@ -488,8 +488,8 @@ def refuse_outputs_onto_inputs(inputs: PathsByRole, outputs: PathsByRole) -> Non
     inputs: ``-o en-fr.txt is the input corpus (train.en): refusing to overwrite an input``.
 
     Every command calls this once with all the files it reads and all it writes (the files it
-    writes beside an output too: a training's checkpoint and log, rescore's partial output)
-    before any work. Files are compared by identity, not by name: device and inode after
+    writes, renames or deletes beside an output too: a training's best model, checkpoint and
+    log, rescore's partial output; the lock of ``-o``, :func:`with_locks`) before any work. Files are compared by identity, not by name: device and inode after
     following links (a symlink to the input, a hard link of it, the input reached through a
     symlinked directory), and resolved paths too. Only regular inputs count: a pipe or a
     terminal (``/dev/stdin``) is read as a stream and cannot be written over; ``-`` is standard
@@ -499,6 +499,7 @@ def refuse_outputs_onto_inputs(inputs: PathsByRole, outputs: PathsByRole) -> Non
     ``--moses-ini`` and 20 more destroyed their input with exit 0.)
     """
     known = []
+    outputs = with_locks(outputs)
     for role, path in _paths_by_role(inputs):
         try:
             st = os.stat(path)
@@ -518,6 +519,22 @@ def refuse_outputs_onto_inputs(inputs: PathsByRole, outputs: PathsByRole) -> Non
                 raise InputError(
                     f"{option} {output} is the {role} ({path}): refusing to overwrite an input"
                 )
+
+
+LOCKED_OUTPUT = "-o"
+"""The role of the output a command locks (:func:`output_lock`): its ``.NAME.lock`` is made and
+removed beside it, so :func:`refuse_outputs_onto_inputs` checks that file too."""
+
+
+def with_locks(outputs: PathsByRole) -> dict[str, object]:
+    """``outputs`` and the lock file (:func:`lock_path`) of the :data:`LOCKED_OUTPUT` among them
+    (a file, not ``-`` or a stream), as ``-o's lock``: a command creates and deletes it, so an
+    input of that name would be lost (issue 47, item 2)."""
+    extended: dict[str, object] = dict(outputs)
+    for role, path in _paths_by_role({LOCKED_OUTPUT: outputs.get(LOCKED_OUTPUT)}):
+        if not is_stream_target(path):
+            extended.setdefault(f"{role}'s lock", lock_path(path))
+    return extended
 
 
 def _temporary_beside(path: str) -> tuple[int, str]:

@@ -961,10 +961,12 @@ class _Run:
 
 
 def training_outputs(model_path: str) -> dict[str, str]:
-    """The files a training writes, by option: the model and, beside it, its checkpoint, log
-    and curve (:class:`Trainer`)."""
+    """The files a training writes, by option: the model and, beside it, the best model so far
+    (renamed onto the model at the end), its checkpoint, log and curve (:class:`Trainer`; the
+    lock, :func:`~phrasescore.files.with_locks`)."""
     return {
         "-o": model_path,
+        "-o's best model": model_path + ".best",
         "-o's checkpoint": model_path + ".checkpoint",
         "-o's log": model_path + ".log",
         "-o's curve": model_path + ".curve.png",
