@@ -737,11 +737,19 @@ class AtomicOutput:
 class StagedFile:
     """A file written complete under a temporary name beside ``path`` now, and renamed to ``path``
     by :meth:`publish` later: for outputs that form one result with another (a rescored table
-    and its moses.ini) and must appear together, each only once all are written."""
+    and its moses.ini) and must appear together, each only once all are written.
+
+    A named pipe or a device (:func:`is_stream_target`) is written in place by :meth:`publish`,
+    as :class:`AtomicOutput` writes it: a file renamed onto it would replace it (issue 47,
+    item 7: ``rescore --ini-out FIFO``)."""
 
     def __init__(self, path: str, text: str):
         self.path = path
         self._tmp = ""
+        self._stream_text: str | None = None
+        if is_stream_target(path):
+            self._stream_text = text
+            return
         try:
             with _stop_signals_held():  # made and named together
                 fd, self._tmp = _temporary_beside(path)
@@ -754,6 +762,10 @@ class StagedFile:
             raise
 
     def publish(self) -> None:
+        if self._stream_text is not None:
+            with AtomicOutput(self.path, compress=False) as out:
+                out.write(self._stream_text)
+            return
         os.replace(self._tmp, self.path)
 
     def discard(self) -> None:

@@ -459,6 +459,22 @@ def test_a_named_pipe_is_written_as_a_stream(command, workspace, request):
     assert not [name for name in os.listdir(workspace) if name.startswith(".pipe.out")]
 
 
+def test_ini_out_onto_a_named_pipe_is_written_as_a_stream(workspace):
+    """Issue 47, item 7: ``rescore --ini-out FIFO`` replaced the pipe with a file, rc 0."""
+    args = [*RESCORE, "-o", "new.gz", "--moses-ini", "moses.ini", "--ini-out"]
+    assert invoke(*args, "file.ini").exit_code == 0
+    fifo = workspace / "pipe.ini"
+    os.mkfifo(fifo)
+    reader = FifoReader(fifo)
+    reader.start()
+    result = invoke(*args, fifo)
+    reader.release()
+    assert result.exit_code == 0, result.output
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)  # still the pipe
+    assert reader.data == (workspace / "file.ini").read_bytes()
+    assert not [name for name in os.listdir(workspace) if name.startswith(".pipe.ini")]
+
+
 @pytest.mark.parametrize("command", list(STREAMS))
 def test_dev_null_stays_a_device(command, workspace, request):
     _prepare(command, workspace, request)
