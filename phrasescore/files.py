@@ -80,6 +80,51 @@ def disk_errors(path: str) -> Iterator[None]:
         raise stopped from None
 
 
+class WholeWrites(io.BufferedIOBase):
+    """A binary stream (standard output, a named pipe) whose ``write`` writes all it is given or
+    raises: :class:`io.BufferedWriter` returns a short count, *without an error*, when a pipe's
+    reader goes away in the middle of a write larger than its buffer (the kernel's partial
+    write), so ``rescore -o - | head -1`` exited 0 saying it had written the table (issue 47,
+    item 8). Writing the rest meets the closed pipe: :class:`BrokenPipeError`, exit 141 as
+    copy-table and nbest. ``close`` closes the stream under it only when ``owned``."""
+
+    def __init__(self, stream: BinaryIO, owned: bool = True):
+        super().__init__()
+        self._stream = stream
+        self._owned = owned
+        self._closing = False
+
+    def write(self, data) -> int:  # type: ignore[override]
+        view = memoryview(data).cast("B")
+        total = len(view)
+        while view:
+            written = self._stream.write(view)
+            if not written:  # nothing taken, no error: the reader is gone
+                raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+            view = view[written:]
+        return total
+
+    def writable(self) -> bool:
+        return True
+
+    def flush(self) -> None:
+        if not (self._closing or self._stream.closed):
+            self._stream.flush()
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+    def close(self) -> None:
+        """Close this wrapper (also when it is collected): the stream under it is closed, which
+        flushes it, only when owned; standard output is left as it is."""
+        if self.closed:
+            return
+        self._closing = True
+        super().close()
+        if self._owned:
+            self._stream.close()
+
+
 def check_files_exist(paths: Iterable[str | None]) -> None:
     """Refuse an input that cannot be read, with one :class:`InputError` line: missing, a
     directory, not permitted.
@@ -645,7 +690,7 @@ class AtomicOutput:
 
     def __enter__(self):
         if self.path == "-":
-            return self._wrap(sys.stdout.buffer)
+            return self._wrap(WholeWrites(sys.stdout.buffer, owned=False))
         if is_stream_target(self.path):
             if self.before_rename is not None:
                 raise InputError(
@@ -653,7 +698,7 @@ class AtomicOutput:
                     self.path,
                 )
             try:  # appending: /dev/stdout of a shell's >> keeps what the file held
-                raw = open(self.path, "ab", buffering=_READ_BUFFER)
+                raw = WholeWrites(open(self.path, "ab", buffering=_READ_BUFFER))
             except OSError as exc:
                 raise InputError(f"cannot write ({exc.strerror})", self.path) from None
             self._stream = True
