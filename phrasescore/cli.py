@@ -523,7 +523,7 @@ def train(
     **settings,
 ):
     """Train an encoder-decoder (--arch) on SOURCE TARGET (parallel files, plain or gzip)."""
-    from phrasescore.jobs.train import run_training
+    from phrasescore.jobs.training.train import run_training
     from phrasescore.model.config import initialisation_overrides
 
     result = run_training(
@@ -594,7 +594,7 @@ def train_lm(
     **settings,
 ):
     """Train the CSLM target language model (SPEC §3.6) on CORPUS (target-language text)."""
-    from phrasescore.jobs.train_lm import run_lm_training
+    from phrasescore.jobs.training.train_lm import run_lm_training
 
     result = run_lm_training(
         model_path=model_path,
@@ -619,7 +619,7 @@ def train_lm(
 @_fail_cleanly
 def info(model_path):
     """Print what a model file (or a CSLM file) is: architecture, sizes, vocabularies, training."""
-    from phrasescore.jobs.info import describe_file
+    from phrasescore.jobs.analysis.info import describe_file
 
     _echo(describe_file(model_path))
 
@@ -741,7 +741,7 @@ def rescore(
 
     Under torchrun each rank scores one shard and rank 0 merges them into the output.
     """
-    from phrasescore.jobs.rescore import RescoreOptions, run_rescore
+    from phrasescore.jobs.rescore.rescore import RescoreOptions, run_rescore
 
     if normalize and logprob:
         raise click.UsageError("--normalize and --logprob exclude each other")
@@ -786,7 +786,7 @@ def rescore(
 def merge_shards(parts, output, moses_ini, ini_out, ini_table, weight):
     """Check the PARTS of `rescore --shard K/N` or `nbest --shard K/N` (complete, one job,
     every shard once) and join them into one file, byte-identical to an unsharded run."""
-    from phrasescore.jobs.merge_shards import run_merge
+    from phrasescore.jobs.rescore.merge_shards import run_merge
 
     job = run_merge(list(parts), output, moses_ini, ini_out, ini_table, weight)
     _echo(job, err=True)
@@ -870,7 +870,7 @@ def nbest(
     alone. With --weights and no model, re-ranks a list that holds every feature already. Under
     torchrun each rank scores one shard and rank 0 merges them into the output.
     """
-    from phrasescore.jobs.nbest import NBestOptions, run_nbest
+    from phrasescore.jobs.nbest.nbest import NBestOptions, run_nbest
 
     options = NBestOptions(
         name=name,
@@ -952,7 +952,7 @@ def translate(
     no_progress,
 ):
     """Translate INPUT (a file, or - for stdin) line by line with beam search."""
-    from phrasescore.jobs.translate import TranslateOptions, translate_file
+    from phrasescore.jobs.analysis.translate import TranslateOptions, translate_file
 
     options = TranslateOptions.from_flags(
         beam=beam,
@@ -991,7 +991,7 @@ def translate(
 @_fail_cleanly
 def evaluate(hypotheses, reference, tokenize, lowercase):
     """BLEU and chrF of HYPOTHESES against REFERENCE (sacrebleu), with sacrebleu's signatures."""
-    from phrasescore.jobs.evaluate import evaluate_files
+    from phrasescore.jobs.analysis.evaluate import evaluate_files
 
     _echo(evaluate_files(hypotheses, reference, tokenize, lowercase))
 
@@ -1035,7 +1035,7 @@ def sample(
     Prints one line per target: source, log p, target and, with --phrase-table, 'in-table' or
     'new', tab-separated.
     """
-    from phrasescore.jobs.sample import SampleOptions, run_sample
+    from phrasescore.jobs.analysis.sample import SampleOptions, run_sample
 
     if samples == 0 and not beam:
         raise click.UsageError("nothing to do: -n 0 without --beam")
@@ -1117,8 +1117,8 @@ def represent(
 
     With --neighbours, prints one line per neighbour: query, rank, cosine, phrase (tab-separated).
     """
-    from phrasescore.jobs.represent import RepresentOptions
-    from phrasescore.jobs.represent import represent as run_represent
+    from phrasescore.jobs.analysis.represent import RepresentOptions
+    from phrasescore.jobs.analysis.represent import represent as run_represent
 
     options = RepresentOptions(
         phrase_table=phrase_table,
@@ -1188,8 +1188,8 @@ def compare(
 ):
     """The model's top targets beside the phrase TABLE's (Cho et al. 2014, Table 2-3, Fig. 3),
     and the rank correlations of its log p with the table's columns; markdown on stdout."""
-    from phrasescore.jobs.compare import CompareOptions
-    from phrasescore.jobs.compare import compare as run_compare
+    from phrasescore.jobs.analysis.compare import CompareOptions
+    from phrasescore.jobs.analysis.compare import compare as run_compare
 
     options = CompareOptions(
         sources_path=sources_path,
@@ -1222,7 +1222,7 @@ def align(source, target, model_path, output, plot_dir, batch_size, device):
     One line per pair, Moses 'i-j' (source word i, target word j, 0-based): each target word to
     the source word it attends to most, end-of-sentence excluded (Bahdanau et al. 2015, Fig. 3).
     """
-    from phrasescore.jobs.align import align_files
+    from phrasescore.jobs.analysis.align import align_files
 
     result = align_files(
         source, target, model_path, output, plot_dir, device=device, batch_size=batch_size
@@ -1244,7 +1244,7 @@ def rerank_weights(features_dat, start, tuned, output):
     weights: --start INI writes mert's init.opt (a feature INI lacks starts at 0); --tuned
     WEIGHTS writes the Name= w lines that nbest --weights reads. docs/moses.md: re-ranking by hand.
     """
-    from phrasescore.jobs.ab_rerank import rerank_weights as run_rerank_weights
+    from phrasescore.jobs.tuning.ab_rerank import rerank_weights as run_rerank_weights
 
     _echo(run_rerank_weights(features_dat, output, start=start, tuned=tuned), err=True)
 
@@ -1289,8 +1289,8 @@ def rerank_tune(nbest_path, reference, start, moses_home, tuner, runs, seed, res
     and write the Name= w lines that nbest --weights W --one-best applies to the test lists.
     docs/moses.md: re-ranking by hand.
     """
-    from phrasescore.jobs.rerank_tune import TuneOptions
-    from phrasescore.jobs.rerank_tune import rerank_tune as run_rerank_tune
+    from phrasescore.jobs.tuning.rerank_tune import TuneOptions
+    from phrasescore.jobs.tuning.rerank_tune import rerank_tune as run_rerank_tune
 
     options = TuneOptions(tuner=tuner, runs=runs, seed=seed, restarts=restarts, workdir=workdir)
     result = run_rerank_tune(nbest_path, reference, output, start, moses_home, options)
@@ -1306,7 +1306,7 @@ def ini_tables(moses_ini, factors):
 
     Paths are expanded and resolved relative to the ini's directory; '-' when a table has none.
     """
-    from phrasescore.jobs.tables import ini_tables as run_ini_tables
+    from phrasescore.jobs.rescore.tables import ini_tables as run_ini_tables
 
     _echo(run_ini_tables(moses_ini, factors=factors))
 
@@ -1316,7 +1316,7 @@ def ini_tables(moses_ini, factors):
 @_fail_cleanly
 def check_table(table):
     """Read and validate a Moses phrase TABLE (plain or gzip, - for stdin) in one pass."""
-    from phrasescore.jobs.tables import check_table as run_check_table
+    from phrasescore.jobs.rescore.tables import check_table as run_check_table
 
     run_check_table(table)
 
@@ -1327,7 +1327,7 @@ def check_table(table):
 @_fail_cleanly
 def copy_table(table, output):
     """Copy a phrase TABLE through phrasescore's reader and writer (validating it)."""
-    from phrasescore.jobs.tables import copy_table as run_copy_table
+    from phrasescore.jobs.rescore.tables import copy_table as run_copy_table
 
     run_copy_table(table, output)
 
@@ -1458,7 +1458,7 @@ def ab(
     weights of each candidate's new features and the paired bootstrap p-value against the
     baseline.
     """
-    from phrasescore.jobs.ab import ComparisonOptions, run_ab
+    from phrasescore.jobs.tuning.ab import ComparisonOptions, run_ab
 
     try:
         seed_list = tuple(int(seed) for seed in seeds.split(","))

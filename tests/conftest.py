@@ -68,7 +68,7 @@ def train_tiny(
 ):
     """Train a ``tiny``-preset model with ``phrasescore train``'s job function; ``kw`` are the
     training overrides (max_steps, learning_rate, seed, ...). Returns the TrainResult."""
-    from phrasescore.jobs.train import run_training
+    from phrasescore.jobs.training.train import run_training
 
     return run_training(
         model_path=str(path),

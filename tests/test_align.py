@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from phrasescore.cli import cli
-from phrasescore.jobs.align import hard_alignment, word_matrix
+from phrasescore.jobs.analysis.align import hard_alignment, word_matrix
 
 from .conftest import sample_pairs, write_lines
 from .test_model_lstm import train_arch

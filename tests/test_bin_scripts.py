@@ -20,7 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from phrasescore.cli import cli
-from phrasescore.jobs.info import describe_file
+from phrasescore.jobs.analysis.info import describe_file
 from phrasescore.moses.ini import count_features_and_weights, list_phrase_tables
 from phrasescore.moses.phrase_table import read_phrase_table
 

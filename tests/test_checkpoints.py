@@ -189,7 +189,7 @@ def test_a_diverging_run_is_one_line_its_log_lines_whole_and_nothing_left(tmp_pa
 
 
 def test_train_lm_resume_refuses_another_order_and_corpus(tmp_path, corpus_files):
-    from phrasescore.jobs.train_lm import run_lm_training
+    from phrasescore.jobs.training.train_lm import run_lm_training
 
     path = str(tmp_path / "lm.safetensors")
 

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from phrasescore.bundle import load_model
 from phrasescore.cli import cli
-from phrasescore.jobs.compare import CompareOptions, compare, rank_average, spearman
+from phrasescore.jobs.analysis.compare import CompareOptions, compare, rank_average, spearman
 from phrasescore.moses.phrase_table import read_phrase_table
 
 from .conftest import TEXT, write_lines
@@ -98,7 +98,7 @@ def test_spearman_without_scipy_equals_scipy(monkeypatch):
 
 
 def test_many_pairs_are_drawn_as_a_density(tiny_model_path, tmp_path, monkeypatch):
-    monkeypatch.setattr("phrasescore.jobs.compare.HEXBIN_ABOVE", 10)
+    monkeypatch.setattr("phrasescore.jobs.analysis.compare.HEXBIN_ABOVE", 10)
     options = CompareOptions(sample=0, scatter_path=str(tmp_path / "d.png"))
     result = compare(TABLE, None, options, model=load_model(tiny_model_path))
     assert (tmp_path / "d.png").read_bytes()[:8] == PNG_MAGIC

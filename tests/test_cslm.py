@@ -17,8 +17,8 @@ from phrasescore.bundle import load_lm, load_model
 from phrasescore.cli import cli
 from phrasescore.engine.lm_scoring import LMScorer, perplexity
 from phrasescore.errors import ModelFileError
-from phrasescore.jobs.rescore_columns import LMPhraseColumn
-from phrasescore.jobs.train_lm import run_lm_training
+from phrasescore.jobs.rescore.columns import LMPhraseColumn
+from phrasescore.jobs.training.train_lm import run_lm_training
 from phrasescore.model.cslm import FeedForwardLM, LMConfig
 from phrasescore.moses.nbest import read_nbest
 from phrasescore.moses.phrase_table import read_phrase_table
@@ -243,7 +243,7 @@ def test_bench_lm_kneser_ney_baseline_is_a_distribution():
 
 
 def test_rescore_gives_a_long_phrase_the_floor_value_in_the_lm_column_too(trained, tmp_path):
-    from phrasescore.jobs.rescore import RescoreOptions, rescore_table
+    from phrasescore.jobs.rescore.rescore import RescoreOptions, rescore_table
 
     table = write_lines(
         tmp_path / "pt", ["a ||| un chat ||| 0.5", f"a ||| {' '.join(['le'] * 20)} ||| 0.5"]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from phrasescore.jobs.rescore import RescoreOptions, rescore_table
+from phrasescore.jobs.rescore.rescore import RescoreOptions, rescore_table
 from phrasescore.runners.shards import Shard, merge_shards
 
 from .conftest import DATA, TEXT, train_tiny

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from phrasescore.errors import InputError
-from phrasescore.jobs.ab import (
+from phrasescore.jobs.tuning.ab import (
     ComparisonOptions,
     RunResult,
     System,
@@ -27,8 +27,8 @@ from phrasescore.jobs.ab import (
     paired_bootstrap_p,
     rerank_models,
 )
-from phrasescore.jobs.ab_rerank import RerankStep
-from phrasescore.jobs.moses_tools import MosesInstall, Programs
+from phrasescore.jobs.tuning.ab_rerank import RerankStep
+from phrasescore.jobs.tuning.moses_tools import MosesInstall, Programs
 from phrasescore.moses.ini import read_weights
 
 SYSTEM = Path(__file__).parent / "data" / "moses-system"

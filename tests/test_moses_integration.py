@@ -130,7 +130,7 @@ def test_moses_loads_the_rescored_table_and_ini_and_uses_five_scores(moses_syste
 
 
 def test_ab_runs_a_short_mert_per_system_and_resumes(moses_system, tmp_path):
-    from phrasescore.jobs.ab import ComparisonOptions, compare_systems, format_report
+    from phrasescore.jobs.tuning.ab import ComparisonOptions, compare_systems, format_report
 
     options = ComparisonOptions(runs=2, jobs=2, max_iterations=2, bootstrap_samples=200)
     args = dict(
@@ -170,7 +170,7 @@ def test_ab_runs_a_short_mert_per_system_and_resumes(moses_system, tmp_path):
 def rerank_baseline(moses_system, workdir, rerank, rerank_inverse=(), tuner="mert"):
     """``ab --rerank`` of the test system's baseline alone: 1 MERT run of 1 iteration on 50 dev
     sentences, 10-best lists, one test set of 20 sentences."""
-    from phrasescore.jobs.ab import ComparisonOptions, compare_systems
+    from phrasescore.jobs.tuning.ab import ComparisonOptions, compare_systems
 
     options = ComparisonOptions(runs=1, jobs=1, max_iterations=1, nbest_size=10)
     options.bootstrap_samples = 100
@@ -191,7 +191,7 @@ def rerank_baseline(moses_system, workdir, rerank, rerank_inverse=(), tuner="mer
 def test_ab_rerank_tunes_the_nbest_feature_on_dev_and_reranks_the_tests(
     moses_system, tiny_model_path, tmp_path
 ):
-    from phrasescore.jobs.ab import format_report
+    from phrasescore.jobs.tuning.ab import format_report
     from phrasescore.moses.nbest import read_nbest
 
     results = rerank_baseline(moses_system, tmp_path / "ab", [f"Sent0={tiny_model_path}"])

@@ -9,7 +9,8 @@ from click.testing import CliRunner
 
 from phrasescore.cli import cli
 from phrasescore.errors import InputError
-from phrasescore.jobs.nbest_features import FeatureModel, nbest_feature_models
+from phrasescore.jobs.feature_specs import FeatureModel
+from phrasescore.jobs.nbest.features import nbest_feature_models
 from phrasescore.moses.nbest import read_nbest, read_weights
 
 from .conftest import DATA, write_lines
@@ -169,7 +170,7 @@ def test_a_model_of_the_other_direction_is_warned_of_per_model(
 ):
     """An fr->en model given as a direct feature of an en->fr list: a warning naming it and
     its feature; the right model beside it, and the same model as --inverse-model: none."""
-    from phrasescore.jobs.nbest import NBestOptions, rescore_nbest
+    from phrasescore.jobs.nbest.nbest import NBestOptions, rescore_nbest
 
     specs = [f"L2R={tiny_model_path}", f"Wrong={tiny_inverse_model_path}"]
     with caplog.at_level("WARNING"):

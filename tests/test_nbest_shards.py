@@ -18,8 +18,8 @@ import pytest
 from click.testing import CliRunner
 
 from phrasescore.cli import cli
-from phrasescore.jobs.nbest import NBestOptions, rescore_nbest
-from phrasescore.jobs.rescore import RescoreOptions, rescore_table
+from phrasescore.jobs.nbest.nbest import NBestOptions, rescore_nbest
+from phrasescore.jobs.rescore.rescore import RescoreOptions, rescore_table
 from phrasescore.moses.nbest import iter_nbest_groups, read_nbest
 from phrasescore.runners.shards import Shard, merge_shards
 

@@ -1,4 +1,4 @@
-"""phrasescore.jobs.ab_rerank against files Moses' own extractor and mert wrote (tests/data/nbest)."""
+"""phrasescore.jobs.tuning.ab_rerank against files Moses' own extractor and mert wrote (tests/data/nbest)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import pytest
 from sacrebleu.metrics import BLEU
 
 from phrasescore.errors import InputError
-from phrasescore.jobs.moses_tools import (
+from phrasescore.moses.ini import read_weights
+from phrasescore.moses.nbest import iter_nbest_groups, read_nbest, total_score
+from phrasescore.moses.tuning import (
     dense_feature_names,
     read_kbmira_weights,
     read_tuned_weights,
@@ -17,8 +19,6 @@ from phrasescore.jobs.moses_tools import (
     write_start_point,
     write_weights_file,
 )
-from phrasescore.moses.ini import read_weights
-from phrasescore.moses.nbest import iter_nbest_groups, read_nbest, total_score
 
 DATA = Path(__file__).parent / "data"
 NBEST = DATA / "nbest" / "multi30k.test2016.ids0-4.100best.nbest.gz"
@@ -165,7 +165,7 @@ def test_nbest_weights_without_a_model_warns_of_a_weighed_feature_the_list_lacks
     extra = tmp_path / "w.ini"
     extra.write_text(Path(ini).read_text(encoding="utf-8") + "RNNEncDec0= 0.3\n")
     args = ["nbest", str(NBEST), "--source", source, "--weights", str(extra), "--one-best"]
-    from phrasescore.jobs.nbest import NBestOptions, rescore_nbest
+    from phrasescore.jobs.nbest.nbest import NBestOptions, rescore_nbest
 
     options = NBestOptions(weights=str(extra), one_best=True)
     with caplog.at_level("WARNING"):

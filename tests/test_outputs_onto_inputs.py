@@ -44,7 +44,7 @@ NBEST = DATA / "nbest"
 @pytest.fixture(scope="module")
 def tiny_lm_path(tmp_path_factory, corpus_files) -> str:
     """A tiny CSLM (train-lm --preset tiny) on the sample's French side."""
-    from phrasescore.jobs.train_lm import run_lm_training
+    from phrasescore.jobs.training.train_lm import run_lm_training
 
     path = tmp_path_factory.mktemp("lm") / "lm.safetensors"
     run_lm_training(
@@ -527,7 +527,7 @@ def test_a_second_training_onto_the_same_model_is_refused(command, workspace):
 
 
 def _rescore(table: Path, model: str, out: Path, resume: bool = False):
-    from phrasescore.jobs.rescore import RescoreOptions, rescore_table
+    from phrasescore.jobs.rescore.rescore import RescoreOptions, rescore_table
 
     options = RescoreOptions(chunk_lines=40)
     return rescore_table(str(table), [model], str(out), options, resume=resume, progress=False)
@@ -540,7 +540,7 @@ def _table_bytes() -> bytes:
 def _interrupted_rescore(monkeypatch, model: str, table, out: Path, stdin: bytes = b"") -> None:
     """A rescore of ``table`` (``-``: ``stdin`` on standard input) stopped (KeyboardInterrupt)
     after 2 chunks of 40 lines, as tests/test_resume.py stops one."""
-    from phrasescore.jobs.rescore_columns import NewColumns
+    from phrasescore.jobs.rescore.columns import NewColumns
 
     if table == "-":
         monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))

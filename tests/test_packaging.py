@@ -56,15 +56,15 @@ def test_the_training_loop_calls_no_job_and_reads_no_moses_line():
         assert not bad, f"{path.name} imports {sorted(bad)}"
 
 
-def test_a_job_imports_no_other_command():
-    """A job module imports the shared modules of jobs/ and its own parts, never another
-    command's job (issue 24)."""
-    shared = {"common", "bleu", "ini_update", "moses_tools", "nbest_features"}
-    own_parts = {"rescore": {"rescore_columns", "rescore_chunks", "rescore_partial"}}
-    own_parts["rescore_chunks"] = {"rescore_columns", "rescore_partial"}
-    own_parts["rescore_columns"] = {"rescore_partial"}
-    own_parts["ab"] = {"ab_rerank"}
-    for path in (ROOT / "phrasescore" / "jobs").glob("*.py"):
-        jobs = {n.split(".")[2] for n in _imports(path) if n.startswith("phrasescore.jobs.")}
-        allowed = shared | own_parts.get(path.stem, set())
-        assert jobs <= allowed, f"{path.name} imports the jobs {sorted(jobs - allowed)}"
+def test_a_job_imports_its_own_product_and_the_shared_jobs_never_another_product():
+    """jobs/ holds one folder per product (rescore, nbest, tuning, analysis, training) beside the
+    modules the products share (jobs/*.py): a job imports its own folder, the shared modules and
+    the layers below, never another product's folder; a shared module imports no product."""
+    jobs = ROOT / "phrasescore" / "jobs"
+    products = {path.name for path in jobs.iterdir() if (path / "__init__.py").is_file()}
+    assert {"rescore", "nbest", "tuning", "analysis", "training"} <= products
+    for path in jobs.rglob("*.py"):
+        own = path.parent.name if path.parent != jobs else None
+        used = {n.split(".")[2] for n in _imports(path) if n.startswith("phrasescore.jobs.")}
+        others = used & products - {own}
+        assert not others, f"{path.relative_to(jobs)} imports the products {sorted(others)}"

@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from phrasescore.errors import InputError
-from phrasescore.jobs.train_lm import run_lm_training
+from phrasescore.jobs.training.train_lm import run_lm_training
 
 from .conftest import DATA, train_tiny
 

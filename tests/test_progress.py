@@ -82,7 +82,7 @@ def test_train_into_a_log_writes_a_line_per_log_interval_not_per_second(
 
     import tqdm.std
 
-    from phrasescore.jobs import train
+    from phrasescore.jobs.training import train
 
     from .conftest import train_tiny
 

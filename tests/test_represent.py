@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from phrasescore.bundle import load_model
 from phrasescore.cli import cli
-from phrasescore.jobs.represent import (
+from phrasescore.jobs.analysis.represent import (
     RepresentOptions,
     frequent_table_phrases,
     nearest_neighbours,
@@ -102,7 +102,7 @@ def test_map_and_word_vectors(tiny_model_path, phrase_file, tmp_path):
 def test_map_without_scikit_learn_is_pca_with_a_message(
     tiny_model_path, phrase_file, tmp_path, monkeypatch, caplog
 ):
-    monkeypatch.setattr("phrasescore.jobs.represent.sklearn_available", lambda: False)
+    monkeypatch.setattr("phrasescore.jobs.analysis.represent.sklearn_available", lambda: False)
     options = RepresentOptions(map_path=str(tmp_path / "m.png"))
     with caplog.at_level(logging.WARNING, logger="phrasescore"):
         result = represent(phrase_file, tiny_model_path, str(tmp_path / "p"), options)

@@ -17,7 +17,7 @@ import pytest
 from phrasescore.bundle import load_model
 from phrasescore.engine.scoring import PairScorer
 from phrasescore.errors import InputError
-from phrasescore.jobs.rescore import RescoreOptions, rescore_table
+from phrasescore.jobs.rescore.rescore import RescoreOptions, rescore_table
 from phrasescore.moses.ini import count_features_and_weights
 from phrasescore.moses.phrase_table import format_entry, read_phrase_table
 
@@ -331,8 +331,8 @@ def test_ini_out_in_a_missing_directory_fails_before_scoring(tiny_model_path, tm
 
 
 def test_table_and_ini_appear_together_or_not_at_all(tiny_model_path, tmp_path, monkeypatch):
-    from phrasescore.jobs import rescore as rescore_module
-    from phrasescore.jobs.ini_update import IniUpdate
+    from phrasescore.jobs.rescore import rescore as rescore_module
+    from phrasescore.jobs.rescore.ini_update import IniUpdate
 
     ini, table = _moses_system(tmp_path)
     before = sorted(os.listdir(tmp_path))
@@ -371,7 +371,7 @@ def test_progress_ends_at_100_percent_and_one_summary_line(tiny_model_path, tmp_
 
 
 def test_summary_after_resume_counts_the_whole_table(tiny_model_path, tmp_path, monkeypatch):
-    from phrasescore.jobs.rescore_columns import NewColumns
+    from phrasescore.jobs.rescore.columns import NewColumns
 
     out = tmp_path / "out.gz"
     options = RescoreOptions(chunk_lines=70)

@@ -13,8 +13,8 @@ import sys
 import pytest
 
 from phrasescore.errors import InputError
-from phrasescore.jobs.rescore import RescoreOptions, rescore_table
-from phrasescore.jobs.rescore_columns import NewColumns
+from phrasescore.jobs.rescore.columns import NewColumns
+from phrasescore.jobs.rescore.rescore import RescoreOptions, rescore_table
 from phrasescore.runners.shards import Shard
 
 from .conftest import DATA, run_cli

@@ -17,8 +17,8 @@ import torch
 
 from phrasescore.bundle import TrainedModel, load_model
 from phrasescore.engine.scoring import PairScorer
-from phrasescore.jobs.rescore import RescoreOptions, rescore_table
-from phrasescore.jobs.train import run_training
+from phrasescore.jobs.rescore.rescore import RescoreOptions, rescore_table
+from phrasescore.jobs.training.train import run_training
 from phrasescore.model import build_network
 from phrasescore.model.checkpoint import save_network_file
 from phrasescore.model.config import preset

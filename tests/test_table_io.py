@@ -19,9 +19,9 @@ from phrasescore.bundle import load_model
 from phrasescore.engine.constant_scoring import ConstantScorer
 from phrasescore.errors import InputError
 from phrasescore.files import LineBlocks, iter_raw_lines
-from phrasescore.jobs.merge_shards import run_merge
-from phrasescore.jobs.rescore import RescoreOptions, rescore_table
-from phrasescore.jobs.rescore_columns import NewColumns
+from phrasescore.jobs.rescore.columns import NewColumns
+from phrasescore.jobs.rescore.merge_shards import run_merge
+from phrasescore.jobs.rescore.rescore import RescoreOptions, rescore_table
 from phrasescore.moses.phrase_table import format_probability, read_phrase_table
 from phrasescore.runners.chunk_pool import IN_FLIGHT_PER_WORKER, ChunkPool
 from phrasescore.runners.shards import Shard
@@ -39,7 +39,7 @@ def _options(level: int = 1, **kw) -> RescoreOptions:
 
 @pytest.fixture(scope="module")
 def lm_path(tmp_path_factory) -> str:
-    from phrasescore.jobs.train_lm import run_lm_training
+    from phrasescore.jobs.training.train_lm import run_lm_training
 
     _, french = sample_pairs(20)
     folder = tmp_path_factory.mktemp("lm")

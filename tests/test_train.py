@@ -90,7 +90,7 @@ def test_phrase_table_source_yields_each_distinct_pair_once(tmp_path):
 def test_default_preset_trains_with_fan_in_init_and_paper_keeps_the_papers(tmp_path):
     """Issues 15 and 29: the default preset initialises with fan-in scales, on phrase pairs and
     on sentences; the paper preset keeps Cho et al.'s N(0, 0.01²)."""
-    from phrasescore.jobs.train import run_training
+    from phrasescore.jobs.training.train import run_training
 
     def trained_init(preset, **files):
         path = tmp_path / f"{preset}-{len(files)}.safetensors"
@@ -124,7 +124,7 @@ def test_phrase_pairs_start_the_cho_default_preset_at_2e_3():
     """`train --phrase-table` (the column's model): Adam at 2e-3 in the cho default preset
     (measured, docs/benchmarks.md); sentence-level cho, lstm and the paper preset keep their
     rates, and --lr or another --optimizer overrides it as for any preset."""
-    from phrasescore.jobs.train import _configure
+    from phrasescore.jobs.training.train import _configure
 
     def rate(preset="default", arch="cho", pairs=True, **overrides) -> float:
         return _configure(preset, arch, overrides, None, False, pairs)[1].learning_rate

@@ -15,7 +15,7 @@ from phrasescore.bundle import load_model
 from phrasescore.cli import cli
 from phrasescore.engine.scoring import PairScorer
 from phrasescore.engine.search import Hypothesis
-from phrasescore.jobs.translate import TranslateOptions, Translator
+from phrasescore.jobs.analysis.translate import TranslateOptions, Translator
 from phrasescore.moses.nbest import iter_nbest_groups, read_nbest
 
 from .conftest import DATA, sample_pairs, write_lines

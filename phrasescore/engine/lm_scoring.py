@@ -19,7 +19,7 @@ Words outside the vocabulary are scored as ``<unk>`` (the usual closed-vocabular
 
 Features:
 
-* ``phrasescore nbest --lm`` (:mod:`phrasescore.jobs.nbest`) adds ``CSLM0= log p(hypothesis)``
+* ``phrasescore nbest --lm`` (:mod:`phrasescore.jobs.nbest.nbest`) adds ``CSLM0= log p(hypothesis)``
   (sentence mode) to every line of a Moses n-best list, every other byte unchanged (SPEC §2.3);
 * ``phrasescore rescore --lm`` (``LMPhraseColumn`` of the rescore job) gives p(target phrase) =
   exp(max(log p, -100)) (phrase mode) as a phrase-table column: a probability, since Moses takes

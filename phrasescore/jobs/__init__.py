@@ -1,16 +1,16 @@
-"""One module per command: each wires the Moses formats, the text layer, the engine and the
-model together for one ``phrasescore`` subcommand, callable without the CLI, and returns a result
-whose ``lines()`` is the summary the command prints.
+"""The jobs, one folder per product: each job wires the Moses formats, the text layer, the engine
+and the model together for one ``phrasescore`` subcommand, callable without the CLI, and returns a
+result whose ``lines()`` is the summary the command prints.
 
-Commands: ``train``, ``train_lm``, ``info``, ``rescore``, ``merge_shards``, ``nbest``,
-``translate``, ``evaluate``, ``sample``, ``represent``, ``compare``, ``align``, ``tables``
-(``check-table``, ``copy-table``, ``ini-tables``) and ``ab``.
+Products: :mod:`.rescore` (the phrase-table column: ``rescore``, ``merge-shards``,
+``check-table``, ``copy-table``, ``ini-tables``), :mod:`.nbest` (the n-best column: ``nbest``),
+:mod:`.tuning` (``ab``, ``rerank-tune``, ``rerank-weights``), :mod:`.analysis` (``info``,
+``translate``, ``evaluate``, ``sample``, ``represent``, ``compare``, ``align``) and
+:mod:`.training` (``train``, ``train-lm``).
 
-Parts of one job: ``rescore_columns``, ``rescore_chunks`` and ``rescore_partial`` (of
-``rescore``), ``ab_rerank`` (of ``ab``).
-
-What several jobs share: ``common`` (the model a job was handed or loads), ``bleu`` (sacrebleu's
-BLEU and chrF), ``ini_update`` (the moses.ini of a new table, for ``rescore`` and
-``merge-shards``). The training loop of ``train`` and ``train-lm`` is its own part,
-:mod:`phrasescore.training`; figures written atomically are :mod:`phrasescore.figures`.
+A job imports its own folder, the modules that the products share here and the layers below,
+never another product's folder (tests/test_packaging.py): ``common`` (the model a job was handed
+or loads), ``bleu`` (sacrebleu's BLEU and chrF). The training loop of ``train`` and ``train-lm``
+is its own part, :mod:`phrasescore.training`; figures written atomically are
+:mod:`phrasescore.figures`.
 """

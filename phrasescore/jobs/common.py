@@ -2,10 +2,9 @@
 reads a job's input the right way round (:func:`warn_if_reversed`, for ``rescore`` and
 ``nbest``).
 
-Each command has its own job module in this package (``train``, ``train_lm``, ``rescore``,
-``nbest``, ``ab``, ``merge_shards``, ``translate``, ``evaluate``, ``sample``, ``compare``,
-``represent``, ``align``, ``info``, ``tables``); the device and threads are
-:mod:`phrasescore.hardware`'s, the input and output checks :mod:`phrasescore.files`'.
+Each command has its own job module in a product folder of this package
+(:mod:`phrasescore.jobs`); the device and threads are :mod:`phrasescore.hardware`'s, the input
+and output checks :mod:`phrasescore.files`'.
 """
 
 from __future__ import annotations

@@ -5,7 +5,10 @@ This package knows the formats only (it never imports torch and knows nothing ab
 * :mod:`phrasescore.moses.phrase_table` reads phrase tables as a stream and writes them back with
   extra score columns, byte-identical otherwise;
 * :mod:`phrasescore.moses.nbest` reads n-best lists, writes new lines, adds a feature to a line
-  and recomputes total scores from a moses.ini's weights;
+  and recomputes total scores from a moses.ini's weights (and writes them in the total field);
+* :mod:`phrasescore.moses.tuning` reads and writes the files of Moses' tuners (the extractor's
+  ``features.dat``, mert's ``init.opt`` and ``weights.txt``, kbmira's output) and ``Name= w``
+  weights files;
 * :mod:`phrasescore.moses.ini` reads moses.ini (its phrase tables, its weights) and updates it so
   that a phrase table declares more features and weights (modern ``[feature]``/``[weight]`` and
   old ``[ttable-file]``/``[weight-t]`` formats);

@@ -24,7 +24,8 @@ Moses facts this module implements:
 * **Weights.** :func:`read_weights` reads the weights of a moses.ini or weights file with
   :func:`phrasescore.moses.ini.read_weights` (modern ``[weight]`` lines and the old per-model
   sections, mapped to the labels of old n-best lists). A moses total is the dot product of
-  features and weights (:func:`total_score`).
+  features and weights (:func:`total_score`); :func:`with_total` writes a new total into a
+  line's total field.
 
 Line endings are kept as read; a last line without a newline is written with ``\\n``.
 """
@@ -229,6 +230,16 @@ def with_feature(entry: NBestEntry, name: str, value: float) -> NBestEntry:
     end = len(features.rstrip())
     features = f"{features[:end]} {name}= {format_feature_value(value)}{features[end:]}"
     return entry._replace(features=features)
+
+
+def with_total(entry: NBestEntry, total: float) -> NBestEntry:
+    """``entry`` with ``total`` in its total field, written as Moses writes a number
+    (:func:`format_feature_value`), the field's spaces kept (one space before it when it had
+    none)."""
+    raw = entry.total
+    lead = raw[: len(raw) - len(raw.lstrip())] or " "
+    trail = raw[len(raw.rstrip()) :]
+    return entry._replace(total=f"{lead}{format_feature_value(total)}{trail}")
 
 
 def read_weights(path: str) -> dict[str, list[float]]:

@@ -1,10 +1,10 @@
 """``phrasescore rescore``: stream a phrase table and append the models' scores to every line.
 
 The job checks everything it can before any work (input, output, moses.ini, models), then reads
-the table in chunks (:mod:`.rescore_chunks`), scores each chunk's new columns
-(:mod:`.rescore_columns`) in this process or in ``--workers`` processes
+the table in chunks (:mod:`.chunks`), scores each chunk's new columns
+(:mod:`.columns`) in this process or in ``--workers`` processes
 (:mod:`phrasescore.runners.workers`), appends it to a partial output that ``--resume`` goes on
-with (:mod:`.rescore_partial`), renames the output into place once complete, and writes the new
+with (:mod:`.partial`), renames the output into place once complete, and writes the new
 moses.ini beside it (:mod:`.ini_update`). With ``--shard`` it scores one shard and writes a
 manifest (``merge-shards`` joins the parts); under torchrun every rank scores one shard and rank
 0 merges them.
@@ -35,8 +35,7 @@ from phrasescore.files import (
     remove_stale_temporaries,
 )
 from phrasescore.hardware import resolve_device, resolve_dtype
-from phrasescore.jobs.ini_update import IniUpdate, default_ini_out, ini_report_lines
-from phrasescore.jobs.rescore_chunks import (
+from phrasescore.jobs.rescore.chunks import (
     ChunkScorer,
     Progress,
     RawTable,
@@ -44,8 +43,9 @@ from phrasescore.jobs.rescore_chunks import (
     own_chunks,
     skip_done_lines,
 )
-from phrasescore.jobs.rescore_columns import NewColumns, RescoreOptions
-from phrasescore.jobs.rescore_partial import (
+from phrasescore.jobs.rescore.columns import NewColumns, RescoreOptions
+from phrasescore.jobs.rescore.ini_update import IniUpdate, default_ini_out, ini_report_lines
+from phrasescore.jobs.rescore.partial import (
     PartialOutput,
     StdoutOutput,
     check_work_paths,
@@ -246,7 +246,7 @@ def rescore_table(
     trained in the other direction (target language -> source language) and give
     p(source | target), the neural counterpart of the table's inverse φ(f|e); their columns
     follow the direct ones. Each CSLM of ``lm_paths`` adds p(target phrase) after those
-    (:class:`~phrasescore.jobs.rescore_columns.LMPhraseColumn`: the phrase scored with
+    (:class:`~phrasescore.jobs.rescore.columns.LMPhraseColumn`: the phrase scored with
     sentence-boundary context off), then comes the unknown-word column. ``settings`` are the
     other fields of :class:`RescoreRun`.
 

@@ -12,7 +12,7 @@ wrote), this job
    of every tuned run, adds each model's log p(hypothesis | source) (one ``phrasescore nbest``
    call for all models),
    tunes the weights on the fixed dev lists with Moses' extractor and mert
-   (:mod:`phrasescore.jobs.ab_rerank`) and re-ranks the test lists: one more system per system,
+   (:mod:`phrasescore.jobs.tuning.ab_rerank`) and re-ranks the test lists: one more system per system,
    ``NAME+rerank`` (``NAME+rerank-kbmira`` when tuned with kbmira);
 5. reports BLEU per system and test set as mean and standard deviation over the K runs, the
    tuned weight of each feature the candidate adds, and the paired bootstrap p-value of each
@@ -37,11 +37,12 @@ from pathlib import Path
 
 from phrasescore.errors import InputError
 from phrasescore.files import AtomicOutput, check_input_file, iter_lines
-from phrasescore.jobs.ab_rerank import RerankStep, rerank_models
 from phrasescore.jobs.bleu import bleu_metric
-from phrasescore.jobs.moses_tools import RERANK_TUNERS, MosesInstall, Programs
-from phrasescore.jobs.nbest_features import FeatureModel
+from phrasescore.jobs.feature_specs import FeatureModel
+from phrasescore.jobs.tuning.ab_rerank import RerankStep, rerank_models
+from phrasescore.jobs.tuning.moses_tools import RERANK_TUNERS, MosesInstall, Programs
 from phrasescore.moses.ini import read_weights
+from phrasescore.moses.tuning import weight_line
 
 log = logging.getLogger(__name__)
 
@@ -218,10 +219,7 @@ class Comparison:
 
     # -- step 3: decode the test sets ------------------------------------------------------------
     def _decoder_command(self, system: System, weights: dict[str, list[float]]) -> list[str]:
-        overwrite = " ".join(
-            f"{name}= " + " ".join(repr(value) for value in values)
-            for name, values in weights.items()
-        )
+        overwrite = " ".join(weight_line(name, values) for name, values in weights.items())
         return [
             self.moses.program("decoder"),
             "-f",
@@ -280,7 +278,7 @@ class Comparison:
 
     def rerank_one(self, system: System, run: RunResult) -> RunResult:
         """One tuned run's test sets, re-ranked with the models' features
-        (:class:`~phrasescore.jobs.ab_rerank.RerankStep`)."""
+        (:class:`~phrasescore.jobs.tuning.ab_rerank.RerankStep`)."""
         run_dir = self.workdir / system.name / f"mert-{run.seed}"
 
         def dev_nbest() -> Path:

@@ -21,8 +21,8 @@ from phrasescore.files import (
     decode_text,
     display_name,
 )
-from phrasescore.jobs.rescore_columns import NewColumns, is_too_long
-from phrasescore.jobs.rescore_partial import ChunkOutput, chunk_bytes
+from phrasescore.jobs.rescore.columns import NewColumns, is_too_long
+from phrasescore.jobs.rescore.partial import ChunkOutput, chunk_bytes
 from phrasescore.moses.phrase_table import (
     PhraseTableEntry,
     parse_phrase_table_chunk,

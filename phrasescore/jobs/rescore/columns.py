@@ -33,7 +33,7 @@ from phrasescore.engine.scoring import (
 )
 from phrasescore.errors import InputError
 from phrasescore.jobs.common import warn_if_reversed
-from phrasescore.jobs.rescore_partial import table_identity
+from phrasescore.jobs.rescore.partial import table_identity
 from phrasescore.moses.phrase_table import (
     format_entry,
     format_logprobs,

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from phrasescore.errors import InputError
 from phrasescore.files import check_output_paths, is_stream_target, refuse_outputs_onto_inputs
-from phrasescore.jobs.ini_update import IniUpdate, default_ini_out, ini_report_lines
+from phrasescore.jobs.rescore.ini_update import IniUpdate, default_ini_out, ini_report_lines
 from phrasescore.runners.shards import (
     NBEST,
     PHRASE_TABLE,

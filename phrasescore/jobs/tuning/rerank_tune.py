@@ -9,7 +9,7 @@ lines that ``phrasescore nbest --weights W --one-best`` applies to the test list
    same number of finite values), before any Moses tool runs;
 2. ``extractor`` once, then ``runs`` tunings (mert with ``restarts`` random restarts, or
    kbmira) seeded ``seed``, ``seed + 1``, ...: the part ``ab --rerank`` runs too
-   (:class:`~phrasescore.jobs.moses_tools.MosesTuning`), from the weights of ``start`` (a
+   (:class:`~phrasescore.jobs.tuning.moses_tools.MosesTuning`), from the weights of ``start`` (a
    moses.ini or ``Name= w`` file; a feature it does not weigh, e.g. a model's, starts at 0);
 3. each run's weights re-rank the dev list (:func:`best_hypotheses`, the order ``nbest
    --weights`` gives) and the run with the best dev BLEU (sacrebleu, ``--tokenize none``: the
@@ -42,12 +42,11 @@ from phrasescore.files import (
     refuse_outputs_onto_inputs,
 )
 from phrasescore.jobs.bleu import bleu_metric
-from phrasescore.jobs.moses_tools import (
+from phrasescore.jobs.tuning.moses_tools import (
     RERANK_TUNERS,
     MosesInstall,
     MosesTuning,
     Programs,
-    write_weights_file,
 )
 from phrasescore.moses.nbest import (
     NBestEntry,
@@ -58,6 +57,7 @@ from phrasescore.moses.nbest import (
     read_weights,
     weighted_totals,
 )
+from phrasescore.moses.tuning import write_weights_file
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class TuneOptions:
     """Flags of ``phrasescore rerank-tune``."""
 
     tuner: str = "mert"
-    """``mert`` or ``kbmira`` (:data:`~phrasescore.jobs.moses_tools.RERANK_TUNERS`)."""
+    """``mert`` or ``kbmira`` (:data:`~phrasescore.jobs.tuning.moses_tools.RERANK_TUNERS`)."""
     runs: int = 1
     seed: int = 1234
     """The first run's seed (mert ``-r``, kbmira ``-r``); run k has ``seed + k``."""

@@ -3,9 +3,9 @@
 
 :class:`RerankStep` scores each tuned run's dev and test n-best lists with every model (one
 ``phrasescore nbest`` call, one feature per
-:class:`~phrasescore.jobs.nbest_features.FeatureModel`), tunes the weights on the fixed dev lists
+:class:`~phrasescore.jobs.feature_specs.FeatureModel`), tunes the weights on the fixed dev lists
 with Moses' ``extractor`` and ``mert``/``kbmira``
-(:class:`~phrasescore.jobs.moses_tools.MosesTuning`, shared with ``rerank-tune``) and re-ranks
+(:class:`~phrasescore.jobs.tuning.moses_tools.MosesTuning`, shared with ``rerank-tune``) and re-ranks
 the tests. :func:`rerank_weights` turns the extractor's files and a tuner's output into the
 ``Name= w ...`` lines ``nbest --weights`` reads, and a moses.ini into mert's ``init.opt``.
 """
@@ -25,16 +25,16 @@ from phrasescore.files import (
     check_files_exist,
     refuse_outputs_onto_inputs,
 )
-from phrasescore.jobs.moses_tools import (
-    MosesTuning,
+from phrasescore.jobs.feature_specs import FeatureModel, parse_feature_models
+from phrasescore.jobs.tuning.moses_tools import MosesTuning
+from phrasescore.moses.nbest import read_weights
+from phrasescore.moses.tuning import (
     dense_feature_names,
     read_tuner_output,
     weight_vector,
     write_start_point,
     write_weights_file,
 )
-from phrasescore.jobs.nbest_features import FeatureModel, parse_feature_models
-from phrasescore.moses.nbest import read_weights
 from phrasescore.runners.shards import file_sha256
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ def rerank_weights(
 
 def rerank_models(specs: list[str], inverse_specs: list[str] = ()) -> tuple[FeatureModel, ...]:
     """``[NAME=]MODEL[,MODEL...]`` specs of ``--rerank`` and ``--rerank-inverse`` as features
-    (:func:`~phrasescore.jobs.nbest_features.parse_feature_models`: several comma-separated
+    (:func:`~phrasescore.jobs.feature_specs.parse_feature_models`: several comma-separated
     models are one feature, their ensemble); unnamed ones ``RNNEncDec<i>`` and
     ``RNNEncDecInv<i>``; every file checked and its path resolved."""
     return parse_feature_models(

@@ -37,7 +37,7 @@ next-token probabilities averaged), for checkpoints or seeds of one model (Sutsk
 Several features in one pass: ``-m NAME=MODEL`` (repeatable), ``--inverse-model NAME=MODEL``
 (``options.inverse_models``, target->source) and ``NAME=A,B`` (an ensemble) add one feature per
 name, the ``-m`` ones in their order, then the inverse ones
-(:func:`~phrasescore.jobs.nbest_features.nbest_feature_models`). The list is read and written
+(:func:`~phrasescore.jobs.nbest.features.nbest_feature_models`). The list is read and written
 once, every model scores each block in turn, and the output is byte-identical to one call per
 feature, each on the list the previous call wrote: a feature's values do not depend on the
 others', and each is added after the line's last feature as that call would. Every model is
@@ -89,18 +89,19 @@ from phrasescore.files import (
     remove_stale_temporaries,
 )
 from phrasescore.hardware import resolve_device
-from phrasescore.jobs.nbest_features import FeatureModel, ModelFeatures, nbest_feature_models
+from phrasescore.jobs.feature_specs import FeatureModel
+from phrasescore.jobs.nbest.features import ModelFeatures, nbest_feature_models
 from phrasescore.moses.nbest import (
     NBestEntry,
     best_index,
     check_feature_name,
-    format_feature_value,
     iter_nbest_groups,
     parse_features,
     read_nbest,
     read_weights,
     weighted_totals,
     with_feature,
+    with_total,
 )
 from phrasescore.progress import progress_bar
 from phrasescore.runners import distributed
@@ -214,14 +215,6 @@ def _source_of(entry: NBestEntry, sources: list[str], source_path: str) -> str:
     return text
 
 
-def _total_field(entry: NBestEntry, total: float) -> str:
-    """The raw total field of ``entry`` with another number, its spaces kept."""
-    raw = entry.total
-    lead = raw[: len(raw) - len(raw.lstrip())] or " "
-    trail = raw[len(raw.rstrip()) :]
-    return f"{lead}{format_feature_value(total)}{trail}"
-
-
 def rescore_nbest(
     nbest: str,
     source: str,
@@ -315,7 +308,7 @@ class _BlockReader:
         self.records: list[dict] = []
         self.first_block = None
         """Called with the first scored block's ``(sources, hypotheses)`` in this process (the
-        models' direction check, :meth:`~phrasescore.jobs.nbest_features.ModelFeatures.warn_direction`)."""
+        models' direction check, :meth:`~phrasescore.jobs.nbest.features.ModelFeatures.warn_direction`)."""
 
     def pairs(self) -> Iterator[tuple[list[str], list[str]] | None]:
         """The ``(sources, hypotheses)`` of each block to score (None for another shard's)."""
@@ -619,7 +612,7 @@ def model_paths(model_path: str | Sequence[str] | None) -> list[str]:
 
 def _features(options: NBestOptions, device, features: Sequence[FeatureModel]):
     """(name, score(sources, hypotheses) -> values) of each feature to add, in line order:
-    the CSLM's first, then the models' (:class:`~phrasescore.jobs.nbest_features.ModelFeatures`,
+    the CSLM's first, then the models' (:class:`~phrasescore.jobs.nbest.features.ModelFeatures`,
     one feature per :class:`FeatureModel`); the signatures of the LM and models; and the models'
     scorers (None without a model)."""
     scored = []
@@ -760,5 +753,5 @@ def _rerank(
     totals = weighted_totals(group, weights, options.weights)
     old_best = best_index([float(entry.total) for entry in group])
     order = sorted(range(len(group)), key=lambda i: (-totals[i], i))
-    lines = [group[i]._replace(total=_total_field(group[i], totals[i])).line() for i in order]
+    lines = [with_total(group[i], totals[i]).line() for i in order]
     return lines, group[order[0]], group[old_best]

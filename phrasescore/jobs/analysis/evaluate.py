@@ -1,6 +1,6 @@
 """The ``evaluate`` job: corpus BLEU (Papineni et al. 2002) and chrF (Popović 2015) of a
-hypotheses file against a reference file, with sacrebleu's signatures (:mod:`.bleu`, which
-``translate --reference`` and ``ab`` use too).
+hypotheses file against a reference file, with sacrebleu's signatures
+(:mod:`phrasescore.jobs.bleu`, which ``translate --reference`` and ``ab`` use too).
 """
 
 from __future__ import annotations

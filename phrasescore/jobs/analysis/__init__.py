@@ -1,0 +1,2 @@
+"""What a trained model does, looked at: ``info``, ``translate``, ``evaluate``, ``sample``,
+``represent``, ``compare`` and ``align``, one module each."""

@@ -1,0 +1,198 @@
+"""Moses' own programs as the jobs run them: an installation found and checked
+(:class:`MosesInstall`), its programs run in process groups with their logs (:class:`Programs`),
+and weights tuned on fixed n-best lists (Sutskever et al. 2014, §3.6; SPEC §3.6) with its
+``extractor`` and ``mert`` or ``kbmira`` (:class:`MosesTuning`), the part ``ab --rerank`` and
+``rerank-tune`` share.
+
+One tuning is three steps in one working directory: ``extractor`` turns the scored dev n-best
+list into ``features.dat`` and ``scores.dat``; ``mert`` (Och's line search with random restarts,
+seeded) or ``kbmira`` (batch k-best MIRA) finds the weights that maximise dev BLEU over those
+fixed lists, starting from the decoder's tuned weights with the new features at 0; the weight
+vector is mapped back to feature names. The files they pass, and the ``Name= w ...`` lines that
+``phrasescore nbest --weights`` reads, are :mod:`phrasescore.moses.tuning`'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from phrasescore.errors import InputError
+from phrasescore.moses.tuning import (
+    dense_feature_names,
+    read_kbmira_weights,
+    read_tuned_weights,
+    weight_vector,
+    write_start_point,
+)
+
+log = logging.getLogger(__name__)
+
+RERANK_TUNERS = {"mert": "bin/mert", "kbmira": "bin/kbmira"}
+"""The tuners of ``--rerank-tuner``: Och's MERT (line search with random restarts) or batch
+k-best MIRA (Cherry & Foster 2012), each run on the fixed dev lists."""
+
+
+#: What the job needs from a Moses installation, relative to MOSES_HOME.
+MOSES_PROGRAMS = {
+    "decoder": "bin/moses",
+    "mert": "bin/mert",
+    "extractor": "bin/extractor",
+    "mert-moses.pl": "scripts/training/mert-moses.pl",
+    "filter-model-given-input.pl": "scripts/training/filter-model-given-input.pl",
+}
+
+
+@dataclass(frozen=True)
+class MosesInstall:
+    """Paths of the Moses programs the A/B job runs."""
+
+    home: Path
+
+    @classmethod
+    def find(cls, home: str | None, needs: list[str] | None = None) -> MosesInstall:
+        """The Moses installation at ``home`` (else $MOSES_HOME, else $MOSES), checked for the
+        programs ``needs`` (names in :data:`MOSES_PROGRAMS` or ``RERANK_TUNERS``; default:
+        everything ``ab`` runs)."""
+        programs = {**MOSES_PROGRAMS, **RERANK_TUNERS}
+        wanted = list(MOSES_PROGRAMS.values()) if needs is None else [programs[n] for n in needs]
+        home = home or os.environ.get("MOSES_HOME") or os.environ.get("MOSES")
+        if not home:
+            raise InputError(
+                "Moses not found: set MOSES_HOME (or --moses-home) to a mosesdecoder build "
+                "with " + ", ".join(wanted)
+            )
+        install = cls(Path(home).resolve())
+        missing = [rel for rel in wanted if not (install.home / rel).is_file()]
+        if missing:
+            raise InputError(f"Moses at {install.home} lacks {', '.join(missing)}")
+        return install
+
+    def program(self, name: str) -> str:
+        return str(self.home / {**MOSES_PROGRAMS, **RERANK_TUNERS}[name])
+
+    def check_has(self, name: str) -> None:
+        """Refuse an install without ``name`` (a program only some commands need)."""
+        if not Path(self.program(name)).is_file():
+            raise InputError(f"Moses at {self.home} lacks {RERANK_TUNERS.get(name, name)}")
+
+
+class Programs:
+    """Runs the Moses programs of an A/B, each in a process group of its own, its stderr (and
+    stdout unless redirected) in a log file; :meth:`stop` ends every group that runs (a
+    ``mert-moses.pl`` with the decoders it started), so that an interrupted ``ab`` (Ctrl-C,
+    SIGTERM) stops at once instead of finishing its queue of MERT runs."""
+
+    def __init__(self) -> None:
+        self._running: set[subprocess.Popen] = set()
+        self._lock = threading.Lock()
+        self._stopped = False
+
+    def run(
+        self,
+        command: list[str],
+        cwd: Path,
+        log_name: str,
+        stdin: Path | None = None,
+        stdout: Path | None = None,
+    ) -> None:
+        log_path = cwd / log_name
+        log.debug("running in %s: %s", cwd, shlex.join(command))
+        with contextlib.ExitStack() as files:
+            log_file = files.enter_context(open(log_path, "wb"))
+            stdin_file = files.enter_context(open(stdin, "rb")) if stdin else subprocess.DEVNULL
+            stdout_file = files.enter_context(open(stdout, "wb")) if stdout else log_file
+            with self._lock:
+                if self._stopped:
+                    raise InputError(f"stopped before {Path(command[0]).name}")
+                process = subprocess.Popen(
+                    command,
+                    cwd=cwd,
+                    stdin=stdin_file,
+                    stdout=stdout_file,
+                    stderr=log_file,
+                    start_new_session=True,
+                )
+                self._running.add(process)
+            try:
+                returncode = process.wait()
+            finally:
+                with self._lock:
+                    self._running.discard(process)
+        if returncode != 0:
+            raise InputError(
+                f"{Path(command[0]).name} failed with exit code {returncode}; see {log_path}"
+            )
+
+    def stop(self) -> None:
+        """SIGTERM to the process group of every program that runs; none starts after this."""
+        with self._lock:
+            self._stopped = True
+            for process in self._running:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGTERM)
+
+
+BLEU_SCORER = ["--sctype", "BLEU", "--scconfig", "case:true"]
+"""The extractor's and tuners' metric: case-sensitive BLEU (what ``ab`` reports, as sacrebleu
+with ``--tokenize none`` on tokenised text)."""
+
+
+@dataclass
+class MosesTuning:
+    """Re-ranking weights tuned on fixed n-best lists with Moses' own tools, the part ``ab
+    --rerank`` (:meth:`RerankStep.tune`) and ``rerank-tune``
+    (:mod:`phrasescore.jobs.tuning.rerank_tune`) share: :meth:`extract` once, then :meth:`tune` once
+    per seed."""
+
+    program: Callable[[str], str]
+    """The path of a Moses program (``extractor``, ``mert``, ``kbmira``)."""
+    run: Callable[..., None]
+    """``run(command, cwd, log_name)``: runs one command (``ab``'s ``Programs.run``)."""
+    tuner: str = "mert"
+    """``mert`` or ``kbmira`` (:data:`RERANK_TUNERS`)."""
+    restarts: int = 20
+    """mert's random restarts (``-n``)."""
+
+    def extract(self, scored: Path, reference: Path, work: Path) -> list[str]:
+        """``extractor`` on the scored list ``scored`` and its ``reference``: ``features.dat``
+        and ``scores.dat`` in ``work``; returns the dense value names (``LM0_0``, ...)."""
+        extract = [self.program("extractor"), *BLEU_SCORER, "-r", str(reference)]
+        extract += ["-n", str(scored), "--scfile", "scores.dat", "--ffile", "features.dat"]
+        self.run(extract, work, "extract.log")
+        return dense_feature_names(work / "features.dat")
+
+    def tune(
+        self,
+        work: Path,
+        names: list[str],
+        start: dict[str, list[float]],
+        seed: int,
+        data: Path | None = None,
+    ) -> dict[str, list[float]]:
+        """One run of mert (``restarts`` random restarts) or kbmira seeded with ``seed``, in
+        ``work``, on the extractor's files in ``data`` (default ``work``), from ``start`` (a
+        feature it does not weigh starts at 0, :func:`write_start_point`); the tuned weights
+        by feature name."""
+        rel = os.path.relpath(data or work, work)
+        rel = "" if rel == "." else rel
+        scores, features = (os.path.join(rel, name) for name in ("scores.dat", "features.dat"))
+        write_start_point(work / "init.opt", weight_vector(names, start, 0.0))
+        if self.tuner == "kbmira":
+            mira = [self.program("kbmira"), *BLEU_SCORER, "-r", str(seed)]
+            mira += ["-S", scores, "-F", features, "-d", "init.opt", "-o", "mira.out"]
+            self.run(mira, work, "kbmira.log")
+            return read_kbmira_weights(work / "mira.out", names)
+        mert = [self.program("mert"), "-d", str(len(names)), *BLEU_SCORER]
+        mert += ["-n", str(self.restarts), "-r", str(seed)]
+        mert += ["--scfile", scores, "--ffile", features, "--ifile", "init.opt"]
+        self.run(mert, work, "mert.log")
+        return read_tuned_weights(work / "weights.txt", names)
