@@ -10,6 +10,7 @@ import functools
 import logging
 import math
 import os
+import re
 import signal
 import sys
 
@@ -121,14 +122,24 @@ SEED = click.IntRange(0, 2**32 - 1)
 class FiniteFloat(click.FloatRange):
     """A finite number, within the range given: ``nan``, ``inf`` and ``1e999`` (which Python
     reads as inf) are usage errors at parse time, before any work (click's FloatRange lets nan
-    through every bound, since no comparison with nan is true). Every float option of every
+    through every bound, since no comparison with nan is true); so are what Python reads as
+    another number than the one written (issue 47, item 13): ``1_0`` (10), ``1e-400`` (0), and
+    ``-0``, a negative zero that no option tells from 0 (a weight written to moses.ini as -0). Every float option of every
     command takes one of these types; ``tests/test_cli_checks.py`` enumerates them from the
     commands."""
 
     def convert(self, value, param, ctx):
+        if isinstance(value, str) and "_" in value:  # Python's 1_0 is 10; no user means that
+            self.fail(f"{value!r} is not a number: write it without '_'", param, ctx)
         number = click.FLOAT.convert(value, param, ctx)
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number", param, ctx)
+        if number == 0 and isinstance(value, str):
+            mantissa = re.split("[eE]", value.strip())[0]
+            if re.search("[1-9]", mantissa):  # 1e-400: read as 0, not what was given
+                self.fail(f"{value!r} is too small for a number: it would be read as 0", param, ctx)
+            if math.copysign(1.0, number) < 0:  # -0 would be written as -0 (moses.ini's weight)
+                self.fail(f"{value!r} is a negative zero: give 0", param, ctx)
         return super().convert(number, param, ctx)
 
 

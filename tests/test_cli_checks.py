@@ -198,6 +198,39 @@ def test_every_float_option_refuses_non_finite_values_at_parse_time(command, opt
 
 
 @pytest.mark.parametrize(
+    "value, reason",
+    [
+        ("-0", "is a negative zero: give 0"),
+        ("-0.0e3", "is a negative zero: give 0"),
+        ("1_0", "is not a number: write it without '_'"),
+        ("1e-400", "is too small for a number: it would be read as 0"),
+    ],
+)
+@pytest.mark.parametrize("command, option", FLOAT_OPTIONS, ids=lambda x: x)
+def test_every_float_option_refuses_what_python_reads_as_another_number(
+    command, option, value, reason
+):
+    """Issue 47, item 13: ``--weight -0`` was written into moses.ini as a weight -0, ``1_0``
+    read as 10 and ``1e-400`` as 0."""
+    from click.testing import CliRunner
+
+    from phrasescore.cli import cli
+
+    result = CliRunner().invoke(cli, [command, f"{option}={value}"])
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for '{option}': {value!r} {reason}" in result.output
+
+
+def test_zero_and_small_numbers_are_still_numbers():
+    from phrasescore.cli import FINITE_FLOAT, NON_NEGATIVE_FLOAT
+
+    assert FINITE_FLOAT.convert("0", None, None) == 0.0
+    assert FINITE_FLOAT.convert("0e-400", None, None) == 0.0
+    assert FINITE_FLOAT.convert("-1e-300", None, None) == -1e-300
+    assert NON_NEGATIVE_FLOAT.convert("0.000", None, None) == 0.0
+
+
+@pytest.mark.parametrize(
     "args, option",
     [
         (["translate", "I", "-m", "M", "--bleu-tokenize", "bogus"], "--bleu-tokenize"),
