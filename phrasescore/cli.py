@@ -1492,5 +1492,17 @@ def ab(
 
 
 def main() -> None:
-    """Console-script entry point."""
-    cli(prog_name="phrasescore")
+    """Console-script entry point. A disk's write error that no command caught (click writing
+    ``--help`` or ``--version`` to a full disk: ``phrasescore --help > /dev/full``) is one line
+    and exit 1, as a command's (issue 47, item 14)."""
+    from phrasescore.files import write_error
+
+    try:
+        cli(prog_name="phrasescore")
+    except OSError as exc:
+        stopped = write_error(exc, exc.filename or "-")
+        if stopped is None:
+            raise
+        click.echo(f"phrasescore: error: {stopped}", err=True)
+        _drop_unwritten_stdout()
+        sys.exit(EXIT_INPUT_ERROR)

@@ -181,3 +181,10 @@ def test_every_report_to_a_full_standard_output_is_one_line(tiny_model_path, tmp
     tracebacks."""
     proc = _to_dev_full(*STDOUT_COMMANDS[command](tiny_model_path, tmp_path))
     _one_error_line(proc, f"<stdout>: cannot write: {FULL}")
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["rescore", "--help"]], ids=" ".join)
+def test_help_and_version_to_a_full_standard_output_are_one_line(args):
+    """Issue 47, item 14: click's own output (help, version) to a full disk was a traceback."""
+    _one_error_line(_to_dev_full(*args), f"<stdout>: cannot write: {FULL}")
