@@ -566,6 +566,61 @@ def refuse_outputs_onto_inputs(inputs: PathsByRole, outputs: PathsByRole) -> Non
                 )
 
 
+def check_work_folder(folder: str | None, inputs: PathsByRole, option: str = "--workdir") -> None:
+    """Refuse, in one :class:`InputError` line before any work, a work folder that cannot hold
+    the files a command and the programs it runs make there under their own names
+    (``features.dat``, ``scores.dat``, ``weights.txt``, logs, outputs): an existing file that is
+    not a folder (:func:`check_output_dir`), and a folder that holds one of the ``inputs`` (as
+    :func:`refuse_outputs_onto_inputs`: by path, through links, or a hard link of it among the
+    folder's files). A work folder holds only files the command made (issue 47, items 3, 4,
+    15, 16: ``rerank-tune --workdir wd --reference wd/scores.dat`` had the reference replaced
+    by the extractor's statistics, rc 0). A new folder, or one of an earlier run, passes."""
+    if not folder:
+        return
+    check_output_dir(folder, option)
+    if not os.path.isdir(folder):
+        return
+    root = os.path.realpath(folder)
+    identities: dict[tuple[int, int], tuple[str, str]] = {}
+    for role, path in _paths_by_role(inputs):
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        resolved = os.path.realpath(path)
+        if resolved == root or resolved.startswith(root.rstrip(os.sep) + os.sep):
+            _refuse_work_folder(option, folder, role, path)
+        if stat.S_ISREG(st.st_mode):
+            identities[(st.st_dev, st.st_ino)] = (role, path)
+    for directory, _, names in os.walk(root):
+        for name in names:
+            with suppress(OSError):
+                st = os.stat(os.path.join(directory, name))
+                if (st.st_dev, st.st_ino) in identities:
+                    _refuse_work_folder(option, folder, *identities[(st.st_dev, st.st_ino)])
+
+
+def _refuse_work_folder(option: str, folder: str, role: str, path: str) -> None:
+    raise InputError(
+        f"{option} {folder} holds the {role} ({path}): the tools write their files there under "
+        "their own names and would overwrite it; give a folder of its own"
+    )
+
+
+def disk_full_error(folder: str | os.PathLike) -> RunStopped | None:
+    """:func:`write_error`'s one line (``cannot write: No space left on device``) for
+    ``folder`` when its file system has no block left for this user, else None: asked after a
+    program that does not check its own writes (Moses' ``extractor`` exits 0 with its files cut
+    short), whose files then cannot be trusted (issue 47, item 18)."""
+    try:
+        blocks = os.statvfs(folder).f_bavail
+    except OSError:
+        return None
+    if blocks > 0:
+        return None
+    return write_error(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), str(folder))
+
+
 LOCKED_OUTPUT = "-o"
 """The role of the output a command locks (:func:`output_lock`): its ``.NAME.lock`` is made and
 removed beside it, so :func:`refuse_outputs_onto_inputs` checks that file too."""

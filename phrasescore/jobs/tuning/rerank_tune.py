@@ -36,6 +36,7 @@ from phrasescore.files import (
     AtomicOutput,
     check_files_exist,
     check_output_path,
+    check_work_folder,
     display_name,
     iter_lines,
     output_lock,
@@ -223,9 +224,9 @@ def rerank_tune(
     if "-" in (nbest, reference, start):
         raise InputError("rerank-tune reads its inputs as files (the tools read them too)")
     check_output_path(output)
-    refuse_outputs_onto_inputs(
-        {"n-best list": nbest, "--reference": reference, "--start": start}, {"-o": output}
-    )
+    inputs = {"n-best list": nbest, "--reference": reference, "--start": start}
+    refuse_outputs_onto_inputs(inputs, {"-o": output})
+    check_work_folder(options.workdir, inputs)
     references = list(iter_lines(reference))
     start_weights = read_weights(start) if start else {}
     hypotheses = check_tuning_list(nbest, len(references), reference)
