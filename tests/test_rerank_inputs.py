@@ -251,3 +251,56 @@ def test_a_workdir_that_is_a_file_is_one_line(tmp_path, command):
         "",
     )
     assert afile.read_text() == "keep\n"
+
+
+# ---------------------------------------------------------------------------- lists that do not fit
+def _list_lines() -> list[str]:
+    return gzip.decompress(LIST.read_bytes()).decode().splitlines(keepends=True)
+
+
+def test_rerank_tune_refuses_a_list_without_features(tmp_path):
+    """Issue 47, item 9: an empty feature field gave an empty weights file, rc 0."""
+    nbest = tmp_path / "list.nbest"
+    nbest.write_text("".join(re.sub(r" \|\|\| [^|]*\|\|\| (\S+)$", r" |||  ||| \1", line)
+                             for line in _list_lines()))  # fmt: skip
+    assert nbest.read_text().splitlines()[0].count(" |||  ||| ") == 1
+    out = tmp_path / "w.txt"
+    args = ["rerank-tune", nbest, "--reference", REFERENCE, "-o", out]
+    fails_in_one_line(args, out, f"{nbest}:1: ", "no dense features (an empty feature field)")
+
+
+def test_rerank_tune_refuses_a_reference_longer_than_the_list(tmp_path):
+    """Issue 47, item 10: 10 reference lines for ids 0-4 tuned against the wrong sentences
+    (dev BLEU far too low), weights written; a shorter reference was refused already."""
+    reference = tmp_path / "ref.fr"
+    reference.write_text(REFERENCE.read_text() * 2)
+    out = tmp_path / "w.txt"
+    args = ["rerank-tune", LIST, "--reference", reference, "-o", out]
+    fails_in_one_line(
+        args,
+        out,
+        f"{LIST}: the n-best list ends with sentence id 4 (5 sentences) but the reference "
+        f"{reference} has 10 lines",
+        "the list and the reference do not match",
+    )
+
+
+@pytest.mark.parametrize("flags", [[], ["--one-best"]], ids=" ".join)
+def test_nbest_warns_of_ids_without_hypotheses_and_keeps_the_lines_aligned(tmp_path, flags, caplog):
+    """Issue 47, item 12: ids 0, 2 and 4 of 5 source lines: no warning, and --one-best
+    printed an empty line for sentences 1 and 3 without a word."""
+    nbest = tmp_path / "gap.nbest"
+    nbest.write_text("".join(line for line in _list_lines() if line.split(" ||| ")[0] in "024"))
+    out = tmp_path / "out"
+    args = ["-q", "nbest", nbest, "--source", SOURCE, "--weights", INI, *flags, "-o", out]
+    result = CliRunner().invoke(cli, [*map(str, args), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    warning = [r.getMessage() for r in caplog.records if "no hypothesis" in r.getMessage()]
+    assert warning == [
+        f"{nbest}: 2 of 5 sentence ids have no hypothesis (id 1, 3): Moses lists "
+        "every id; was the list filtered or cut?"
+        + (" --one-best writes an empty line for each" if flags else "")
+    ]
+    if flags:
+        best = out.read_text().split("\n")
+        assert len(best) == 6 and best[1] == best[3] == "" and best[0] and best[2] and best[4]

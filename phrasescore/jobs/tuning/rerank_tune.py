@@ -5,7 +5,8 @@ Re-ranking by hand (docs/moses.md) takes Moses' ``extractor``, ``mert`` or ``kbm
 lines that ``phrasescore nbest --weights W --one-best`` applies to the test lists:
 
 1. the list is checked first (:func:`check_tuning_list`: every line has the fields, the ids
-   increase and lie within the reference, every line carries the same dense features with the
+   increase and lie within the reference, the last one is the reference's last line (ids
+   missing before it: a warning), every line carries the same dense features with the
    same number of finite values), before any Moses tool runs;
 2. ``extractor`` once, then ``runs`` tunings (mert with ``restarts`` random restarts, or
    kbmira) seeded ``seed``, ``seed + 1``, ...: the part ``ab --rerank`` runs too
@@ -53,7 +54,9 @@ from phrasescore.moses.nbest import (
     NBestEntry,
     best_index,
     first_non_finite,
+    gap_ids,
     iter_nbest_groups,
+    missing_ids_message,
     read_nbest,
     read_weights,
     weighted_totals,
@@ -115,14 +118,19 @@ class TuneResult:
 def check_tuning_list(nbest: str, sentences: int, reference: str) -> int:
     """Refuse a list the extractor would misread, at its line: a missing field (:func:`read_nbest`),
     ids that go back (Moses writes them in order; the tools pair id i with reference line i+1),
-    an id beyond the ``sentences`` lines of ``reference``, and a line whose dense features
-    (names without ``_``) or their numbers of values differ from the first line's, or whose
-    values are not finite. Returns the number of hypotheses."""
+    an id beyond the ``sentences`` lines of ``reference``, a list that ends before them (the
+    reference is longer: issue 47, item 10), a first line without dense features (nothing to
+    tune: item 9), and a line whose dense features (names without ``_``) or their numbers of
+    values differ from the first line's, or whose values are not finite. Ids missing in the
+    middle are a warning (:func:`~phrasescore.moses.nbest.missing_ids_message`). Returns the
+    number of hypotheses."""
     first: list[tuple[str, int]] | None = None
     last_id = -1
     count = 0
+    missing: list[int] = []
     for entry in read_nbest(nbest):
         count += 1
+        missing.extend(gap_ids(last_id, entry.id))
         if entry.id < last_id:
             raise InputError(
                 f"sentence id {entry.id} after id {last_id}: the ids of a Moses n-best list "
@@ -140,6 +148,13 @@ def check_tuning_list(nbest: str, sentences: int, reference: str) -> int:
             )
         dense = _dense_features(entry)
         if first is None:
+            if not dense:
+                raise InputError(
+                    "the hypothesis has no dense features (an empty feature field): there are "
+                    "no weights to tune (give the list Moses wrote, scored by nbest)",
+                    entry.path,
+                    entry.lineno,
+                )
             first = dense
         elif dense != first:
             raise InputError(
@@ -151,6 +166,18 @@ def check_tuning_list(nbest: str, sentences: int, reference: str) -> int:
             )
     if count == 0:
         raise InputError("the n-best list is empty", display_name(nbest))
+    if last_id + 1 < sentences:  # as an id beyond the reference: the files do not match
+        raise InputError(
+            f"the n-best list ends with sentence id {last_id} ({last_id + 1} sentences) but the "
+            f"reference {display_name(reference)} has {sentences} lines: the list and the "
+            "reference do not match",
+            display_name(nbest),
+        )
+    if missing:
+        log.warning(
+            "%s dev BLEU counts an empty hypothesis for each",
+            missing_ids_message(nbest, missing, sentences),
+        )
     return count
 
 
