@@ -112,3 +112,57 @@ def test_merge_with_an_ini_that_lacks_the_table_names_the_ini(parts, tmp_path):
         "tables found: TranslationModel0 (path=other-table.gz)"
     )
     assert sorted(os.listdir(tmp_path)) == ["moses.ini"]
+
+
+# ---------------------------------------------------------------------------- issue 47, item 11
+def _table_with_endings(tmp_path, bare_cr_at: int | None):
+    """The 300-line table with CRLF endings on every 7th line and, on line ``bare_cr_at``, a
+    lone CR where its newline was (two entries joined), gzip."""
+    import gzip
+
+    lines = gzip.decompress(TABLE.read_bytes()).splitlines(keepends=True)
+    for i in range(0, len(lines), 7):
+        lines[i] = lines[i][:-1] + b"\r\n"
+    if bare_cr_at is not None:
+        lines[bare_cr_at - 1] = lines[bare_cr_at - 1].rstrip(b"\r\n") + b"\r"
+    table = tmp_path / "table.gz"
+    table.write_bytes(gzip.compress(b"".join(lines)))
+    return table
+
+
+TABLE_READERS = {
+    "rescore": lambda model: ["rescore", "-m", model, "--chunk-lines", "40", "--no-progress"],
+    "rescore --io-workers": lambda model: [
+        "rescore",
+        "-m",
+        model,
+        "--io-workers",
+        "1",
+        "--no-progress",
+    ],
+    "check-table": lambda model: ["check-table"],
+    "copy-table": lambda model: ["copy-table"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(TABLE_READERS))
+def test_a_lone_carriage_return_in_a_table_is_refused_naming_its_line(
+    command, tmp_path, tiny_model_path
+):
+    """A lone CR ending line 151 joined it with line 152: rescore said "rescored 299 lines"
+    (the second pair got no column), check-table OK. CRLF endings stay accepted."""
+    args = TABLE_READERS[command](tiny_model_path)
+    out = ["-o", tmp_path / "out.gz"] if args[0] != "check-table" else []
+    table = _table_with_endings(tmp_path, bare_cr_at=151)
+    line = _one_line(run_cli("-q", *args[:1], table, *args[1:], *out))
+    assert line == (
+        f"phrasescore: error: {table}:151: a carriage return (\\r) inside the line: Moses would "
+        "read it and the next line as one entry (CRLF endings are fine; turn lone CRs into "
+        "newlines)"
+    )
+    assert not (tmp_path / "out.gz").exists()
+    if command == "rescore":
+        table = _table_with_endings(tmp_path, bare_cr_at=None)
+        proc = run_cli(*args[:1], table, *args[1:], *out)
+        assert proc.returncode == 0, proc.stderr
+        assert "rescored 300 lines" in proc.stderr
