@@ -166,3 +166,25 @@ def test_a_lone_carriage_return_in_a_table_is_refused_naming_its_line(
         proc = run_cli(*args[:1], table, *args[1:], *out)
         assert proc.returncode == 0, proc.stderr
         assert "rescored 300 lines" in proc.stderr
+
+
+# ---------------------------------------------------------------------------- issue 47, item 17
+def test_a_checkpoint_given_as_a_model_and_a_model_as_a_checkpoint_are_one_line(
+    tiny_model_path, corpus_files, tmp_path
+):
+    """Before: "header too large" from safetensors, and PyTorch's pickle warning (two lines)
+    before the error where torch was asked to read a file that is not its own."""
+    checkpoint = tiny_model_path + ".checkpoint"
+    assert os.path.isfile(checkpoint)
+    line = _one_line(run_cli("-q", "sample", "a man", "-m", checkpoint))
+    assert line == (
+        f"phrasescore: error: {checkpoint}: is a training checkpoint (MODEL.checkpoint), not a "
+        "model file: give the model file itself"
+    )
+    shutil.copy(tiny_model_path, tmp_path / "m.st.checkpoint")  # a model where it should be
+    args = ["train", *corpus_files, "--preset", "tiny", "--max-steps", "2", "--no-progress"]
+    line = _one_line(run_cli("-q", *args, "-o", tmp_path / "m.st", "--resume"))
+    assert line == (
+        f"phrasescore: error: {tmp_path / 'm.st.checkpoint'}: not a readable training checkpoint "
+        "(damaged, truncated or another kind of file); train without --resume to start again"
+    )

@@ -101,12 +101,32 @@ def write_safetensors(
         os.fsync(fh.fileno())
 
 
+TORCH_ZIP_MAGIC = b"PK\x03\x04"
+"""The first bytes of a file ``torch.save`` writes (a zip archive): a training checkpoint."""
+
+
+def is_torch_checkpoint(path: str) -> bool:
+    """Whether ``path`` starts as ``torch.save``'s files do (told by its first bytes, before any
+    library reads it: no pickle is opened to find out, issue 47, item 17)."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(4) == TORCH_ZIP_MAGIC
+    except OSError:
+        return False
+
+
 def read_header(path: str, what: str = "model") -> dict[str, str]:
     """The metadata header of a safetensors file; :class:`ModelFileError` for anything else."""
     if os.path.isdir(path):
         raise ModelFileError(f"is a directory, not a {what} file", path)
     if not os.path.isfile(path):
         raise ModelFileError(f"no such {what} file", path)
+    if is_torch_checkpoint(path):
+        raise ModelFileError(
+            f"is a training checkpoint (MODEL.checkpoint), not a {what} file: give the "
+            f"{what} file itself",
+            path,
+        )
     try:
         with safe_open(path, framework="pt") as handle:
             return handle.metadata() or {}
