@@ -188,3 +188,15 @@ def test_a_checkpoint_given_as_a_model_and_a_model_as_a_checkpoint_are_one_line(
         f"phrasescore: error: {tmp_path / 'm.st.checkpoint'}: not a readable training checkpoint "
         "(damaged, truncated or another kind of file); train without --resume to start again"
     )
+
+
+# ---------------------------------------------------------------------------- issue 47, item 20
+def test_train_quiet_keeps_stderr_quiet_and_still_writes_the_log(corpus_files, tmp_path):
+    """``train -q`` made MODEL.log and left it empty (0 bytes): -q is about standard error."""
+    model = tmp_path / "m.st"
+    args = ["train", *corpus_files, "--preset", "tiny", "--max-steps", "2", "--no-progress"]
+    proc = run_cli("-q", *args, "-o", model)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    log_text = (tmp_path / "m.st.log").read_text()
+    assert "word vocabulary" in log_text and "stopped (" in log_text

@@ -483,13 +483,15 @@ class Trainer:
                 return self._run(resume)
             finally:
                 quiet.setLevel(level)
-        file_log = _TrainingLog(self.log_path, mode="a" if resume else "w")
+        # made at its first record (a resume refused at once leaves none)
+        file_log = _TrainingLog(self.log_path, mode="a" if resume else "w", delay=True)
         file_log.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
         root = logging.getLogger("phrasescore")
         root.addHandler(file_log)
         failed = True
         try:
-            result = self._run(resume)
+            with _quiet_handlers(root):
+                result = self._run(resume)
             failed = False
             return result
         except KeyboardInterrupt:
@@ -919,6 +921,28 @@ class Trainer:
             info["valid_mean_abs_log_z"] = round(last["valid_abs_log_z"], 6)
         with disk_errors(self.best_path):
             return self.write_model(run.network, run.texts, run.vocabs, info=info)
+
+
+@contextlib.contextmanager
+def _quiet_handlers(logger: logging.Logger):
+    """While the block runs, ``logger`` passes INFO records, and the handlers above it (standard
+    error) keep the level they had: ``train -q`` (warnings only on stderr) still writes the
+    whole training log to ``MODEL.log`` (issue 47, item 20: it was made and left empty)."""
+    effective = logger.getEffectiveLevel()
+    if effective <= logging.INFO:
+        yield
+        return
+    raised = [(h, h.level) for h in logging.getLogger().handlers if h.level < effective]
+    for handler, _ in raised:
+        handler.setLevel(effective)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+        for handler, old in raised:
+            handler.setLevel(old)
 
 
 class _TrainingLog(logging.FileHandler):
