@@ -200,3 +200,23 @@ def test_train_quiet_keeps_stderr_quiet_and_still_writes_the_log(corpus_files, t
     assert proc.stderr == ""
     log_text = (tmp_path / "m.st.log").read_text()
     assert "word vocabulary" in log_text and "stopped (" in log_text
+
+
+# ---------------------------------------------------------------------------- issue 47, item 21
+def test_sample_says_why_it_shows_fewer_targets_than_asked(tiny_model_path):
+    """``sample 'a man' -n 5`` printed nothing, rc 0: every draw was cut off by the length
+    limit before the model drew the end of the phrase, and such a draw is no target."""
+    import re
+
+    proc = run_cli("sample", "a man", "-m", tiny_model_path, "-n", "5", "--max-length", "1")
+    assert proc.returncode == 0, proc.stderr
+    shown = len(proc.stdout.splitlines())
+    assert shown < 5
+    warning = re.search(
+        r"phrasescore: 'a man': (\d) of 5 samples ended within the length limit \(1 tokens; the "
+        rf"others were cut off there and are not targets\), {shown} distinct shown: draw more "
+        r"\(-n\), raise --max-length, or add --beam",
+        proc.stderr,
+    )
+    assert warning is not None, proc.stderr
+    assert int(warning.group(1)) < 5

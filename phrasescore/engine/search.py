@@ -284,6 +284,17 @@ def greedy_decode(
     return out
 
 
+class Samples(list):
+    """The hypotheses :func:`sample` returns, and how many of its draws ended (drew EOS within
+    the length limit ``limit``): only those are hypotheses; the others were cut off."""
+
+    def __init__(self, hypotheses=(), drawn: int = 0, ended: int = 0, limit: int = 0):
+        super().__init__(hypotheses)
+        self.drawn = drawn
+        self.ended = ended
+        self.limit = limit
+
+
 @torch.inference_mode()
 def sample(
     network: EncoderDecoder,
@@ -295,14 +306,15 @@ def sample(
     forbid_unk: bool = False,
     device: str | torch.device = "cpu",
 ) -> list[Hypothesis]:
-    """Ancestral sampling: ``n`` samples for one source, the ``top`` best distinct by log p.
+    """Ancestral sampling: ``n`` samples for one source, the ``top`` best distinct by log p
+    (:class:`Samples`: a draw that has not ended by the length limit is no hypothesis).
 
     Words are drawn from the model's distribution (PAD, BOS and, with ``forbid_unk``, UNK
     removed and the rest renormalised); the log p reported is the model's own, unrenormalised.
     """
     device = torch.device(device)
     if n < 1:
-        return []
+        return Samples()
     generator = torch.Generator(device=device)
     generator.manual_seed(seed)
     limit = max_length if max_length is not None else default_max_length(len(src_ids))
@@ -331,7 +343,8 @@ def sample(
         ids = tuple(i for i in seqs[row].tolist() if i not in (PAD_ID, EOS_ID))
         best[ids] = float(total[row])
     ranked = sorted(best.items(), key=lambda item: -item[1])[:top]
-    return [Hypothesis(ids, lp, lp) for ids, lp in ranked]
+    hypotheses = [Hypothesis(ids, lp, lp) for ids, lp in ranked]
+    return Samples(hypotheses, drawn=n, ended=int(ended.sum()), limit=limit)
 
 
 def merge_candidates(*lists: Sequence[Hypothesis], top: int) -> list[Hypothesis]:
