@@ -122,9 +122,18 @@ def recipe_difference(saved: dict[str, Any], current: dict[str, Any], name: str)
         return f"{head} on {_roles_text(old_files)}, this run on {_roles_text(new_files)}"
     for role, old in old_files.items():
         new = new_files[role]
-        if old.get("pipe") or new.get("pipe"):
+        if new.get("pipe"):
             log.warning(
                 "%s %s is a pipe: cannot check that it is the data resumed", role, new["name"]
+            )
+            continue
+        if old.get("pipe"):  # the file is not a pipe: the checkpoint's run read one
+            log.warning(
+                "%s: the checkpoint's run read %s, a pipe: cannot check that %s is the data "
+                "resumed",
+                role,
+                old["name"],
+                new["name"],
             )
             continue
         if (old["bytes"], old["sha256"]) != (new["bytes"], new["sha256"]):
