@@ -1491,6 +1491,43 @@ def ab(
     _echo(report)
 
 
+# ---------------------------------------------------------------------------- bin/ scripts
+@cli.command("check-outputs", hidden=True)
+@click.option("-i", "--input", "inputs", nargs=2, multiple=True, metavar="ROLE PATH")
+@click.option("-o", "--output", "outputs", nargs=2, multiple=True, metavar="ROLE PATH")
+@click.option(
+    "--model", "models", nargs=2, multiple=True, metavar="ROLE PATH", help="A model to train."
+)
+@click.option("--workdir", "workdirs", nargs=2, multiple=True, metavar="ROLE DIR")
+@click.option("--prog", default="phrasescore", help="The name the error line starts with.")
+def check_outputs(inputs, outputs, models, workdirs, prog):
+    """For the bin/ scripts, before any work: refuse, in one line and exit 1, a file a script
+    writes (``-o``; ``--model``: a model that ``train`` writes, with the files it writes beside
+    it) that is one of its inputs, and a work folder (``--workdir``) that holds one
+    (:func:`~phrasescore.files.refuse_outputs_onto_inputs`,
+    :func:`~phrasescore.files.check_work_folder`: the checks of every command's own files;
+    issue 47, items 4 and 6)."""
+    from phrasescore.files import check_work_folder, refuse_outputs_onto_inputs, with_locks
+    from phrasescore.training.trainer import training_outputs
+
+    read: dict[str, list[str]] = {}
+    for role, path in inputs:
+        read.setdefault(role, []).append(path)
+    written: dict[str, list[str]] = {}
+    for role, path in outputs:
+        written.setdefault(role, []).append(path)
+    for role, path in models:
+        for what, beside in with_locks(training_outputs(path)).items():
+            written.setdefault(what.replace("-o", role, 1), []).append(beside)
+    try:
+        refuse_outputs_onto_inputs(read, written)
+        for role, folder in workdirs:
+            check_work_folder(folder, read, role)
+    except InputError as exc:
+        click.echo(f"{prog}: error: {exc}", err=True)
+        sys.exit(EXIT_INPUT_ERROR)
+
+
 def main() -> None:
     """Console-script entry point. A disk's write error that no command caught (click writing
     ``--help`` or ``--version`` to a full disk: ``phrasescore --help > /dev/full``) is one line

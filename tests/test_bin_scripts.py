@@ -421,6 +421,9 @@ def test_train_recipe_trains_the_five_models_then_refuses_to_replace_them(tmp_pa
     done = run_script("phrasescore-train-recipe", *args, *tiny, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     nn = tmp_path / "nn"
+    # issue 47, item 22: the message said "training l2r (25 min, ...)" of a 3-step training
+    assert "training l2r (25 min or 3 steps, whichever comes first, cpu slot 0)" in done.stderr
+    assert "training column (30 min or 3 steps, whichever comes first, cpu slot" in done.stderr
     described = {}
     for name in RECIPE_MODELS:
         model = nn / f"{name}.safetensors"
@@ -504,6 +507,28 @@ def test_train_recipe_bad_input_fails_before_training(change, code, message, tmp
     [line] = done.stderr.splitlines()
     assert line.startswith("phrasescore-train-recipe: error: ") and message in line, line
     assert not (tmp_path / "nn").exists()  # nothing trained, not even the folder made
+
+
+@pytest.mark.parametrize(
+    "written", ["l2r.stderr", "lstm.result", "column.safetensors.best",
+                ".r2l.safetensors.lock", "inverse.safetensors.log"],
+)  # fmt: skip
+def test_train_recipe_refuses_an_input_named_like_a_file_it_writes(written, tmp_path):
+    """Issue 47, item 6: the shell's redirections truncated an input named OUT/<model>.stderr
+    or .result, and train's own files beside a model (.best, .lock, .log) were checked only
+    when that model's training started, after the others had trained."""
+    args = recipe_inputs(tmp_path)
+    (tmp_path / "nn").mkdir()
+    table = tmp_path / "nn" / written
+    shutil.copyfile(tmp_path / "model/phrase-table.gz", table)
+    args[args.index("--table") + 1] = f"nn/{written}"
+    done = run_script("phrasescore-train-recipe", *args, cwd=tmp_path)
+    assert done.returncode == 1
+    [line] = done.stderr.splitlines()
+    assert line.startswith("phrasescore-train-recipe: error: ")
+    assert line.endswith(f"is the --table (nn/{written}): refusing to overwrite an input"), line
+    assert os.listdir(tmp_path / "nn") == [written]
+    assert table.read_bytes() == (tmp_path / "model/phrase-table.gz").read_bytes()
 
 
 # ---------------------------------------------------------------------------- mert
