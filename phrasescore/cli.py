@@ -1507,15 +1507,21 @@ def check_outputs(inputs, outputs, models, workdirs, prog):
     (:func:`~phrasescore.files.refuse_outputs_onto_inputs`,
     :func:`~phrasescore.files.check_work_folder`: the checks of every command's own files;
     issue 47, items 4 and 6)."""
-    from phrasescore.files import check_work_folder, refuse_outputs_onto_inputs, with_locks
+    from phrasescore.files import (
+        check_work_folder,
+        lock_path,
+        refuse_outputs_onto_inputs,
+        with_locks,
+    )
     from phrasescore.training.trainer import training_outputs
 
     read: dict[str, list[str]] = {}
     for role, path in inputs:
         read.setdefault(role, []).append(path)
     written: dict[str, list[str]] = {}
-    for role, path in outputs:
+    for role, path in outputs:  # and its lock, where a phrasescore command writes it
         written.setdefault(role, []).append(path)
+        written.setdefault(f"{role}'s lock", []).append(lock_path(path))
     for role, path in models:
         for what, beside in with_locks(training_outputs(path)).items():
             written.setdefault(what.replace("-o", role, 1), []).append(beside)
