@@ -98,6 +98,8 @@ class TuneResult:
     bleu_before: float
     runs: list[TuningRun] = field(default_factory=list)
     kept: int = 0
+    unweighed: list[str] = field(default_factory=list)
+    """The list's features ``--start`` gives no weight (the models' features, started at 0)."""
 
     def lines(self) -> list[str]:
         lines = [
@@ -112,6 +114,13 @@ class TuneResult:
                 )
             lines.append(f"  seed {run.seed}: dev BLEU {run.bleu:.2f}{kept}")
         lines.append(f"phrasescore: weights -> {self.output}")
+        kept = self.runs[self.kept].weights if self.runs else {}
+        new = [name for name in self.unweighed if name in kept]
+        if new and all(value == 0 for name in new for value in kept[name]):
+            lines.append(
+                f"phrasescore: the weights of {', '.join(new)} (not in --start) are all 0: the "
+                "dev BLEU gain is --start's own features retuned on this list, not theirs"
+            )
         return lines
 
 
@@ -305,6 +314,8 @@ def _tune(
         log.info("run %d of %d (seed %d): dev BLEU %.2f", k + 1, options.runs, seed, bleu)
         result.runs.append(TuningRun(seed, bleu, weights))
     result.kept = max(range(options.runs), key=lambda k: (result.runs[k].bleu, -k))
+    if start_weights:  # what --start does not weigh started at 0 (issue 47, item 22)
+        result.unweighed = [name for name in result.runs[0].weights if name not in start_weights]
     kept = result.runs[result.kept]
     if options.runs > 1:
         log.info(
