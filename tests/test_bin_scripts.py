@@ -193,6 +193,32 @@ def test_moses_model_several_tables_unk_column_and_out_dir(tiny_model_path, tmp_
     assert not (model_dir / "moses.rescored.ini").exists()
 
 
+def test_moses_model_refuses_a_table_that_another_step_writes(tiny_model_path, tmp_path):
+    """Issue 47 (bin/ scripts): TranslationModel1's table at phrase-table.rescored.gz, the file
+    the step of TranslationModel0 writes, was overwritten before its own step read it."""
+    model_dir = example_model_dir(tmp_path / "model", lines=300)
+    shutil.copyfile(model_dir / "phrase-table.gz", model_dir / "phrase-table.rescored.gz")
+    ini = (model_dir / "moses.ini").read_text()
+    ini = ini.replace(
+        "path=phrase-table.gz input-factor=0 output-factor=0\n",
+        "path=phrase-table.gz input-factor=0 output-factor=0\n"
+        "PhraseDictionaryMemory name=TranslationModel1 num-features=4 "
+        "path=phrase-table.rescored.gz input-factor=0 output-factor=0\n",
+    )
+    ini = ini.replace(
+        "TranslationModel0= 0.2 0.2 0.2 0.2\n",
+        "TranslationModel0= 0.2 0.2 0.2 0.2\nTranslationModel1= 0.1 0.1 0.1 0.1\n",
+    )
+    (model_dir / "moses.ini").write_text(ini.replace("0 T 0\n", "0 T 0\n1 T 1\n"))
+    before = (model_dir / "phrase-table.rescored.gz").read_bytes()
+    done = run_script("phrasescore-moses-model", model_dir, "-m", tiny_model_path, cwd=tmp_path)
+    assert done.returncode == 1
+    [line] = done.stderr.splitlines()
+    assert line.startswith("phrasescore-moses-model: error: new table of TranslationModel0 ")
+    assert "is the table TranslationModel1" in line and "refusing to overwrite an input" in line
+    assert (model_dir / "phrase-table.rescored.gz").read_bytes() == before
+
+
 def test_moses_model_missing_ini_is_one_clear_error(tiny_model_path, tmp_path):
     empty = tmp_path / "model"
     empty.mkdir()
