@@ -564,6 +564,24 @@ def refuse_outputs_onto_inputs(inputs: PathsByRole, outputs: PathsByRole) -> Non
                 raise InputError(
                     f"{option} {output} is the {role} ({path}): refusing to overwrite an input"
                 )
+            if _is_temporary_of(input_resolved, resolved):
+                raise InputError(
+                    f"the {role} {path} is named as a temporary file of {option} {output}, "
+                    "which a run removes as left by a killed run: rename it"
+                )
+
+
+def _is_temporary_of(path: str, output: str) -> bool:
+    """Whether ``path`` (resolved) has the name of a temporary file beside ``output``
+    (``.NAME.XXXXXXXX.tmp``, :func:`remove_stale_temporaries` removes them)."""
+    directory, name = os.path.split(output)
+    head, base = os.path.split(path)
+    return head == directory and _temporary_pattern(name).fullmatch(base) is not None
+
+
+def _temporary_pattern(name: str) -> re.Pattern:
+    """The names of :func:`_temporary_beside`'s files for an output named ``name``."""
+    return re.compile(rf"\.{re.escape(name)}\.[a-z0-9_]{{8}}\.tmp")
 
 
 def check_work_folder(folder: str | None, inputs: PathsByRole, option: str = "--workdir") -> None:
@@ -968,7 +986,7 @@ def remove_stale_temporaries(path: str) -> list[str]:
     :class:`StagedFile`, and nothing else); the names removed. Call it only while holding
     :func:`output_lock`: then no live run is writing them."""
     directory, name = os.path.split(os.path.abspath(path))
-    pattern = re.compile(rf"\.{re.escape(name)}\.[a-z0-9_]{{8}}\.tmp")
+    pattern = _temporary_pattern(name)
     removed = []
     with suppress(OSError):
         for entry in os.scandir(directory):

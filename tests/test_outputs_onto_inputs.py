@@ -309,6 +309,11 @@ CASES = [
         ["merge-shards", "p1.gz", "p2.gz", "-o", "phrase-table.gz"],
         "-o phrase-table.gz is the input the parts were scored from",
     ),
+    (
+        "rescore -o's temporary onto TABLE",
+        ["rescore", ".new.gz.abcd1234.tmp", *RESCORE[2:], "-o", "new.gz"],
+        "the input table .new.gz.abcd1234.tmp is named as a temporary file of -o new.gz",
+    ),
     # the same file by another name
     (
         "rescore -o TABLE through a symlink",
@@ -336,6 +341,7 @@ BESIDE = {  # case: (an input named like a file written beside -o, a copy of)
     "nbest -o's lock onto LIST": (".out.lock", "list.nbest.gz"),
     "rerank-tune -o's lock onto --reference": (".w.lock", "reference.fr"),
     "merge-shards -o's lock onto --moses-ini": (".new.gz.lock", "moses.ini"),
+    "rescore -o's temporary onto TABLE": (".new.gz.abcd1234.tmp", "phrase-table.gz"),
 }
 
 
@@ -375,7 +381,7 @@ def test_an_output_onto_an_input_is_refused_and_the_input_kept(args, message, wo
     lines = result.stderr.splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("phrasescore: error: ")
-    assert lines[0].endswith(": refusing to overwrite an input")
+    assert lines[0].endswith((": refusing to overwrite an input", ": rename it"))
     assert message in lines[0]
     assert snapshot(workspace) == before  # every input's bytes, and nothing written beside
 
