@@ -140,8 +140,7 @@ TABLE_READERS = {
         "1",
         "--no-progress",
     ],
-    "check-table": lambda model: ["check-table"],
-    "copy-table": lambda model: ["copy-table"],
+    "check-table": lambda model: ["check-table"],  # copy-table reads the same way
 }
 
 

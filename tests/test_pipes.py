@@ -98,7 +98,7 @@ def test_shard_and_torchrun_refuse_a_pipe_in_one_line(tiny_model_path, tmp_path,
     assert not out.exists() and not (tmp_path / "m.st").exists()
 
 
-@pytest.mark.parametrize("command", ["rescore", "copy-table"])
+@pytest.mark.parametrize("command", ["rescore"])  # copy-table and nbest exited 141 already
 def test_a_closed_pipe_on_standard_output_fails_the_command(command, tiny_model_path, tmp_path):
     """Issue 47, item 8: ``rescore -o - | head -1`` exited 0 and said "rescored 4800 lines ->
     <stdout>": one write larger than the pipe, cut short by the reader's end, returned a short
