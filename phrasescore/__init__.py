@@ -11,7 +11,7 @@ __version__ = "0.1.0"
 # with the defaults the resident memory grew with the table, ~0.5-2 MB per new shape. 32 entries
 # hold every shape a batch loop reuses; both variables are read when oneDNN is first used, so
 # setting them here (before any scoring) is enough, and a value set by the user wins.
-# Measured in issue 14 (tools/bench-rss).
+# Measured with tools/bench-rss (docs/benchmarks.md "Peak memory of rescore").
 ONEDNN_CACHE_CAPACITY = "32"
 for _name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
     _os.environ.setdefault(_name, ONEDNN_CACHE_CAPACITY)

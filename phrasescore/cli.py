@@ -604,7 +604,7 @@ def train_lm(
     no_progress,
     **settings,
 ):
-    """Train the CSLM target language model (SPEC §3.6) on CORPUS (target-language text)."""
+    """Train the CSLM target language model (Schwenk 2007) on CORPUS (target-language text)."""
     from phrasescore.jobs.training.train_lm import run_lm_training
 
     result = run_lm_training(
@@ -888,7 +888,7 @@ def nbest(
         normalize=normalize,
         weights=weights,
         one_best=one_best,
-        block_hypotheses=chunk_lines,
+        chunk_lines=chunk_lines,
         batch_tokens=batch_tokens,
         lm=lm,
         lm_name=lm_name,

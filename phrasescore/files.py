@@ -301,7 +301,7 @@ class LineBlocks:
     Python step per line. The file is read in blocks of up to 1 MiB (decompressed; what a pipe
     has, without waiting for more) and cut at the
     ``count``-th newline (numpy finds it), so the reading process spends its time in
-    decompression, not in ``readline`` (issue 42: the chunks of ``rescore``).
+    decompression, not in ``readline`` (what reads ``rescore``'s chunks).
 
     A truncated or corrupt gzip stream raises :class:`InputError` naming the line at which
     reading failed (the first line not read whole), as :func:`iter_raw_lines` does.
@@ -540,8 +540,8 @@ def refuse_outputs_onto_inputs(inputs: PathsByRole, outputs: PathsByRole) -> Non
     terminal (``/dev/stdin``) is read as a stream and cannot be written over; ``-`` is standard
     input or output; an input that does not exist is :func:`check_files_exist`'s to report.
     ``inputs`` and ``outputs`` map what a file is (``input corpus``, ``-o``) to its path or paths.
-    (Issue 41: ``train -o`` onto its corpus, ``copy-table t -o t``, ``rescore --ini-out`` onto
-    ``--moses-ini`` and 20 more destroyed their input with exit 0.)
+    (Without this check ``train -o`` onto its corpus, ``copy-table t -o t``, ``rescore --ini-out``
+    onto ``--moses-ini`` and 20 more destroyed their input and exited 0.)
     """
     known = []
     outputs = with_locks(outputs)

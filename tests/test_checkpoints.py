@@ -208,33 +208,35 @@ def test_train_lm_resume_refuses_another_order_and_corpus(tmp_path, corpus_files
 
 
 def test_the_recipe_names_a_phrase_table_run_against_a_corpus_run(tmp_path):
-    from phrasescore.training.recipe import make_recipe, recipe_difference
+    from phrasescore.training.run_identity import identity_difference, make_run_identity
 
     table, src, tgt = (tmp_path / name for name in ("pt", "a.en", "a.fr"))
     for path in (table, src, tgt):
         path.write_text(f"{path.name}\n", encoding="utf-8")
     settings = ({"arch": "cho", "reverse_source": True}, {"seed": 1, "epochs": 2})
     flags = {"--src-lang": "en", "--inverse": False}
-    on_table = make_recipe([("--phrase-table", str(table))], flags, "tiny", *settings)
-    on_files = make_recipe([("SOURCE", str(src)), ("TARGET", str(tgt))], flags, "tiny", *settings)
-    assert recipe_difference(on_table, on_files, "c") == (
+    on_table = make_run_identity([("--phrase-table", str(table))], flags, "tiny", *settings)
+    on_files = make_run_identity(
+        [("SOURCE", str(src)), ("TARGET", str(tgt))], flags, "tiny", *settings
+    )
+    assert identity_difference(on_table, on_files, "c") == (
         f"--resume: c was trained on --phrase-table {table}, this run on SOURCE {src} and "
         f"TARGET {tgt}"
     )
-    inverse = make_recipe([("--phrase-table", str(table))], {**flags, "--inverse": True},
+    inverse = make_run_identity([("--phrase-table", str(table))], {**flags, "--inverse": True},
                           "tiny", *settings)  # fmt: skip
-    assert recipe_difference(on_table, inverse, "c") == (
+    assert identity_difference(on_table, inverse, "c") == (
         "--resume: c was trained with no --inverse, this run has --inverse"
     )
-    no_reverse = make_recipe([("--phrase-table", str(table))], flags, "tiny",
+    no_reverse = make_run_identity([("--phrase-table", str(table))], flags, "tiny",
                              {"arch": "cho", "reverse_source": False}, settings[1])  # fmt: skip
-    assert recipe_difference(on_table, no_reverse, "c") == (
+    assert identity_difference(on_table, no_reverse, "c") == (
         "--resume: c was trained with no --no-reverse, this run has --no-reverse"
     )
-    longer = make_recipe([("--phrase-table", str(table))], flags, "tiny", settings[0],
+    longer = make_run_identity([("--phrase-table", str(table))], flags, "tiny", settings[0],
                          {"seed": 1, "epochs": 5})  # fmt: skip
-    assert recipe_difference(on_table, longer, "c") is None  # a budget may change
-    assert recipe_difference(on_table, make_recipe([("--phrase-table", str(table))], flags,
+    assert identity_difference(on_table, longer, "c") is None  # a budget may change
+    assert identity_difference(on_table, make_run_identity([("--phrase-table", str(table))], flags,
                              "default", *settings), "c") == (
         "--resume: c was trained with --preset tiny, this run has --preset default"
     )  # fmt: skip

@@ -1,4 +1,4 @@
-"""The CSLM target language model (SPEC §3.6): training, files, scoring, and its two features."""
+"""The CSLM target language model (Schwenk 2007): training, files, scoring, and its two features."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from phrasescore.model import build_network
 from phrasescore.model.checkpoint import save_network_file
 from phrasescore.model.config import ModelConfig
 from phrasescore.model.gru import run_fused_gru
-from phrasescore.training.recipe import recipe_difference
+from phrasescore.training.run_identity import identity_difference
 
 from .conftest import run_cli, sample_pairs, train_tiny, write_lines
 from .test_model_lstm import run_every_command, save_load_identical
@@ -302,8 +302,8 @@ def test_resume_recipe_without_the_flag_means_written():
     saved = {"files": {}, "flags": {"--arch": "attention"}, "settings": {}}
     written = {"files": {}, "flags": {"--arch": "attention", "--recurrence": "written"}}
     fused = {"files": {}, "flags": {"--arch": "attention", "--recurrence": "fused"}}
-    assert recipe_difference(saved, {**written, "settings": {}}, "m.checkpoint") is None
-    line = recipe_difference(saved, {**fused, "settings": {}}, "m.checkpoint")
+    assert identity_difference(saved, {**written, "settings": {}}, "m.checkpoint") is None
+    line = identity_difference(saved, {**fused, "settings": {}}, "m.checkpoint")
     assert line == (
         "--resume: m.checkpoint was trained with --recurrence written, this run has "
         "--recurrence fused"

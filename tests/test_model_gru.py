@@ -155,7 +155,7 @@ def test_fan_in_init_gives_unit_embeddings_and_cho_keeps_the_paper_scale():
 def test_fused_output_layer_matches_the_log_softmax():
     """The one-pass log-sum-exp and gather (compiled where it compiles) against the eager
     log-softmax, fp32 and bf16 logits, over several row chunks."""
-    from phrasescore.model.base import FUSED_MIN_VOCAB, _eager_lse_gather, target_logprobs
+    from phrasescore.model.output_layer import FUSED_MIN_VOCAB, _eager_lse_gather, target_logprobs
 
     torch.manual_seed(0)
     vocab = FUSED_MIN_VOCAB
@@ -172,7 +172,7 @@ def test_fused_output_layer_matches_the_log_softmax():
 def test_fused_output_layer_rows_whose_maximum_is_far_outside_the_shift_columns():
     """The log-sum-exp is shifted by the maximum of the first SHIFT_COLUMNS logits; a row with a
     logit 200 above them overflows fp32's exp and is computed again the usual way."""
-    from phrasescore.model.base import (
+    from phrasescore.model.output_layer import (
         FUSED_MIN_VOCAB,
         SHIFT_COLUMNS,
         _eager_lse_gather,
@@ -192,10 +192,10 @@ def test_fused_output_layer_rows_whose_maximum_is_far_outside_the_shift_columns(
 
 
 def test_token_nll_gives_cross_entropys_loss_and_gradient_also_through_log_z():
-    """The training loss (base.token_nll, its own backward) against PyTorch's cross_entropy and
+    """The training loss (output_layer.token_nll, its own backward) against PyTorch's cross_entropy and
     logsumexp: the summed NLL, log Z and the gradient of NLL / N + α Σ (log Z)² (Devlin et al.'s
     self-normalisation), on real-sized logits."""
-    from phrasescore.model.base import token_nll
+    from phrasescore.model.output_layer import token_nll
 
     torch.manual_seed(0)
     logits = (3 * torch.randn(50, 1200, dtype=torch.float64)).requires_grad_()

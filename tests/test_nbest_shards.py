@@ -32,7 +32,7 @@ CHUNK = 50
 
 
 def _nbest(model, output, shard=None, nbest=LIST, source=SOURCE, **kw) -> None:
-    options = NBestOptions(block_hypotheses=kw.pop("chunk", CHUNK), **kw)
+    options = NBestOptions(chunk_lines=kw.pop("chunk", CHUNK), **kw)
     rescore_nbest(str(nbest), str(source), model, str(output), options, progress=False, shard=shard)
 
 

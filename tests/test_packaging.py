@@ -1,4 +1,5 @@
-"""`pip install -e .[test]` brings everything the tests import (issue 14)."""
+"""`pip install -e .[test]` brings everything the tests import, and the import rules of the layers
+that docs/development.md states hold."""
 
 from __future__ import annotations
 
@@ -26,8 +27,9 @@ def test_the_test_extra_brings_pytest_xdist_which_make_test_uses():
     assert "pytest-xdist" in _extra("test")
 
 
-def _imports(path: Path) -> set[str]:
-    """The phrasescore modules a source file imports (at any depth of the file)."""
+def _imports(path: Path, every: bool = False) -> set[str]:
+    """The phrasescore modules a source file imports (at any depth of the file); with ``every``,
+    the other packages' too."""
     import ast
 
     names = set()
@@ -37,19 +39,20 @@ def _imports(path: Path) -> set[str]:
             names.update(f"{node.module}.{alias.name}" for alias in node.names)
         elif isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
-    return {name for name in names if name.startswith("phrasescore")}
+    return {name for name in names if every or name.startswith("phrasescore")}
 
 
 def test_the_engine_knows_no_moses_file_and_no_job():
-    """The engine scores ids and strings; the jobs parse the Moses lines (issue 24)."""
+    """The engine scores ids and strings; the jobs parse the Moses lines and hand it what it
+    scores."""
     for path in (ROOT / "phrasescore" / "engine").glob("*.py"):
         bad = {n for n in _imports(path) if n.startswith(("phrasescore.moses", "phrasescore.jobs"))}
         assert not bad, f"{path.name} imports {sorted(bad)}"
 
 
 def test_the_training_loop_calls_no_job_and_reads_no_moses_line():
-    """The training loop is engine, not a job (issue 29): it imports no job, no Moses format
-    module and no CLI."""
+    """The training loop is a layer below the jobs, shared by train and train-lm: it imports no
+    job, no Moses format module and no CLI."""
     for path in (ROOT / "phrasescore" / "training").glob("*.py"):
         prefixes = ("phrasescore.jobs", "phrasescore.moses", "phrasescore.cli")
         bad = {n for n in _imports(path) if n.startswith(prefixes)}
@@ -68,3 +71,22 @@ def test_a_job_imports_its_own_product_and_the_shared_jobs_never_another_product
         used = {n.split(".")[2] for n in _imports(path) if n.startswith("phrasescore.jobs.")}
         others = used & products - {own}
         assert not others, f"{path.relative_to(jobs)} imports the products {sorted(others)}"
+
+
+def test_a_network_knows_ids_not_vocabularies_and_no_moses_file():
+    """model/ holds the networks: they read and give ids, so no module of model/ imports text/
+    (vocabularies, tokenisers), moses/ or the CLI; the special ids they share with text/ are
+    model/constants.py's, which bundle.py checks against text/vocab.py's."""
+    for path in (ROOT / "phrasescore" / "model").rglob("*.py"):
+        prefixes = ("phrasescore.text", "phrasescore.moses", "phrasescore.cli")
+        bad = {n for n in _imports(path) if n.startswith(prefixes)}
+        assert not bad, f"{path.name} imports {sorted(bad)}"
+
+
+def test_the_moses_formats_know_no_tensors_no_tokens_and_no_scoring():
+    """moses/ reads and writes Moses' files as text and numbers: no module of it imports torch,
+    a network, text/ or the engine."""
+    for path in (ROOT / "phrasescore" / "moses").glob("*.py"):
+        prefixes = ("torch", "phrasescore.model", "phrasescore.text", "phrasescore.engine")
+        bad = {n for n in _imports(path, every=True) if n.startswith(prefixes)}
+        assert not bad, f"{path.name} imports {sorted(bad)}"

@@ -1,4 +1,4 @@
-"""TextNormalizer: tokenizer.perl/lowercase.perl-compatible tokens (SPEC 2.1)."""
+"""TextNormalizer: tokenizer.perl/lowercase.perl-compatible tokens."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 ``tools/bench-io`` runs ``rescore``'s whole table path (reading, decompression, parsing, token
 ids, formatting, compression, writing, resume state) with it, so that what it measures is the
-path and not the model (issue 42, item 2). It is a real :class:`PairScorer` in every other
+path and not the model (docs/benchmarks.md "Table I/O"). It is a real :class:`PairScorer` in every other
 respect: the pairs are tokenised and looked up in the model's vocabularies as for scoring
 (:meth:`~PairScorer.encode_phrases`), the unknown-word and token counts are the real ones.
 """

@@ -1,4 +1,4 @@
-"""Scoring token sequences with the CSLM (SPEC §3.6), and the two features it gives Moses.
+"""Scoring token sequences with the CSLM (Schwenk 2007), and the two features it gives Moses.
 
 :class:`LMScorer` computes log p of many sequences at once. A feed-forward n-gram model sees each
 position independently, so the n-grams of all sequences of a block are pooled: each *distinct*
@@ -20,10 +20,12 @@ Words outside the vocabulary are scored as ``<unk>`` (the usual closed-vocabular
 Features:
 
 * ``phrasescore nbest --lm`` (:mod:`phrasescore.jobs.nbest.nbest`) adds ``CSLM0= log p(hypothesis)``
-  (sentence mode) to every line of a Moses n-best list, every other byte unchanged (SPEC §2.3);
+  (sentence mode) to every line of a Moses n-best list, every other byte unchanged
+  (docs/moses.md "The Moses files phrasescore reads");
 * ``phrasescore rescore --lm`` (``LMPhraseColumn`` of the rescore job) gives p(target phrase) =
   exp(max(log p, -100)) (phrase mode) as a phrase-table column: a probability, since Moses takes
-  ln of every column (SPEC §2.1). This module scores ids and strings; it knows no Moses file.
+  ln of every column (docs/moses.md "The Moses files phrasescore reads"). This module scores
+  ids and strings; it knows no Moses file.
 """
 
 from __future__ import annotations

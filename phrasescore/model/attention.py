@@ -9,10 +9,10 @@ annotation of word j is ``h_j = [→h_j ; ←h_j]`` (2H units). The backward GRU
 at its own last real token: each row's real tokens are reversed in place, run forward and put back
 (:func:`~phrasescore.model.lstm.reverse_within`). The GRUs are written out with gru.py rather than
 :class:`torch.nn.GRU`, whose cuDNN formulation applies the reset gate after the product with U.
-With ``recurrence="fused"`` (issue 39; not in ``--preset paper``) the encoder is that
-bidirectional :class:`torch.nn.GRU` over packed sequences instead (one cuDNN call on a GPU; the
-formulation difference: :mod:`phrasescore.model.gru`); annotations, ←h_1 and everything after
-them are the same.
+With ``recurrence="fused"`` (not in ``--preset paper``) the network is
+:class:`FusedAttentionEncoderDecoder`, whose encoder is that bidirectional :class:`torch.nn.GRU`
+over packed sequences instead (one cuDNN call on a GPU; the formulation difference:
+:mod:`phrasescore.model.gru`); annotations, ←h_1 and everything after them are the same.
 
 Alignment model (§3.1, A.1.2)::
 
@@ -54,12 +54,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from phrasescore.model.base import EncoderDecoder, EncoderOutput, maxout, summed_linear
+from phrasescore.model.base import EncoderDecoder, EncoderOutput
 from phrasescore.model.config import ModelConfig
 from phrasescore.model.constants import PAD_ID
 from phrasescore.model.gru import gru_encoder_step, run_fused_gru, run_gru_encoder
 from phrasescore.model.initialization import init_attention
 from phrasescore.model.lstm import reverse_within
+from phrasescore.model.output_layer import maxout, summed_linear
 
 
 class AttentionEncoderDecoder(EncoderDecoder):
@@ -79,16 +80,7 @@ class AttentionEncoderDecoder(EncoderDecoder):
         att = hid
         self.src_embed = nn.Embedding(config.src_vocab_size, emb, padding_idx=PAD_ID)
         self.tgt_embed = nn.Embedding(config.tgt_vocab_size, emb, padding_idx=PAD_ID)
-        self.fused = config.recurrence == "fused"
-        if self.fused:  # torch.nn.GRU, both directions, cuDNN's formulation (gru.py)
-            self.encoder = nn.GRU(emb, hid, batch_first=True, bidirectional=True)
-        else:
-            # Encoder: input matrices [W_r; W_z; W] of the forward and then the backward GRU.
-            self.enc_input = nn.Linear(emb, 6 * hid)
-            self.enc_fwd_u_rz = nn.Parameter(torch.empty(hid, 2 * hid))
-            self.enc_fwd_u_h = nn.Parameter(torch.empty(hid, hid))
-            self.enc_bwd_u_rz = nn.Parameter(torch.empty(hid, 2 * hid))
-            self.enc_bwd_u_h = nn.Parameter(torch.empty(hid, hid))
+        self._build_encoder(emb, hid)
         self.dec_init = nn.Linear(hid, hid)  # W_s: s_0 = tanh(W_s ←h_1)
         # Alignment model e_ij = v_aᵀ tanh(W_a s_{i-1} + U_a h_j).
         self.att_state = nn.Linear(hid, att, bias=False)  # W_a
@@ -116,16 +108,21 @@ class AttentionEncoderDecoder(EncoderDecoder):
         "dec_u_rz",
         "dec_u_h",
     )
-    FUSED_RECURRENT = (
-        "encoder.weight_hh_l0",
-        "encoder.weight_hh_l0_reverse",
-        "dec_u_rz",
-        "dec_u_h",
-    )
+    """The recurrent matrices, initialised orthogonal (:func:`init_attention`)."""
+
+    def _build_encoder(self, emb: int, hid: int) -> None:
+        """The bidirectional encoder's parameters (called between the embeddings and W_s, so
+        that the parameters, hence the seeded initial weights, come in one order)."""
+        # Encoder: input matrices [W_r; W_z; W] of the forward and then the backward GRU.
+        self.enc_input = nn.Linear(emb, 6 * hid)
+        self.enc_fwd_u_rz = nn.Parameter(torch.empty(hid, 2 * hid))
+        self.enc_fwd_u_h = nn.Parameter(torch.empty(hid, hid))
+        self.enc_bwd_u_rz = nn.Parameter(torch.empty(hid, 2 * hid))
+        self.enc_bwd_u_h = nn.Parameter(torch.empty(hid, hid))
 
     def reset_parameters(self) -> None:
         """Bahdanau et al. App. B.1 (see the module docstring)."""
-        init_attention(self, self.FUSED_RECURRENT if self.fused else self.RECURRENT)
+        init_attention(self, self.RECURRENT)
 
     # ------------------------------------------------------------------------ encoder
     def encode(self, src: Tensor, src_lengths: Tensor) -> EncoderOutput:
@@ -134,8 +131,6 @@ class AttentionEncoderDecoder(EncoderDecoder):
 
         Annotations at padded positions are 0 (they get 0 attention weight anyway).
         """
-        if self.fused:
-            return self._encode_fused(src, src_lengths)
         hid = self.config.hidden_dim
         steps = src.shape[1]
         x_proj = self.enc_input(self.dropout(self.src_embed(src)))
@@ -168,19 +163,6 @@ class AttentionEncoderDecoder(EncoderDecoder):
             "ann_proj": self.att_annotation(ann),
             "mask": mask,
             "first_back": backward[:, 0],
-        }
-
-    def _encode_fused(self, src: Tensor, src_lengths: Tensor) -> EncoderOutput:
-        """:meth:`encode` with the bidirectional :class:`torch.nn.GRU` (``recurrence="fused"``):
-        its outputs are the annotations [→h_j; ←h_j] (0 at padded positions), its backward final
-        state ←h_1."""
-        ann, last = run_fused_gru(self.encoder, self.dropout(self.src_embed(src)), src_lengths)
-        positions = torch.arange(src.shape[1], device=src.device).unsqueeze(0)
-        return {
-            "ann": ann,
-            "ann_proj": self.att_annotation(ann),
-            "mask": positions < src_lengths.unsqueeze(1),
-            "first_back": last[1],
         }
 
     def summary_vector(self, enc: EncoderOutput) -> Tensor:
@@ -279,3 +261,32 @@ class AttentionEncoderDecoder(EncoderDecoder):
         per_tgt_token += (0 if rank == mx else mx * rank) + rank * vocab
         macs = share * src_len * per_src_token + per_pair + tgt_len * per_tgt_token
         return 2.0 * macs
+
+
+class FusedAttentionEncoderDecoder(AttentionEncoderDecoder):
+    """RNNsearch with the bidirectional :class:`torch.nn.GRU` encoder (cuDNN's formulation):
+    ``recurrence="fused"``; the attention and the decoder are :class:`AttentionEncoderDecoder`'s."""
+
+    RECURRENT = (
+        "encoder.weight_hh_l0",
+        "encoder.weight_hh_l0_reverse",
+        "dec_u_rz",
+        "dec_u_h",
+    )
+
+    def _build_encoder(self, emb: int, hid: int) -> None:
+        # torch.nn.GRU, both directions, cuDNN's formulation (gru.py)
+        self.encoder = nn.GRU(emb, hid, batch_first=True, bidirectional=True)
+
+    def encode(self, src: Tensor, src_lengths: Tensor) -> EncoderOutput:
+        """:meth:`AttentionEncoderDecoder.encode` with the bidirectional :class:`torch.nn.GRU`:
+        its outputs are the annotations [→h_j; ←h_j] (0 at padded positions), its backward final
+        state ←h_1."""
+        ann, last = run_fused_gru(self.encoder, self.dropout(self.src_embed(src)), src_lengths)
+        positions = torch.arange(src.shape[1], device=src.device).unsqueeze(0)
+        return {
+            "ann": ann,
+            "ann_proj": self.att_annotation(ann),
+            "mask": positions < src_lengths.unsqueeze(1),
+            "first_back": last[1],
+        }

@@ -2,12 +2,14 @@
 
 ``NETWORKS`` maps every ``ModelConfig.arch`` to its class; the names are those of the presets
 (:data:`~phrasescore.model.config.ARCH_PRESETS`), so a new architecture is one class here and
-one preset table there.
+one preset table there. ``FUSED_NETWORKS`` maps the architectures with a
+``recurrence="fused"`` variant (:data:`~phrasescore.model.config.FUSED_ARCHITECTURES`) to theirs:
+a model file's ``recurrence`` picks the table, its ``arch`` the class.
 """
 
 from __future__ import annotations
 
-from phrasescore.model.attention import AttentionEncoderDecoder
+from phrasescore.model.attention import AttentionEncoderDecoder, FusedAttentionEncoderDecoder
 from phrasescore.model.base import EncoderDecoder
 from phrasescore.model.config import (
     ARCHITECTURES,
@@ -15,7 +17,7 @@ from phrasescore.model.config import (
     RECURRENCES,
     ModelConfig,
 )
-from phrasescore.model.encdec import GRUEncoderDecoder
+from phrasescore.model.encdec import FusedGRUEncoderDecoder, GRUEncoderDecoder
 from phrasescore.model.initialization import init_self_normalized
 from phrasescore.model.lstm import DeepLSTMEncoderDecoder
 
@@ -24,10 +26,20 @@ NETWORKS: dict[str, type[EncoderDecoder]] = {
     "lstm": DeepLSTMEncoderDecoder,
     "attention": AttentionEncoderDecoder,
 }
-"""Architecture name -> network class, in the order of :data:`ARCHITECTURES`."""
+"""Architecture name -> network class (``recurrence="written"``), in the order of
+:data:`ARCHITECTURES`."""
+
+FUSED_NETWORKS: dict[str, type[EncoderDecoder]] = {
+    "cho": FusedGRUEncoderDecoder,
+    "attention": FusedAttentionEncoderDecoder,
+}
+"""Architecture name -> network class with :class:`torch.nn.GRU` recurrences
+(``recurrence="fused"``), in the order of :data:`FUSED_ARCHITECTURES`."""
 
 if tuple(NETWORKS) != ARCHITECTURES:  # pragma: no cover - a programming error
     raise ImportError("NETWORKS and the preset tables name different architectures")
+if tuple(FUSED_NETWORKS) != FUSED_ARCHITECTURES:  # pragma: no cover - a programming error
+    raise ImportError("FUSED_NETWORKS and FUSED_ARCHITECTURES name different architectures")
 
 
 def build_network(config: ModelConfig) -> EncoderDecoder:
@@ -43,7 +55,7 @@ def build_network(config: ModelConfig) -> EncoderDecoder:
         )
     if config.recurrence == "fused" and config.arch not in FUSED_ARCHITECTURES:
         raise ValueError(f"no fused recurrence for architecture {config.arch!r}")
-    network = NETWORKS[config.arch](config)
+    network = (FUSED_NETWORKS if config.recurrence == "fused" else NETWORKS)[config.arch](config)
     if config.self_normalize:
         init_self_normalized(network)
     return network

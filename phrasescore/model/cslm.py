@@ -27,7 +27,7 @@ Contexts
   (k uniform in 0..n-2) and the others are replaced by NULL, so it also learns p(w | shorter
   history), down to the unigram p(w | NULL ... NULL). Validation never truncates.
 
-The network is trained by :mod:`phrasescore.jobs.train_lm` with the encoder-decoder's trainer: its
+The network is trained by :mod:`phrasescore.training.lm_trainer` with the encoder-decoder's loop: its
 :meth:`FeedForwardLM.loss` takes the trainer's batch tensors (the source is ignored).
 
 Files: one ``.safetensors`` file like an encoder-decoder model but with
@@ -44,10 +44,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from phrasescore.model.base import LossTerms, bf16_autocast, token_nll
+from phrasescore.model.base import LossTerms, bf16_autocast
 from phrasescore.model.config import TrainConfig
 from phrasescore.model.constants import BOS_ID, PAD_ID
 from phrasescore.model.initialization import init_cslm
+from phrasescore.model.output_layer import token_nll
 
 
 @dataclass

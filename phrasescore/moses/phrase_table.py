@@ -169,7 +169,7 @@ def parse_phrase_table_chunk(
 ) -> list[PhraseTableEntry]:
     """The entries of ``text``, lines of a table decoded in one piece (``rescore``'s chunks),
     the first of which is line ``first_lineno``: the entries and errors of
-    :func:`parse_phrase_table_lines`, faster (issue 42): no copy of a line to cut its ending
+    :func:`parse_phrase_table_lines`, faster: no copy of a line to cut its ending
     off, and the scores of the whole chunk checked in one pass (the lines one by one only to
     name the first bad one, so the first error in line order is the one raised)."""
     refuse_bare_carriage_return(text, name, first_lineno)
@@ -357,7 +357,7 @@ def probability_from_logprob(logp: float, floor: float = LOWEST_SCORE) -> float:
 
 def format_logprobs(logprobs: Iterable[float]) -> list[str]:
     """``format_probability(probability_from_logprob(v))`` of each natural-log score, the same
-    strings in one loop (a table's column: issue 42); ValueError as they raise it."""
+    strings in one loop (a table's whole column at once); ValueError as they raise it."""
     out = []
     append = out.append
     exp = math.exp

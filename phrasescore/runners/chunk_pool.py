@@ -22,7 +22,7 @@ How (:class:`ChunkPool`):
 - One task queue, one result queue: a free worker takes the next chunk; the parent hands the
   results on in input order and keeps at most ``IN_FLIGHT_PER_WORKER`` chunks per worker
   queued or being scored, so memory stays bounded whatever the input's length.
-- With ``serve`` (``rescore --io-workers``, issue 42) the parent owns part of the work: the
+- With ``serve`` (``rescore --io-workers``) the parent owns part of the work: the
   networks, on a GPU. A worker calls ``work(item, ask)``; ``ask(request)`` puts the request on
   one request queue and waits for the answer on its own pipe; the parent, while it waits for
   results, answers each request as it comes with ``serve(request)`` (in its own thread, where
@@ -160,7 +160,7 @@ def frozen_heap():
     """The objects that exist now left out of the garbage collector's scans while the block
     runs (``gc.freeze``), the way a worker runs: a job that makes millions of small objects
     (a table's lines, tokens and ids) otherwise rescans the loaded models and vocabularies at
-    every full collection (issue 42: 1.6x the text path's time, measured). Objects made in the
+    every full collection (measured: 1.6x the text path's time). Objects made in the
     block are collected as usual; the frozen ones are given back to the collector after it."""
     gc.freeze()
     try:

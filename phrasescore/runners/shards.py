@@ -621,7 +621,7 @@ def merge_shards(parts: list[str], output: str) -> MergeResult:
         readers = [_PartReader(part, m) for part, m in ordered]
         try:
             if part_kind(manifest) == PHRASE_TABLE:
-                # the level rescore wrote with (parts of before issue 42: gzip's 6)
+                # the level rescore wrote with (a part whose manifest has none was written at gzip's 6)
                 level = manifest["job"].get("options", {}).get("gzip_level", ZLIB_LEVEL)
                 _merge_table(readers, sizes, output, level)
             else:

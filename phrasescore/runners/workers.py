@@ -3,9 +3,9 @@ checked the same way, and the chunks scored in this process or in a pool of fork
 (:mod:`.chunk_pool`) with the same bytes either way.
 
 A job loads its models inside :func:`loading_for_workers` (one PyTorch thread when it will fork),
-then scores its chunks with :class:`ChunkScoring`::
+then scores its chunks with :class:`WorkerMap`::
 
-    with ChunkScoring(score_chunk, workers, warm_up=columns.warm_up) as scoring:
+    with WorkerMap(score_chunk, workers, warm_up=columns.warm_up) as scoring:
         for chunk, result in scoring.results(chunks):
             ...  # in input order
         scoring.finish()  # the last result is in: let the workers exit
@@ -61,9 +61,10 @@ def loading_for_workers(workers: int) -> AbstractContextManager:
     return single_threaded_parent(workers > 1)
 
 
-class ChunkScoring:
-    """``score`` run on each chunk in this process (``workers`` = 1) or in ``workers`` forked
-    single-threaded processes, the results in input order.
+class WorkerMap:
+    """A map of a job's ``score`` (its ``ChunkScorer``) over the chunks: in this process
+    (``workers`` = 1) or in ``workers`` forked single-threaded processes, the results in input
+    order.
 
     ``warm_up`` (optional) compiles the kernels in this process before the fork, so that the
     workers inherit them. With ``serve`` the chunks are ``score(chunk, ask)``, ``ask`` answered
@@ -90,7 +91,7 @@ class ChunkScoring:
         self.again = again
         self.pool: ChunkPool | None = None
 
-    def __enter__(self) -> ChunkScoring:
+    def __enter__(self) -> WorkerMap:
         if self.workers > 1 or (self.serve is not None and self.workers > 0):
             with single_threaded_parent(True):
                 if self.warm_up is not None:

@@ -1,11 +1,11 @@
 """Text handling: Moses-compatible tokenisation, vocabularies, corpora and batches.
 
 * :mod:`~phrasescore.text.tokenize` -- :class:`TextNormalizer` (``tokenizer.perl`` /
-  ``lowercase.perl``-compatible tokens, SPEC 2.1);
+  ``lowercase.perl``-compatible tokens);
 * :mod:`~phrasescore.text.vocab` -- :class:`WordVocabulary` (top-K words, Cho et al. 2014) and
   :class:`SubwordVocabulary` (SentencePiece BPE), special ids PAD/UNK/BOS/EOS = 0/1/2/3;
-* :mod:`~phrasescore.text.corpus` -- parallel text and distinct phrase pairs (SPEC 3.3),
-  :class:`ParallelDataset`, :class:`TokenBudgetBatcher`, :class:`Batch`.
+* :mod:`~phrasescore.text.corpus` -- parallel text and distinct phrase pairs (Cho et al. 2014,
+  §3.1), :class:`ParallelDataset`, :class:`TokenBudgetBatcher`, :class:`Batch`.
 """
 
 from phrasescore.text.corpus import (

@@ -2,18 +2,18 @@
 
 * :func:`read_parallel` streams the sentence pairs of two line-aligned files;
   :func:`read_phrase_pairs` streams the *distinct* phrase pairs of a Moses phrase table, each
-  once whatever its frequency -- the training data of Cho et al. (2014, §3.1; SPEC 3.3), where
+  once whatever its frequency -- the training data of Cho et al. (2014, §3.1), where
   the table's φ columns already carry frequency and the network learns what is a plausible
   translation. Both skip pairs with an empty side or with more than ``max_length`` tokens on
   either side and count what they skipped in ``reader.stats``.
 * :class:`ParallelDataset` holds encoded pairs compactly: flat ``int32`` id arrays with ``int64``
   offsets per side (about 4 bytes per token and side plus 16 bytes per pair).
 * :class:`TokenBudgetBatcher` groups pairs of similar lengths into batches bounded by a padded
-  token count (batches of similar lengths: Sutskever et al. 2014, §3.4 of SPEC), deterministic
+  token count (batches of similar lengths: Sutskever et al. 2014, §3.4), deterministic
   for a (seed, epoch) so that training can resume inside an epoch.
-* :func:`collate` / :func:`make_batch` build padded tensors. Following SPEC 3 ("source x and
-  target y, each ending with an end-of-sequence symbol") the source is ``ids + [EOS]``; the
-  decoder reads ``[BOS] + ids`` and predicts ``ids + [EOS]``.
+* :func:`collate` / :func:`make_batch` build padded tensors. Following Cho et al. (2014, §2:
+  source x and target y, each ending with an end-of-sequence symbol) the source is
+  ``ids + [EOS]``; the decoder reads ``[BOS] + ids`` and predicts ``ids + [EOS]``.
 """
 
 from __future__ import annotations

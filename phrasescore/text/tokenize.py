@@ -1,7 +1,7 @@
 """Turning a line of text into the tokens a model sees, the way Moses pipelines do.
 
 Moses pipelines tokenise with ``tokenizer.perl -l LANG`` (which escapes ``& | < > ' " [ ]`` as
-``&amp; &#124; &lt; &gt; &apos; &quot; &#91; &#93;``, SPEC 2.1) and then lowercase with
+``&amp; &#124; &lt; &gt; &apos; &quot; &#91; &#93;``) and then lowercase with
 ``lowercase.perl`` (or truecase). Phrase tables and n-best lists hold such tokens, so a model must
 see text prepared the same way:
 
@@ -82,7 +82,7 @@ def split_moses_tokens(line: str) -> list[str]:
     if "\t" in line:
         line = line.replace("\t", " ")
     tokens = line.split(" ")
-    if "" in tokens:  # a run of spaces, or one at an end (the common case has none: issue 42)
+    if "" in tokens:  # a run of spaces, or one at an end (rare: most lines skip this copy)
         return [token for token in tokens if token]
     return tokens
 

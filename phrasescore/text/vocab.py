@@ -3,7 +3,7 @@
 Two kinds share one interface and the same special ids (:data:`PAD_ID`, :data:`UNK_ID`,
 :data:`BOS_ID`, :data:`EOS_ID` = 0, 1, 2, 3):
 
-* :class:`WordVocabulary` -- Cho et al. (2014, §4.1; SPEC 3.2): the K most frequent words of one
+* :class:`WordVocabulary` -- Cho et al. (2014, §4.1): the K most frequent words of one
   language side (15,000 in the paper, 93% coverage); every other word maps to one unknown-word
   symbol.
 * :class:`SubwordVocabulary` -- a SentencePiece model (Kudo & Richardson 2018) trained on the

@@ -16,8 +16,8 @@ Files written next to the model ``MODEL``:
 ``MODEL.best``         the best model so far while the run goes on (renamed to ``MODEL`` at the
                        end; kept with the checkpoint when a run fails, for ``--resume``)
 ``MODEL.checkpoint``   the full training state (weights, optimiser, RNG, position in the epoch)
-                       with the run's recipe and a checksum (:mod:`.checkpoint_file`,
-                       :mod:`.recipe`), written every ``checkpoint_every`` steps, on Ctrl-C and
+                       with the run's identity and a checksum (:mod:`.checkpoint_file`,
+                       :mod:`.run_identity`), written every ``checkpoint_every`` steps, on Ctrl-C and
                        at the end; ``--resume`` continues from it exactly (same weights as an
                        uninterrupted run), and only the same run: other data or flags are
                        refused in one line
@@ -48,7 +48,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -78,7 +78,7 @@ from phrasescore.text.corpus import (
 from phrasescore.text.tokenize import TextNormalizer
 from phrasescore.text.vocab import EOS_ID, SubwordVocabulary, WordVocabulary, vocabulary_from_state
 from phrasescore.training import checkpoint_file
-from phrasescore.training.recipe import BUDGETS, make_recipe, recipe_difference
+from phrasescore.training.run_identity import BUDGETS, identity_difference, make_run_identity
 
 log = logging.getLogger(__name__)
 
@@ -294,6 +294,61 @@ class Validation:
     None for networks that compute none (the CSLM)."""
 
 
+@dataclass
+class Position:
+    """Where a run is: the resumable part of its state between steps.
+
+    Saved in every checkpoint as a dict (:meth:`to_dict`, read back by :meth:`from_dict`, where
+    a field that an older checkpoint lacks takes its default), and under torchrun taken by every
+    rank from rank 0 after each validation.
+    """
+
+    epoch: int = 0
+    """Epochs done."""
+    batch: int = 0
+    """Steps done in the current epoch."""
+    step: int = 0
+    """Steps done in all (the ``max_steps`` budget)."""
+    best: float = math.inf
+    """The lowest validation perplexity so far, that of the model saved."""
+    bad: int = 0
+    """Scheduled validations since the last new best (early stopping's count)."""
+    history: list[dict[str, Any]] = field(default_factory=list)
+    """One entry per validation: step, train_ppl, valid_ppl, elapsed (and valid_abs_log_z)."""
+    schedule_best: float = math.inf
+    """The lowest *scheduled* validation perplexity (:meth:`Trainer._count_plateau`)."""
+    elapsed: float = 0.0
+    """Seconds the run has taken, over all its resumes (the ``max_minutes`` budget)."""
+    tokens: int = 0
+    """Target tokens trained on (this rank)."""
+    valid_seconds: float = 0.0
+    """Seconds spent validating, left out of the training rate."""
+    lr_scale: float | None = None
+    """The plateau factor of the learning rate (``lr_plateau_factor`` once per scheduled
+    validation without a new best); None before the first."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The checkpoint's form: every field (``lr_scale`` only once it is set)."""
+        saved = asdict(self)
+        if self.lr_scale is None:
+            del saved["lr_scale"]
+        return saved
+
+    @classmethod
+    def from_dict(cls, saved: dict[str, Any]) -> Position:
+        """The position of a checkpoint (:meth:`to_dict`, or an older checkpoint's dict)."""
+        position = cls()
+        position.update(saved)
+        return position
+
+    def update(self, saved: dict[str, Any]) -> None:
+        """The fields that ``saved`` (a :meth:`to_dict`) holds set from it; keys that are no
+        field are ignored."""
+        for name in self.__dataclass_fields__:
+            if name in saved:
+                setattr(self, name, saved[name])
+
+
 @torch.no_grad()
 def evaluate(network, dataset: ParallelDataset, device, batch_tokens: int) -> Validation:
     """Perplexity and mean |log Z| of ``dataset`` under ``network``."""
@@ -317,11 +372,6 @@ def evaluate(network, dataset: ParallelDataset, device, batch_tokens: int) -> Va
     network.train(was_training)
     n = max(tokens, 1)
     return Validation(perplexity(nll / n), abs_log_z / n if have_log_z else None)
-
-
-def evaluate_perplexity(network, dataset: ParallelDataset, device, batch_tokens: int) -> float:
-    """Per-token perplexity (EOS included) of ``dataset`` under ``network``."""
-    return evaluate(network, dataset, device, batch_tokens).perplexity
 
 
 def _plot_curve(path: str, history: list[dict[str, Any]]) -> None:
@@ -373,7 +423,7 @@ class Trainer:
         """Whether this run saved a checkpoint (a failed run then keeps its files)."""
 
     # ------------------------------------------------------------------ what is trained
-    # Hooks that a trainer of another kind of network overrides (phrasescore.jobs.train_lm).
+    # Hooks that a trainer of another kind of network overrides (training.lm_trainer.LMTrainer).
     config_class = ModelConfig
 
     def prepare(self, tcfg: TrainConfig, vocab_states):
@@ -406,8 +456,8 @@ class Trainer:
         return read_metadata(self.model_path)["signature"]
 
     def make_recipe(self) -> dict[str, Any]:
-        """What this run is made of (:mod:`phrasescore.training.recipe`), before any resume."""
-        return make_recipe(
+        """What this run is made of (:mod:`.run_identity`), before any resume."""
+        return make_run_identity(
             self.data.files(),
             self.data.flags(),
             self.preset,
@@ -418,7 +468,7 @@ class Trainer:
     # ------------------------------------------------------------------ state
     def _checkpoint_state(self, network, optimizer, position, vocab_states) -> dict[str, Any]:
         meta = {
-            "position": position,
+            "position": position.to_dict(),
             "model_config": self.mcfg.to_dict(),
             "train_config": self.tcfg.to_dict(),
             "data": self.data.describe(),
@@ -525,7 +575,7 @@ class Trainer:
             self._restore_configs(ckpt["meta"])
         run = self._start(ckpt)
         bar = progress_bar(
-            self.progress, total=self.tcfg.max_steps, initial=run.position["step"], unit="step"
+            self.progress, total=self.tcfg.max_steps, initial=run.position.step, unit="step"
         )
         try:
             stopped = self._train(run, bar)
@@ -533,12 +583,12 @@ class Trainer:
             if self.launch is not None:  # other ranks may be gone: no collective now
                 log.warning("interrupted; continue from the last checkpoint with --resume")
                 raise
-            run.position["elapsed"] = time.monotonic() - run.started
+            run.position.elapsed = time.monotonic() - run.started
             self._save_checkpoint(run.network, run.optimizer, run.position, run.vocab_states)
             self._publish()
             log.warning(
                 "interrupted at step %s; checkpoint saved, continue with --resume",
-                f"{run.position['step']:,}",
+                f"{run.position.step:,}",
             )
             raise
         finally:
@@ -546,7 +596,7 @@ class Trainer:
         return self._finish(run, stopped)
 
     def _check_recipe(self, meta: dict[str, Any]) -> None:
-        """Refuse to resume a checkpoint of other data or flags (:func:`recipe_difference`)."""
+        """Refuse to resume a checkpoint of other data or flags (:func:`identity_difference`)."""
         saved = meta.get("recipe")
         if saved is None:
             log.warning(
@@ -555,7 +605,7 @@ class Trainer:
                 self.checkpoint_path,
             )
             return
-        difference = recipe_difference(saved, self.recipe, self.checkpoint_path)
+        difference = identity_difference(saved, self.recipe, self.checkpoint_path)
         if difference:
             raise InputError(
                 f"{difference} (resume with the data and flags of the run, or train without "
@@ -570,13 +620,13 @@ class Trainer:
             setattr(saved, key, getattr(self.tcfg, key))
         self.tcfg = saved
         self.preset = meta["preset"]
-        position = meta["position"]
-        best = position.get("best", math.inf)
+        position = Position.from_dict(meta["position"])
+        best = position.best
         log.info(
             "resuming at step %s of %s (epoch %d%s)",
-            f"{position.get('step', 0):,}",
+            f"{position.step:,}",
             self.checkpoint_path,
-            position.get("epoch", 0) + 1,
+            position.epoch + 1,
             f", best validation perplexity {best:.2f}" if math.isfinite(best) else "",
         )
 
@@ -590,9 +640,7 @@ class Trainer:
         )
         network = self.new_network(src_vocab, tgt_vocab).to(self.device)
         optimizer = make_optimizer(network, tcfg)
-        position = {"epoch": 0, "batch": 0, "step": 0, "best": math.inf, "bad": 0, "history": []}
-        position["schedule_best"] = math.inf
-        position["elapsed"] = 0.0
+        position = Position()
         if self.launch is not None and self.launch.rank:
             torch.manual_seed(tcfg.seed + self.launch.rank)  # other dropout masks on each rank
         if ckpt is not None:
@@ -650,7 +698,7 @@ class Trainer:
             vocab_states=[src_vocab.to_state(), tgt_vocab.to_state()],
             unigram=unigram,
             position=position,
-            started=time.monotonic() - position["elapsed"],
+            started=time.monotonic() - position.elapsed,
             tick=time.monotonic(),
         )
 
@@ -670,32 +718,33 @@ class Trainer:
     def _train(self, run: _Run, bar) -> str:
         """Steps until a budget or early stopping ends the run; returns why it stopped."""
         position, tcfg = run.position, self.tcfg
-        while position["epoch"] < tcfg.epochs:
-            batches = run.batcher.batches(position["epoch"])
-            steps = self._steps_per_epoch(run.batcher, position["epoch"])
-            while position["batch"] < steps:
-                epoch_position = position["epoch"] + position["batch"] / steps
+        while position.epoch < tcfg.epochs:
+            batches = run.batcher.batches(position.epoch)
+            steps = self._steps_per_epoch(run.batcher, position.epoch)
+            while position.batch < steps:
+                epoch_position = position.epoch + position.batch / steps
                 if epoch_position >= tcfg.epochs:  # a fractional number of epochs
                     return "epochs"
                 spent = self._budget_spent(position)  # a resumed run that has reached it
                 if spent:
                     return spent
                 self._schedule_learning_rate(run, epoch_position)
-                self._step(run, *self._rank_batch(batches, position["batch"]), bar)
+                self._step(run, *self._rank_batch(batches, position.batch), bar)
                 stopped = self._after_step(run)
                 if stopped:
                     return stopped
-            position["epoch"] += 1
-            position["batch"] = 0
+            position.epoch += 1
+            position.batch = 0
         return "epochs"
 
     def _schedule_learning_rate(self, run: _Run, epoch_position: float) -> None:
         """The learning rate of this step: the epoch schedule (:func:`learning_rate_at`) times
         the plateau factor of every validation without a new best (``lr_scale``, kept in the
         position so that ``--resume`` continues with it)."""
-        if self.tcfg.lr_halve_after_epochs is None and "lr_scale" not in run.position:
+        scale = run.position.lr_scale
+        if self.tcfg.lr_halve_after_epochs is None and scale is None:
             return
-        lr = learning_rate_at(self.tcfg, epoch_position) * run.position.get("lr_scale", 1.0)
+        lr = learning_rate_at(self.tcfg, epoch_position) * (1.0 if scale is None else scale)
         if lr != run.current_lr:
             for group in run.optimizer.param_groups:
                 group["lr"] = lr
@@ -727,16 +776,16 @@ class Trainer:
         if tcfg.clip_norm:
             torch.nn.utils.clip_grad_norm_(network.parameters(), tcfg.clip_norm)
         run.optimizer.step()
-        position["batch"] += 1
-        position["step"] += 1
+        position.batch += 1
+        position.step += 1
         run.window_nll += float(nll.detach())
         run.window_tokens += n_tok
-        position["tokens"] = position.get("tokens", 0) + n_tok
+        position.tokens += n_tok
         run.tokens_since += n_tok
         now = time.monotonic()
         if now - run.tick >= 1.0:
             bar.set_postfix(
-                epoch=position["epoch"] + 1,
+                epoch=position.epoch + 1,
                 loss=f"{run.window_nll / max(run.window_tokens, 1):.3f}",
                 tok_s=f"{run.tokens_since / (now - run.tick):.0f}",
                 refresh=False,  # drawn by the bar's own clock: a line per 30 s into a log
@@ -747,35 +796,35 @@ class Trainer:
     def _after_step(self, run: _Run) -> str | None:
         """Validate and checkpoint when due; why the run stops now, or None to go on."""
         tcfg, position = self.tcfg, run.position
-        step = position["step"]
+        step = position.step
         if step % tcfg.valid_every == 0:
             run.signature = self._validate(run)
-            if position["bad"] >= tcfg.patience:
+            if position.bad >= tcfg.patience:
                 return "early stopping"
-        position["elapsed"] = time.monotonic() - run.started
+        position.elapsed = time.monotonic() - run.started
         if self.launch is not None and tcfg.max_minutes is not None:
-            position["elapsed"] = distributed.from_main(position["elapsed"])
+            position.elapsed = distributed.from_main(position.elapsed)
         if step % tcfg.checkpoint_every == 0:
             self._save_checkpoint(run.network, run.optimizer, position, run.vocab_states)
         return self._budget_spent(position)
 
-    def _budget_spent(self, position: dict[str, Any]) -> str | None:
+    def _budget_spent(self, position: Position) -> str | None:
         """Why the run stops now (a budget reached), or None. Checked after each step, and
         before one: a resumed run that has reached its budget makes no step."""
         tcfg = self.tcfg
-        if tcfg.max_steps is not None and position["step"] >= tcfg.max_steps:
+        if tcfg.max_steps is not None and position.step >= tcfg.max_steps:
             return "max steps"
-        if tcfg.max_minutes is not None and position["elapsed"] >= 60 * tcfg.max_minutes:
+        if tcfg.max_minutes is not None and position.elapsed >= 60 * tcfg.max_minutes:
             return "time limit"
-        if position["bad"] >= tcfg.patience:
+        if position.bad >= tcfg.patience:
             return "early stopping"
         return None
 
     def _finish(self, run: _Run, stopped: str) -> TrainResult:
         """The last validation and checkpoint, and the result."""
         position = run.position
-        position["elapsed"] = time.monotonic() - run.started
-        if self._window_tokens(run) or not position["history"]:
+        position.elapsed = time.monotonic() - run.started
+        if self._window_tokens(run) or not position.history:
             run.signature = self._validate(run, scheduled=False)
         nothing = not (os.path.exists(self.best_path) or os.path.exists(self.model_path))
         if self.launch is not None:
@@ -791,15 +840,15 @@ class Trainer:
         distributed.barrier()
         signature = run.signature or self.read_signature()
         steps = max(self._steps_per_epoch(run.batcher, 0), 1)
-        epochs_done = position["epoch"] + position["batch"] / steps
+        epochs_done = position.epoch + position.batch / steps
         log.info(
             "stopped (%s) after %d steps, %.2f epochs, %.0f s; best validation perplexity %.2f "
             "(unigram %.1f); model %s (signature %s)",
             stopped,
-            position["step"],
+            position.step,
             epochs_done,
-            position["elapsed"],
-            position["best"],
+            position.elapsed,
+            position.best,
             run.unigram,
             self.model_path,
             signature,
@@ -807,12 +856,12 @@ class Trainer:
         return TrainResult(
             model_path=self.model_path,
             signature=signature,
-            steps=position["step"],
+            steps=position.step,
             epochs_done=epochs_done,
-            best_valid_ppl=position["best"],
+            best_valid_ppl=position.best,
             unigram_valid_ppl=run.unigram,
             stopped=stopped,
-            history=position["history"],
+            history=position.history,
         )
 
     def _window_tokens(self, run: _Run) -> int:
@@ -832,7 +881,7 @@ class Trainer:
         run.window_nll, run.window_tokens = window[0], int(window[1])
         signature = self._validate_here(run, scheduled) if self.is_main else ""
         run.window_nll, run.window_tokens = 0.0, 0
-        synced = distributed.from_main({"position": run.position, "signature": signature})
+        synced = distributed.from_main({"position": run.position.to_dict(), "signature": signature})
         run.position.update(synced["position"])
         return synced["signature"]
 
@@ -842,24 +891,24 @@ class Trainer:
         validation = evaluate(
             run.network, run.valid, self.device, max(self.tcfg.batch_tokens, 2000)
         )
-        position["valid_seconds"] = position.get("valid_seconds", 0.0) + time.monotonic() - began
+        position.valid_seconds = position.valid_seconds + time.monotonic() - began
         ppl = validation.perplexity
         window_nll, window_tokens = run.window_nll, run.window_tokens
         run.window_nll, run.window_tokens = 0.0, 0
         train_ppl = perplexity(window_nll / window_tokens) if window_tokens else float("nan")
-        position["history"].append(
+        position.history.append(
             {
-                "step": position["step"],
+                "step": position.step,
                 "train_ppl": train_ppl,
                 "valid_ppl": ppl,
                 "elapsed": round(time.monotonic() - run.started, 1),
             }
         )
         if validation.mean_abs_log_z is not None:
-            position["history"][-1]["valid_abs_log_z"] = validation.mean_abs_log_z
+            position.history[-1]["valid_abs_log_z"] = validation.mean_abs_log_z
         signature, notes = "", []
-        if ppl < position["best"]:
-            position["best"] = ppl
+        if ppl < position.best:
+            position.best = ppl
             signature = self._save_best(run)
             notes.append("best so far, saved")
         if scheduled:
@@ -868,7 +917,7 @@ class Trainer:
         notes.append(f"{self._training_rate(run):.0f} target tokens/s")
         log.info(
             "step %s: train perplexity %.2f, validation perplexity %.2f%s (%s)",
-            f"{position['step']:,}",
+            f"{position.step:,}",
             train_ppl,
             ppl,
             ""
@@ -877,46 +926,47 @@ class Trainer:
             "; ".join(n for n in notes if n),
         )
         try:
-            _plot_curve(self.curve_path, position["history"])
+            _plot_curve(self.curve_path, position.history)
         except Exception as exc:  # noqa: BLE001 - a plot must never stop training
             log.warning("could not draw %s: %s", self.curve_path, exc)
         return signature
 
-    def _count_plateau(self, position: dict[str, Any], ppl: float) -> str:
+    def _count_plateau(self, position: Position, ppl: float) -> str:
         """Early stopping's count and the plateau learning rate, after a scheduled validation.
 
         They compare with the best *scheduled* validation (``schedule_best``): the extra one
         at the end of a run (:meth:`_finish`) changes neither, so a run stopped and resumed takes
         the same decisions, hence the same weights, as one that never stopped."""
-        if ppl < position.get("schedule_best", position["best"]):  # older checkpoints: "best"
-            position["schedule_best"] = ppl
-            position["bad"] = 0
+        if ppl < position.schedule_best:
+            position.schedule_best = ppl
+            position.bad = 0
             return ""
-        position["bad"] += 1
-        note = f"no improvement ({position['bad']}/{self.tcfg.patience})"
+        position.bad += 1
+        note = f"no improvement ({position.bad}/{self.tcfg.patience})"
         factor = self.tcfg.lr_plateau_factor
         if factor and factor < 1:
-            position["lr_scale"] = position.get("lr_scale", 1.0) * factor
+            scale = position.lr_scale
+            position.lr_scale = (1.0 if scale is None else scale) * factor
             note += f"; learning rate x{factor:g}"
         return note
 
     def _training_rate(self, run: _Run) -> float:
         """Target tokens per second of training so far (validation time left out), this rank."""
         position = run.position
-        seconds = time.monotonic() - run.started - position.get("valid_seconds", 0.0)
-        return position.get("tokens", 0) / max(seconds, 1e-9)
+        seconds = time.monotonic() - run.started - position.valid_seconds
+        return position.tokens / max(seconds, 1e-9)
 
     def _save_best(self, run: _Run) -> str:
         info = {
             "preset": self.preset,
             "train_config": self.tcfg.to_dict(),
             "data": self.data.describe(),
-            "steps": run.position["step"],
-            "valid_ppl": run.position["best"],
+            "steps": run.position.step,
+            "valid_ppl": run.position.best,
             "unigram_valid_ppl": run.unigram,
             "phrasescore_version": __version__,
         }
-        last = run.position["history"][-1] if run.position["history"] else {}
+        last = run.position.history[-1] if run.position.history else {}
         if "valid_abs_log_z" in last:
             info["valid_mean_abs_log_z"] = round(last["valid_abs_log_z"], 6)
         with disk_errors(self.best_path):
@@ -962,7 +1012,8 @@ class _TrainingLog(logging.FileHandler):
 
 @dataclass
 class _Run:
-    """The state of one run between steps (the resumable part is ``position``)."""
+    """The state of one run between steps (the resumable part is ``position``, a
+    :class:`Position`)."""
 
     loss: Any  # network.loss_terms, or its DistributedDataParallel wrapper under torchrun
     network: torch.nn.Module
@@ -974,7 +1025,7 @@ class _Run:
     vocabs: tuple
     vocab_states: list
     unigram: float
-    position: dict[str, Any]
+    position: Position
     started: float
     tick: float
     window_nll: float = 0.0

@@ -3,11 +3,12 @@
 Three analyses of the paper, for any model and table:
 
 * **Top targets** (Table 2): for chosen source phrases, the ``top`` target phrases of the table
-  ranked by the table's direct phrase probability φ(e|f) (the 3rd score, SPEC §2.1; the model
-  scores p(target | source), so this is the column to compare it with; ``column`` picks another)
-  and ranked by the model's log p(target | source), side by side. Sources are given
-  (``sources_path``) or sampled from the table: ``sample`` sources with at least ``min_targets``
-  targets and ``min_words`` words, drawn uniformly (reservoir sampling, seeded).
+  ranked by the table's direct phrase probability φ(e|f) (the 3rd score: docs/moses.md "The
+  Moses files phrasescore reads"; the model scores p(target | source), so this is the column to
+  compare it with; ``column`` picks another) and ranked by the model's log p(target | source),
+  side by side. Sources are given (``sources_path``) or sampled from the table: ``sample``
+  sources with at least ``min_targets`` targets and ``min_words`` words, drawn uniformly
+  (reservoir sampling, seeded).
 * **Proposals** (Table 3): ``proposals`` ancestral samples of the model for each chosen source
   (:func:`phrasescore.engine.search.sample`), the ``top`` best distinct non-empty ones by log p, each
   marked as in the table or not.
@@ -47,7 +48,8 @@ HEXBIN_ABOVE = 5000
 
 
 def column_names(n_scores: int) -> list[str]:
-    """Names of the score columns of a table with ``n_scores`` scores (SPEC §2.1)."""
+    """Names of the score columns of a table with ``n_scores`` scores
+    (docs/moses.md "The Moses files phrasescore reads")."""
     names = [f"column {i + 1}" for i in range(n_scores)]
     if n_scores >= 4:
         names[:4] = COLUMN_NAMES_4

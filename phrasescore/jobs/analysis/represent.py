@@ -6,10 +6,10 @@ of phrases (Fig. 5), where phrases of similar meaning and syntax lie together. T
 computes the same quantities for a trained model:
 
 * **Phrase vectors**: :meth:`~phrasescore.model.base.EncoderDecoder.summary_vector` of each phrase
-  read as a source by the model's encoder. For the Cho architecture that is
-  ``c = tanh(V h_T)`` (SPEC §3.2), the vector the decoder is conditioned on, of ``hidden_dim``
-  entries. The encoder reads the model's *source* language: phrases are encoded with the
-  end-of-sequence symbol appended, exactly as in training and scoring.
+  read as a source by the model's encoder. For the Cho architecture that is ``c = tanh(V h_T)``
+  (Cho et al. 2014, appendix A; ``model/encdec.py``), the vector the decoder is conditioned on,
+  of ``hidden_dim`` entries. The encoder reads the model's *source* language: phrases are
+  encoded with the end-of-sequence symbol appended, exactly as in training and scoring.
 * **Word vectors** (``words``): rows of the source and target embedding matrices for the N most
   frequent words of each vocabulary (word vocabularies are in frequency order).
 
@@ -20,8 +20,9 @@ if it wants text vectors). Word matrices go to ``PREFIX.src-words.*`` and ``PREF
 
 Phrases come from a file (one per line, ``-`` for standard input) or from a Moses phrase table:
 the ``limit`` most frequent phrases of one side, by the table's counts field
-``count(target) count(source) count(pair)`` (SPEC §2.1; e.g. a line with φ(e|f) = 0.5 and
-counts ``1 2 1`` has count(source) = 2 = count(pair) / φ(e|f)). Each distinct phrase is
+``count(target) count(source) count(pair)`` (docs/moses.md "The Moses files phrasescore reads";
+e.g. a line with φ(e|f) = 0.5 and counts ``1 2 1`` has count(source) = 2 = count(pair) /
+φ(e|f)). Each distinct phrase is
 encoded once, so a phrase given twice gets the identical vector twice.
 
 Maps (``map_path``, ``word_map_path``): t-SNE (van der Maaten & Hinton 2008; cosine distances)
@@ -127,7 +128,8 @@ def frequent_table_phrases(
     """The ``limit`` most frequent phrases of one side of a Moses table (of ``min_words`` words
     or more), with their counts.
 
-    count(target) is the 1st count, count(source) the 2nd (SPEC §2.1). A table without a counts
+    count(target) is the 1st count, count(source) the 2nd
+    (docs/moses.md "The Moses files phrasescore reads"). A table without a counts
     field ranks phrases by the number of lines they occur on, with a warning. Ties are broken
     by the phrase (code-point order), so the result is deterministic.
     """

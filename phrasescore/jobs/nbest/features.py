@@ -7,7 +7,7 @@ shares). ``nbest`` keeps its older form too (:func:`nbest_feature_models`): plai
 (several: one ensemble) named by ``--name``, target->source with ``--inverse``.
 
 :class:`ModelFeatures` loads every feature's models (all in every ``--workers`` process, which
-inherit them by fork) and scores a block of ``(sources, hypotheses)`` with each, in order; it
+inherit them by fork) and scores a chunk of ``(sources, hypotheses)`` with each, in order; it
 warns once per model when the list looks reversed for it (:meth:`ModelFeatures.warn_direction`,
 the check ``rescore`` makes on a phrase table: :func:`~phrasescore.jobs.common.direction_evidence`).
 """
@@ -123,7 +123,7 @@ class ModelFeatures:
         """Warn for each model the list looks reversed for: its vocabularies know the list's
         words better read the other way round
         (:func:`~phrasescore.jobs.common.direction_evidence`). ``nbest`` calls it on
-        the first block it scores."""
+        the first chunk it scores."""
         sources = list(dict.fromkeys(sources))
         hypotheses = list(dict.fromkeys(hypotheses))
         for feature, models in zip(self.features, self.models, strict=True):

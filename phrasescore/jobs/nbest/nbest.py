@@ -1,21 +1,21 @@
 """The n-best rescoring job: add log p(hypothesis | source) to every hypothesis of a Moses list.
 
-This is the last step of the pipeline of SPEC §1 (and how Sutskever et al. 2014, §3.2, used their
-LSTM: rescoring the n-best lists of an SMT baseline). For every line of a Moses n-best list
-``id ||| hypothesis ||| features ||| total [||| ...]`` it writes the same line with
-``Name= value`` added after the last feature (:func:`phrasescore.moses.nbest.add_feature`): every
-other byte, the total included, is unchanged. ``value`` is log p(hypothesis | source sentence id)
-under the model (end-of-sequence included), or with ``normalize`` the per-token average
-log p / n (n target tokens including EOS). It is a log score, used by MERT as it is.
+This is the last step of the README's recipe (README.md "The recipe"), and how Sutskever et al.
+(2014, §3.2) used their LSTM: rescoring the n-best lists of an SMT baseline. For every line of
+a Moses n-best list ``id ||| hypothesis ||| features ||| total [||| ...]`` it writes the same
+line with ``Name= value`` added after the last feature
+(:func:`phrasescore.moses.nbest.add_feature`): every other byte, the total included, is
+unchanged. ``value`` is log p(hypothesis | source sentence id) under the model (end-of-sequence
+included), or with ``normalize`` the per-token average log p / n (n target tokens including EOS). It is a log score, used by MERT as it is.
 
 Text: the hypotheses of a Moses n-best list are tokenised text, and the source is the decoder's
 input (for a Moses system, tokenised and lowercased or truecased): both are treated as already
 tokenised (:meth:`TextNormalizer.normalize_tokenized`: split on spaces, lowercased if the model
 lowercases; never tokenised again).
 
-Streaming: the list is read once, the hypotheses of consecutive ids are gathered into blocks of
-about ``block_hypotheses`` lines and scored with :class:`~phrasescore.engine.scoring.PairScorer`, which
-encodes each distinct source once per block, so the hypotheses of one id share one encoder pass.
+Streaming: the list is read once, the hypotheses of consecutive ids are gathered into chunks of
+about ``chunk_lines`` lines and scored with :class:`~phrasescore.engine.scoring.PairScorer`, which
+encodes each distinct source once per chunk, so the hypotheses of one id share one encoder pass.
 The source file is read into memory first (one line per sentence, 100x smaller than the list).
 
 Checks (each an :class:`~phrasescore.errors.InputError` naming file and line; a file output is
@@ -38,19 +38,19 @@ Several features in one pass: ``-m NAME=MODEL`` (repeatable), ``--inverse-model 
 (``options.inverse_models``, target->source) and ``NAME=A,B`` (an ensemble) add one feature per
 name, the ``-m`` ones in their order, then the inverse ones
 (:func:`~phrasescore.jobs.nbest.features.nbest_feature_models`). The list is read and written
-once, every model scores each block in turn, and the output is byte-identical to one call per
+once, every model scores each chunk in turn, and the output is byte-identical to one call per
 feature, each on the list the previous call wrote: a feature's values do not depend on the
 others', and each is added after the line's last feature as that call would. Every model is
-checked for the list's direction on the first block (a warning per model that looks reversed).
+checked for the list's direction on the first chunk (a warning per model that looks reversed).
 
 CSLM: with ``lm`` (``--lm``), the feature ``CSLM0= log p(hypothesis </s> | <s>)`` of a target
-language model (:mod:`phrasescore.engine.lm_scoring`, SPEC §3.6) is added too, before the model's
+language model (:mod:`phrasescore.engine.lm_scoring`, Schwenk 2007) is added too, before the model's
 feature; re-ranking then needs a weight for it as well.
 
 Shards: with ``shard`` (``--shard K/N``) only the chunks of shard K are scored and written, and a
-manifest goes beside the output (:mod:`phrasescore.runners.shards`). The chunks are the blocks above: the
-list is cut after the sentence-id group that brings a block to ``block_hypotheses`` lines
-(``--chunk-lines``), so a sentence's hypotheses are never split, and block ``i`` belongs to shard
+manifest goes beside the output (:mod:`phrasescore.runners.shards`). The chunks are those above:
+the list is cut after the sentence-id group that brings a chunk to ``chunk_lines`` lines
+(``--chunk-lines``), so a sentence's hypotheses are never split, and chunk ``i`` belongs to shard
 ``i % N + 1``. Every shard reads the whole list (and checks every id against the source); the
 parts joined by ``merge-shards`` are byte-identical to one process's output with the same flags.
 
@@ -116,7 +116,7 @@ from phrasescore.runners.shards import (
     write_manifest,
 )
 from phrasescore.runners.workers import (
-    ChunkScoring,
+    WorkerMap,
     check_torchrun_options,
     check_workers_device,
     loading_for_workers,
@@ -134,8 +134,8 @@ class NBestOptions:
     normalize: bool = False
     weights: str | None = None
     one_best: bool = False
-    block_hypotheses: int = 4000
-    """Lines per block (``--chunk-lines``): a block ends after the sentence that reaches it."""
+    chunk_lines: int = 4000
+    """Lines per chunk (``--chunk-lines``): a chunk ends after the sentence that reaches it."""
     batch_tokens: int = 8192
     lm: str | None = None
     """A CSLM file (``phrasescore train-lm``): also add ``lm_name= log p(hypothesis)``."""
@@ -184,17 +184,17 @@ def read_source(path: str) -> list[str]:
     return list(iter_lines(path))
 
 
-def _blocks(groups: Iterable[list[NBestEntry]], size: int) -> Iterator[list[list[NBestEntry]]]:
-    block: list[list[NBestEntry]] = []
+def _chunks(groups: Iterable[list[NBestEntry]], size: int) -> Iterator[list[list[NBestEntry]]]:
+    chunk: list[list[NBestEntry]] = []
     count = 0
     for group in groups:
-        block.append(group)
+        chunk.append(group)
         count += len(group)
         if count >= size:
-            yield block
-            block, count = [], 0
-    if block:
-        yield block
+            yield chunk
+            chunk, count = [], 0
+    if chunk:
+        yield chunk
 
 
 def _source_of(entry: NBestEntry, sources: list[str], source_path: str) -> str:
@@ -230,8 +230,8 @@ def rescore_nbest(
 ) -> NBestResult:
     """Add the models' features (and the CSLM's) to every hypothesis of ``nbest`` (see the
     module docstring); with an ``options.lm`` and no model, the CSLM feature alone. With
-    ``shard``, only that shard's blocks, and a manifest beside ``output``. ``workers`` > 1
-    (CPU): the blocks are scored in that many forked single-threaded processes
+    ``shard``, only that shard's chunks, and a manifest beside ``output``. ``workers`` > 1
+    (CPU): the chunks are scored in that many forked single-threaded processes
     (:mod:`phrasescore.runners.chunk_pool`), with the bytes of one process.
 
     ``model_path``: the ``-m`` values, plain model files (one feature named ``options.name``;
@@ -262,15 +262,15 @@ def rescore_nbest(
             scored, signatures, scorer = _features(options, dev, features)
         if shard is not None:
             log.info(
-                "shard %s: blocks i of about %d hypotheses with i %% %d == %d",
+                "shard %s: chunks i of about %d hypotheses with i %% %d == %d",
                 shard,
-                options.block_hypotheses,
+                options.chunk_lines,
                 shard.count,
                 shard.index - 1,
             )
         writer = _Writer(options, weights, len(sources), [name for name, _ in scored])
-        reader = _BlockReader(nbest, sources, source, options.block_hypotheses, shard)
-        reader.first_block = scorer.warn_direction if scorer is not None else None
+        reader = _ChunkReader(nbest, sources, source, options.chunk_lines, shard)
+        reader.first_chunk = scorer.warn_direction if scorer is not None else None
         manifest = None
         if shard is not None:
             job = _manifest_job(names, signatures, options, weights, sources, features)
@@ -280,10 +280,10 @@ def rescore_nbest(
         warm_up = scorer.warm_up if scorer is not None else None
         try:
             with (
-                ChunkScoring(BlockScorer(scored, scorer), workers, warm_up) as scoring,
+                WorkerMap(ChunkScorer(scored, scorer), workers, warm_up) as scoring,
                 AtomicOutput(output, before_rename=manifest) as out,
             ):
-                clamped = _write_blocks(scoring.results(reader.pairs()), reader, writer, out, bar)
+                clamped = _write_chunks(scoring.results(reader.pairs()), reader, writer, out, bar)
                 scoring.finish()
                 writer.finish(out, nbest)
         finally:
@@ -293,10 +293,10 @@ def rescore_nbest(
         return result
 
 
-class _BlockReader:
-    """The list's blocks in input order (:func:`_blocks`): the pairs each one scores (None for
-    another shard's block), every block kept in :attr:`pending` until its scores come back, the
-    sizes of all blocks in :attr:`plan` (a shard's manifest) and the shard's own blocks' records
+class _ChunkReader:
+    """The list's chunks in input order (:func:`_chunks`): the pairs each one scores (None for
+    another shard's chunk), every chunk kept in :attr:`pending` until its scores come back, the
+    sizes of all chunks in :attr:`plan` (a shard's manifest) and the shard's own chunks' records
     in :attr:`records`."""
 
     def __init__(self, nbest: str, sources: list[str], source_path: str, size: int, shard):
@@ -308,50 +308,50 @@ class _BlockReader:
         self.plan: list[int] = []
         self.pending: collections.deque = collections.deque()
         self.records: list[dict] = []
-        self.first_block = None
-        """Called with the first scored block's ``(sources, hypotheses)`` in this process (the
+        self.first_chunk = None
+        """Called with the first scored chunk's ``(sources, hypotheses)`` in this process (the
         models' direction check, :meth:`~phrasescore.jobs.nbest.features.ModelFeatures.warn_direction`)."""
 
     def pairs(self) -> Iterator[tuple[list[str], list[str]] | None]:
-        """The ``(sources, hypotheses)`` of each block to score (None for another shard's)."""
+        """The ``(sources, hypotheses)`` of each chunk to score (None for another shard's)."""
         groups = iter_nbest_groups(read_nbest(self.nbest))
-        for index, block in enumerate(_blocks(groups, self.size)):
-            entries = [e for group in block for e in group]
+        for index, chunk in enumerate(_chunks(groups, self.size)):
+            entries = [e for group in chunk for e in group]
             self.plan.append(len(entries))
             srcs = [_source_of(e, self.sources, self.source_path) for e in entries]
             owned = self.shard is None or self.shard.owns(index)
-            self.pending.append((index, block, entries))
+            self.pending.append((index, chunk, entries))
             if not owned:
                 yield None
                 continue
             hyps = [e.hypothesis for e in entries]
-            if self.first_block is not None:
-                self.first_block(srcs, hyps)
-                self.first_block = None
+            if self.first_chunk is not None:
+                self.first_chunk(srcs, hyps)
+                self.first_chunk = None
             yield srcs, hyps
 
     def written(self, index: int, entries: list[NBestEntry]) -> None:
-        """Block ``index`` is written: a shard records it."""
+        """Chunk ``index`` is written: a shard records it."""
         if self.shard is not None:
             self.records.append(chunk_record(index, [str(e.id) for e in entries]))
 
 
-def _write_blocks(done, reader: _BlockReader, writer: _Writer, out, bar) -> int:
-    """Write the scored blocks ``done`` (``(pairs, score_block(pairs))`` in input order), each
+def _write_chunks(done, reader: _ChunkReader, writer: _Writer, out, bar) -> int:
+    """Write the scored chunks ``done`` (``(pairs, score_chunk(pairs))`` in input order), each
     line with its new features; returns the model scores clamped."""
     clamped = 0
     for _, scored in done:
-        index, block, entries = reader.pending.popleft()
+        index, chunk, entries = reader.pending.popleft()
         if scored is None:
-            writer.skip(block)
+            writer.skip(chunk)
             continue
-        values, block_clamped = scored
-        clamped += block_clamped
+        values, chunk_clamped = scored
+        clamped += chunk_clamped
         for name, column in zip(writer.names, values, strict=True):
             entries = [
                 with_feature(e, name, float(v)) for e, v in zip(entries, column, strict=True)
             ]
-        writer.write_block(_regroup(entries, block), out)
+        writer.write_chunk(_regroup(entries, chunk), out)
         reader.written(index, entries)
         bar.update(len(entries))
     return clamped
@@ -388,7 +388,7 @@ class _PartManifest:
     options: NBestOptions
     job: dict
     device: str
-    reader: _BlockReader
+    reader: _ChunkReader
     writer: _Writer
 
     def __call__(self, written: str) -> None:
@@ -398,7 +398,7 @@ class _PartManifest:
             self.shard,
             self.nbest,
             sum(self.reader.plan),
-            self.options.block_hypotheses,
+            self.options.chunk_lines,
             self.writer.hypotheses,
             self.job,
             device=self.device,
@@ -645,9 +645,9 @@ class _LMFeature:
         return self.scorer.score_sentences(hyps).logprob
 
 
-def score_block(features, scorer: ModelFeatures | None, pairs) -> tuple[list, int] | None:
-    """Each feature's values for one block's ``(sources, hypotheses)`` (None: another shard's
-    block), and the model scores it clamped; the same function runs in this process and in
+def score_chunk(features, scorer: ModelFeatures | None, pairs) -> tuple[list, int] | None:
+    """Each feature's values for one chunk's ``(sources, hypotheses)`` (None: another shard's
+    chunk), and the model scores it clamped; the same function runs in this process and in
     ``--workers`` processes."""
     if pairs is None:
         return None
@@ -658,21 +658,21 @@ def score_block(features, scorer: ModelFeatures | None, pairs) -> tuple[list, in
 
 
 @dataclass
-class BlockScorer:
-    """:func:`score_block` with the features and scorer of one run: the function run on each
-    block, here or in a ``--workers`` process (which inherits it by ``fork``)."""
+class ChunkScorer:
+    """:func:`score_chunk` with the features and scorer of one run: the function run on each
+    chunk, here or in a ``--workers`` process (which inherits it by ``fork``)."""
 
     features: list
     scorer: ModelFeatures | None
 
     def __call__(self, pairs):
-        return score_block(self.features, self.scorer, pairs)
+        return score_chunk(self.features, self.scorer, pairs)
 
 
-def _regroup(entries: list[NBestEntry], block: list[list[NBestEntry]]) -> list[list[NBestEntry]]:
-    """``entries`` cut into groups of the sizes of ``block``'s."""
+def _regroup(entries: list[NBestEntry], chunk: list[list[NBestEntry]]) -> list[list[NBestEntry]]:
+    """``entries`` cut into groups of the sizes of ``chunk``'s."""
     groups, position = [], 0
-    for group in block:
+    for group in chunk:
         groups.append(entries[position : position + len(group)])
         position += len(group)
     return groups
@@ -698,7 +698,7 @@ class _Writer:
         """Warn of weights for a feature the list lacks (re-ranking without a model: a feature
         weighed but missing may be the ``-m`` forgotten)."""
 
-    def write_block(self, groups: list[list[NBestEntry]], out) -> None:
+    def write_chunk(self, groups: list[list[NBestEntry]], out) -> None:
         for group in groups:
             self._see(group[0].id)
             self.sentences += 1

@@ -76,7 +76,7 @@ def is_too_long(source: str, target: str, limit: int) -> bool:
 def too_long_pairs(sources, targets, limit: int) -> np.ndarray:
     """:func:`is_too_long` for each pair of a block. A phrase of at most ``2 * limit``
     characters cannot have more than ``limit`` tokens (each takes a character and a separator),
-    so only longer ones are split (issue 42: the split was most of the time here)."""
+    so only longer ones are split (splitting every phrase was most of this function's time)."""
     short = 2 * limit
     return np.array(
         [
@@ -261,14 +261,14 @@ class NewColumns:
 
     @classmethod
     def load(
-        cls, model_paths, models, inverse_paths, lm_paths, options, device, scorers=None
+        cls, model_paths, inverse_paths, lm_paths, options, device, scorers=None
     ) -> NewColumns:
-        """Load the models and CSLMs (``models``: the direct ones, already loaded; ``scorers``:
-        the direct ones' scorers, built already)."""
+        """Load the models and CSLMs (``scorers``: the direct models' scorers, built already,
+        in place of ``model_paths``)."""
         lm_columns = [LMPhraseColumn(load_lm(path, device), device) for path in lm_paths]
         if scorers is not None:
             models = [scorer.model for scorer in scorers]
-        if models is None:
+        else:
             if not model_paths and not inverse_paths and not lm_columns:
                 raise InputError("give at least one --model (or --lm)")
             models = [load_model(path, device) for path in model_paths]

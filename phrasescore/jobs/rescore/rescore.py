@@ -8,6 +8,9 @@ with (:mod:`.partial`), renames the output into place once complete, and writes 
 moses.ini beside it (:mod:`.ini_update`). With ``--shard`` it scores one shard and writes a
 manifest (``merge-shards`` joins the parts); under torchrun every rank scores one shard and rank
 0 merges them.
+
+Two entry points: :func:`run_rescore`, the command (the moses.ini too, torchrun), and
+:func:`rescore_table`, the table alone for a caller in Python (the tests, ``tools/bench-io``).
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from phrasescore.bundle import TrainedModel
 from phrasescore.compression import compressor
 from phrasescore.errors import InputError
 from phrasescore.files import (
@@ -65,7 +67,7 @@ from phrasescore.runners.shards import (
     write_manifest,
 )
 from phrasescore.runners.workers import (
-    ChunkScoring,
+    WorkerMap,
     check_io_workers,
     check_torchrun_options,
     check_workers_device,
@@ -134,8 +136,6 @@ class RescoreRun:
     device: str = "auto"
     resume: bool = False
     progress: bool = True
-    models: list[TrainedModel] | None = None
-    """The direct models, already loaded (instead of ``model_paths``)."""
     inverse_model_paths: list[str] = field(default_factory=list)
     lm_paths: list[str] = field(default_factory=list)
     shard: Shard | None = None
@@ -144,7 +144,7 @@ class RescoreRun:
     """Processes that parse, look up ids, format and compress chunks while this process scores
     them (0: this process does everything, or the ``workers``)."""
     scorers: list | None = None
-    """Scorers already built, one per direct model (instead of ``model_paths``/``models``):
+    """Scorers already built, one per direct model (instead of ``model_paths``):
     ``tools/bench-io``'s :class:`~phrasescore.engine.constant_scoring.ConstantScorer`."""
 
     def __post_init__(self):
@@ -266,15 +266,16 @@ def rescore_table(
     by every core").
     """
     run = RescoreRun(table, model_paths, options or RescoreOptions(), **settings)
-    return score_table(run, output, before_publish)
+    return _score_run(run, output, before_publish)
 
 
-def score_table(
+def _score_run(
     run: RescoreRun,
     output: str | None = None,
     before_publish: Callable[[RescoreResult], None] | None = None,
 ) -> RescoreResult:
-    """:func:`rescore_table` of a :class:`RescoreRun`."""
+    """:func:`rescore_table` of a :class:`RescoreRun`: what the two entry points, and each torchrun
+    rank, run."""
     output = output or default_output_path(run.table, run.shard)
     _check_request(run, output)
     stream = output == "-" or is_stream_target(output)
@@ -315,7 +316,6 @@ def _load_columns(run: RescoreRun):
     with loading_for_workers(forks):  # loaded at one thread, to fork from
         columns = NewColumns.load(
             run.model_paths,
-            run.models,
             run.inverse_model_paths,
             run.lm_paths,
             run.options,
@@ -358,11 +358,11 @@ def _write_table(run: RescoreRun, columns, sink, start_line: int, device, before
     score = ChunkScorer(columns, sink.gzip_level, reader.name)
     again = "run again" if isinstance(sink, StdoutOutput) else "rerun with --resume"
     if run.io_workers:  # they parse and write; this process scores (columns.score_request)
-        scoring = ChunkScoring(
+        scoring = WorkerMap(
             score, run.io_workers, columns.warm_up, chunk_label, again, columns.score_request
         )
     else:
-        scoring = ChunkScoring(score, run.workers, columns.warm_up, chunk_label, again)
+        scoring = WorkerMap(score, run.workers, columns.warm_up, chunk_label, again)
     try:
         with scoring, frozen_heap():
             chunks = own_chunks(reader, run.shard, options.chunk_lines, index)
@@ -573,7 +573,7 @@ def run_rescore(
             if ini is not None:
                 ini.before_publish(result)
         else:
-            result = score_table(run, output, ini.before_publish if ini is not None else None)
+            result = _score_run(run, output, ini.before_publish if ini is not None else None)
     except BaseException:
         if ini is not None:
             ini.discard()
@@ -676,7 +676,7 @@ class _RankPart:
 
     def __call__(self, part: str, device: str, shard: Shard) -> RescoreResult:
         progress = self.run.progress and self.is_main
-        return score_table(replace(self.run, device=device, shard=shard, progress=progress), part)
+        return _score_run(replace(self.run, device=device, shard=shard, progress=progress), part)
 
 
 def _rank_sums(result: RescoreResult | None) -> list[int]:

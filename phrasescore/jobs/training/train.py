@@ -140,7 +140,7 @@ def _check_arguments(
 
 
 def _check_recurrence(recurrence: str, preset: str, arch: str) -> None:
-    """``--recurrence fused`` (issue 39) exists for the GRU encoders of cho and attention, and
+    """``--recurrence fused`` (the GRUs as cuDNN formulates them) exists for the GRU encoders of cho and attention, and
     not in the paper presets, which keep the papers' equations exactly (Cho et al. eq. 8: the
     reset gate before the recurrent product; cuDNN's acts after it: model/gru.py)."""
     if recurrence != "fused":

@@ -1,4 +1,4 @@
-"""Tuned n-best re-ranking for ``ab --rerank`` (Sutskever et al. 2014, §3.6; SPEC §3.6), and the
+"""Tuned n-best re-ranking for ``ab --rerank`` (Sutskever et al. 2014, §3.6), and the
 ``rerank-weights`` command that converts weights by hand.
 
 :class:`RerankStep` scores each tuned run's dev and test n-best lists with every model (one

@@ -1,6 +1,6 @@
 """Moses' own programs as the jobs run them: an installation found and checked
 (:class:`MosesInstall`), its programs run in process groups with their logs (:class:`Programs`),
-and weights tuned on fixed n-best lists (Sutskever et al. 2014, §3.6; SPEC §3.6) with its
+and weights tuned on fixed n-best lists (Sutskever et al. 2014, §3.6) with its
 ``extractor`` and ``mert`` or ``kbmira`` (:class:`MosesTuning`), the part ``ab --rerank`` and
 ``rerank-tune`` share.
 

@@ -1,14 +1,15 @@
-"""What a training run is made of, recorded in its checkpoint so that ``--resume`` continues
-only the same run (issue 41, item 3).
+"""A training run's identity: what the run is made of, recorded in its checkpoint (under the key
+``recipe``, as every checkpoint since the first has it) so that ``--resume`` continues only the
+same run, never a run of other data or flags.
 
-A recipe is JSON: the data files by role (``SOURCE``, ``TARGET``, ``--phrase-table``,
+The identity is JSON: the data files by role (``SOURCE``, ``TARGET``, ``--phrase-table``,
 ``--valid SRC``, ``CORPUS``...) with their content's size and SHA-256
 (:func:`phrasescore.files.content_digest`: a copy or a renamed file is the same data, an edited
 or swapped one is not), the flags that shape the run (languages, text settings, ``--inverse``,
 ``--preset``, ``--arch``, model flags, learning rate and its schedule, vocabulary sizes, batch
 size, ``--seed``...) and every other setting of the model and training configurations (the
 preset's). The budgets (``--epochs``, ``--max-steps``, ``--max-minutes``, ``--patience``) are
-left out: a resume may change them. :func:`recipe_difference` names the first difference in one
+left out: a resume may change them. :func:`identity_difference` names the first difference in one
 line: ``--resume: en-fr.safetensors.checkpoint was trained with --seed 1, this run has --seed 2``.
 """
 
@@ -53,20 +54,20 @@ MODEL_FLAGS = {
 """ModelConfig (and LMConfig) fields set by a flag, and the flag."""
 
 FLAG_DEFAULTS = {"--recurrence": "written"}
-"""Flags newer than some recipes, and the value a recipe without them was trained with."""
+"""Flags newer than some checkpoints, and the value a run without them was trained with."""
 
 DERIVED = ("src_vocab_size", "tgt_vocab_size", "vocab_size")
-"""ModelConfig fields the data decides (the vocabularies' sizes), not the recipe."""
+"""ModelConfig fields the data decides (the vocabularies' sizes), not the identity."""
 
 
-def make_recipe(
+def make_run_identity(
     files: list[tuple[str, str | None]],
     data_flags: dict[str, Any],
     preset: str,
     model_config: dict[str, Any],
     train_config: dict[str, Any],
 ) -> dict[str, Any]:
-    """The recipe of a run: ``files`` are (role, path) pairs (None: not given), ``data_flags``
+    """The identity of a run: ``files`` are (role, path) pairs (None: not given), ``data_flags``
     the flags of the data (``--src-lang`` ...), the configurations as ``to_dict`` gives them."""
     flags: dict[str, Any] = dict(data_flags)
     flags["--preset"] = preset
@@ -84,14 +85,14 @@ def make_recipe(
             flags[TRAIN_FLAGS[field]] = value
         else:
             settings[f"training {field}"] = value
-    recipe = {
+    identity = {
         "files": {
             role: {"name": str(path), **content_digest(str(path))} for role, path in files if path
         },
         "flags": flags,
         "settings": settings,
     }
-    return json.loads(json.dumps(recipe))  # as the checkpoint gives it back (lists, not tuples)
+    return json.loads(json.dumps(identity))  # as the checkpoint gives it back (lists, not tuples)
 
 
 def _flag_text(flag: str, value: Any) -> str:
@@ -112,8 +113,8 @@ def _roles_text(files: dict[str, Any]) -> str:
     return " and ".join(f"{role} {entry['name']}" for role, entry in files.items()) or "nothing"
 
 
-def recipe_difference(saved: dict[str, Any], current: dict[str, Any], name: str) -> str | None:
-    """One line naming the first way ``current`` differs from the ``saved`` recipe of the
+def identity_difference(saved: dict[str, Any], current: dict[str, Any], name: str) -> str | None:
+    """One line naming the first way ``current`` differs from the ``saved`` identity of the
     checkpoint ``name``, or None when they are the same run. Files read from pipes cannot be
     compared: a warning says so."""
     head = f"--resume: {name} was trained"
