@@ -225,12 +225,12 @@ def test_sample_says_why_it_shows_fewer_targets_than_asked(tiny_model_path):
 def test_a_resume_with_files_after_a_run_on_pipes_names_the_pipe_not_the_file(caplog):
     """The warning said "source corpus r.en is a pipe" of the regular file r.en, when the
     checkpoint's run was the one that read a pipe."""
-    from phrasescore.training.recipe import recipe_difference
+    from phrasescore.training.run_identity import identity_difference
 
     saved = {"files": {"source corpus": {"name": "/dev/fd/63", "pipe": True}}}
     current = {"files": {"source corpus": {"name": "r.en", "bytes": 5, "sha256": "ab" * 32}}}
     with caplog.at_level("WARNING"):
-        assert recipe_difference(saved, current, "m.checkpoint") is None
+        assert identity_difference(saved, current, "m.checkpoint") is None
     assert [r.getMessage() for r in caplog.records] == [
         "source corpus: the checkpoint's run read /dev/fd/63, a pipe: cannot check that r.en "
         "is the data resumed"
