@@ -610,10 +610,10 @@ def check_work_folder(folder: str | None, inputs: PathsByRole, option: str = "--
             _refuse_work_folder(option, folder, role, path)
         if stat.S_ISREG(st.st_mode):
             identities[(st.st_dev, st.st_ino)] = (role, path)
-    for directory, _, names in os.walk(root):
+    for directory, _, names in os.walk(root):  # a hard link of an input among its files
         for name in names:
             with suppress(OSError):
-                st = os.stat(os.path.join(directory, name))
+                st = os.lstat(os.path.join(directory, name))
                 if (st.st_dev, st.st_ino) in identities:
                     _refuse_work_folder(option, folder, *identities[(st.st_dev, st.st_ino)])
 
