@@ -1501,34 +1501,14 @@ def ab(
 @click.option("--workdir", "workdirs", nargs=2, multiple=True, metavar="ROLE DIR")
 @click.option("--prog", default="phrasescore", help="The name the error line starts with.")
 def check_outputs(inputs, outputs, models, workdirs, prog):
-    """For the bin/ scripts, before any work: refuse, in one line and exit 1, a file a script
-    writes (``-o``; ``--model``: a model that ``train`` writes, with the files it writes beside
-    it) that is one of its inputs, and a work folder (``--workdir``) that holds one
-    (:func:`~phrasescore.files.refuse_outputs_onto_inputs`,
-    :func:`~phrasescore.files.check_work_folder`: the checks of every command's own files;
-    issue 47, items 4 and 6)."""
-    from phrasescore.files import (
-        check_work_folder,
-        lock_path,
-        refuse_outputs_onto_inputs,
-        with_locks,
-    )
-    from phrasescore.training.trainer import training_outputs
+    """For the bin/ scripts, before any work: a file a script writes (``-o``; ``--model``: a
+    model that ``train`` writes, with the files beside it) that is one of its inputs, or a work
+    folder (``--workdir``) that holds one, is refused in one line, exit 1
+    (:func:`~phrasescore.jobs.script_outputs.check_script_outputs`)."""
+    from phrasescore.jobs.script_outputs import check_script_outputs
 
-    read: dict[str, list[str]] = {}
-    for role, path in inputs:
-        read.setdefault(role, []).append(path)
-    written: dict[str, list[str]] = {}
-    for role, path in outputs:  # and its lock, where a phrasescore command writes it
-        written.setdefault(role, []).append(path)
-        written.setdefault(f"{role}'s lock", []).append(lock_path(path))
-    for role, path in models:
-        for what, beside in with_locks(training_outputs(path)).items():
-            written.setdefault(what.replace("-o", role, 1), []).append(beside)
     try:
-        refuse_outputs_onto_inputs(read, written)
-        for role, folder in workdirs:
-            check_work_folder(folder, read, role)
+        check_script_outputs(inputs, outputs, models, workdirs)
     except InputError as exc:
         click.echo(f"{prog}: error: {exc}", err=True)
         sys.exit(EXIT_INPUT_ERROR)
