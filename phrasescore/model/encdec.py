@@ -156,7 +156,8 @@ class ChoEncoderDecoder(EncoderDecoder):
         """Floating-point operations (2 per multiply-add) to score one pair teacher-forced.
 
         ``src_len``/``tgt_len`` count tokens with EOS; ``share`` is the fraction of pairs whose
-        source is encoded (1 / targets per source when encodings are shared). SPEC §5.
+        source is encoded (1 / targets per source when encodings are shared). Used for the % of
+        the matrix rate in docs/benchmarks.md ("Rescoring engine").
         """
         cfg = self.config
         emb, hid, mx, rank, vocab = (

@@ -15,7 +15,7 @@ there the reset gate multiplies the product ``U h + C c`` (the same placement cu
 one matrix product per step serve all three parts.
 
 **The fused recurrence** (``ModelConfig.recurrence = "fused"``, ``train --recurrence fused``;
-issue 39): the encoders of cho and attention run :class:`torch.nn.GRU` (cuDNN's fused kernel on a
+for GPUs, docs/benchmarks.md "Fused recurrences"): the encoders of cho and attention run :class:`torch.nn.GRU` (cuDNN's fused kernel on a
 GPU, one call for the whole source; :func:`run_fused_gru`), and so does cho's teacher-forced
 decoder, fed ``[e(y_{t-1}); c]`` each step (:mod:`phrasescore.model.encdec`: C c then enters the
 candidate outside the reset gate, where :func:`gru_decoder_step` has it inside). Its GRU (PyTorch's ``torch.nn.GRU``
