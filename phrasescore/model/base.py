@@ -75,6 +75,16 @@ class EncoderDecoder(nn.Module):
     config: ModelConfig
     POSITIONAL_OUTPUTS: tuple[str, ...] = ()
     """Keys of the encoder output indexed by source position (see the module docstring)."""
+    compiled: bool = False
+    """``train --compile``: the written-out recurrences' steps run through torch.compile
+    (:meth:`compile_steps`)."""
+
+    def compile_steps(self) -> None:
+        """Run the written-out recurrences' steps (the GRU of eq. 5-8, the attention decoder's
+        step) through :func:`torch.compile`: the same equations in a few fused kernels per
+        step (``train --compile``). Networks whose recurrences are torch.nn modules (the LSTM,
+        ``--recurrence fused``'s GRUs: cuDNN's kernels already) keep those."""
+        self.compiled = True
 
     def encode(self, src: Tensor, src_lengths: Tensor) -> EncoderOutput:
         raise NotImplementedError

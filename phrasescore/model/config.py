@@ -141,6 +141,11 @@ class TrainConfig:
     valid_fraction: float = 0.02
     valid_max_pairs: int = 2000
     seed: int = 1
+    # train --bucket N: each batch padded to widths and a row count that are multiples of N
+    # (shapes repeat, for --compile's graphs and CUDA graphs); 0: off (the default)
+    bucket: int = 0
+    # train --compile: the written-out recurrences' steps through torch.compile (off by default)
+    compile: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
