@@ -501,6 +501,14 @@ def _no_progress_monitor_thread() -> None:
     "graphs.",
 )
 @click.option(
+    "--chunked-output",
+    is_flag=True,
+    default=None,
+    help="Fuse the loss's vocabulary projection and log-sum-exp over row chunks: no [tokens x "
+    "vocabulary] logits kept for the backward, at the price of one more product (off by "
+    "default).",
+)
+@click.option(
     "--bucket",
     type=click.IntRange(min=0),
     metavar="N",

@@ -92,3 +92,42 @@ def test_compiled_steps_equal_eager(arch):
     assert loss_c == pytest.approx(loss, rel=1e-5)
     for name, grad in grads.items():
         torch.testing.assert_close(grads_c[name], grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("vocab", [17, 2000])
+def test_chunked_output_equals_token_nll(vocab):
+    """``train --chunked-output``: the loss, log Z and the gradients of the features, the
+    weight and the bias equal :func:`token_nll` of the whole logits (float32, within rounding),
+    with a self-normalisation term on log Z too; chunks of 3 rows (the last one short)."""
+    from phrasescore.model.output_layer import chunked_output_nll, token_nll
+
+    torch.manual_seed(3)
+    layer = torch.nn.Linear(6, vocab)
+    features = torch.randn(10, 6, requires_grad=True)
+    gold = torch.randint(0, vocab, (10,))
+    results = []
+    for chunked in (False, True):
+        layer.zero_grad()
+        features.grad = None
+        if chunked:
+            nll, lz = chunked_output_nll(features, layer, gold, chunk_rows=3)
+        else:
+            nll, lz = token_nll(layer(features), gold)
+        (nll + 0.1 * lz.square().sum()).backward()
+        results.append(
+            (nll.detach(), lz.detach(), features.grad, layer.weight.grad, layer.bias.grad)
+        )
+    for plain, chunked in zip(*results, strict=True):
+        torch.testing.assert_close(chunked, plain, rtol=1e-5, atol=1e-6)
+
+
+def test_chunked_output_in_training_loss():
+    """The network's loss with ``chunked_output`` equals the plain one (attention, float32)."""
+    net = _network("attention")
+    batch = make_batch([s for s, _ in PAIRS], [t for _, t in PAIRS])
+    loss, grads = _loss_and_grads(net, batch)
+    net.chunked_output = True
+    loss_c, grads_c = _loss_and_grads(net, batch)
+    assert loss_c == pytest.approx(loss, rel=1e-6)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grads_c[name], grad, rtol=1e-5, atol=1e-6, msg=name)

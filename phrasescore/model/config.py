@@ -146,6 +146,9 @@ class TrainConfig:
     bucket: int = 0
     # train --compile: the written-out recurrences' steps through torch.compile (off by default)
     compile: bool = False
+    # train --chunked-output: the vocabulary projection and the loss fused over row chunks, no
+    # [tokens x vocabulary] logits kept (one more product in the backward; off by default)
+    chunked_output: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

@@ -23,9 +23,9 @@ from phrasescore.files import content_digest
 
 log = logging.getLogger(__name__)
 
-BUDGETS = ("epochs", "max_steps", "max_minutes", "patience", "compile")
-"""TrainConfig fields a resumed run may change: the budgets, and ``--compile`` (the same
-equations, compiled; values differ by float rounding only)."""
+BUDGETS = ("epochs", "max_steps", "max_minutes", "patience", "compile", "chunked_output")
+"""TrainConfig fields a resumed run may change: the budgets, ``--compile`` and
+``--chunked-output`` (the same equations; values differ by float rounding only)."""
 
 TRAIN_FLAGS = {
     "optimizer": "--optimizer",

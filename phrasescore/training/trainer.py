@@ -683,6 +683,7 @@ class Trainer:
         network = self.new_network(src_vocab, tgt_vocab).to(self.device)
         if tcfg.compile:
             network.compile_steps()
+        network.chunked_output = tcfg.chunked_output
         optimizer = make_optimizer(network, tcfg)
         position = Position()
         if self.launch is not None and self.launch.rank:
