@@ -501,6 +501,31 @@ def _no_progress_monitor_thread() -> None:
     metavar="EPOCHS",
     help="With --lr-halve-after: epochs between halvings (default 0.5).",
 )
+@click.option(
+    "--compile",
+    "compile",
+    is_flag=True,
+    default=None,
+    help="Run the written-out recurrences' steps (the GRU of eq. 5-8, the attention decoder's "
+    "step) through torch.compile: the same equations in fewer kernels, for GPUs (off by "
+    "default; the first steps compile). PHRASESCORE_COMPILE_MODE=reduce-overhead asks for CUDA "
+    "graphs.",
+)
+@click.option(
+    "--chunked-output",
+    is_flag=True,
+    default=None,
+    help="Fuse the loss's vocabulary projection and log-sum-exp over row chunks: no [tokens x "
+    "vocabulary] logits kept for the backward, at the price of one more product (off by "
+    "default).",
+)
+@click.option(
+    "--bucket",
+    type=click.IntRange(min=0),
+    metavar="N",
+    help="Pad each batch's widths and row count to multiples of N, so that shapes repeat (for "
+    "--compile and CUDA graphs; default 0: off). Padding never enters the loss.",
+)
 @training_options(
     "MODEL",
     "Target tokens per batch.",
