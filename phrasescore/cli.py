@@ -10,6 +10,7 @@ import functools
 import logging
 import math
 import os
+import re
 import signal
 import sys
 
@@ -121,14 +122,24 @@ SEED = click.IntRange(0, 2**32 - 1)
 class FiniteFloat(click.FloatRange):
     """A finite number, within the range given: ``nan``, ``inf`` and ``1e999`` (which Python
     reads as inf) are usage errors at parse time, before any work (click's FloatRange lets nan
-    through every bound, since no comparison with nan is true). Every float option of every
+    through every bound, since no comparison with nan is true); so are what Python reads as
+    another number than the one written (issue 47, item 13): ``1_0`` (10), ``1e-400`` (0), and
+    ``-0``, a negative zero that no option tells from 0 (a weight written to moses.ini as -0). Every float option of every
     command takes one of these types; ``tests/test_cli_checks.py`` enumerates them from the
     commands."""
 
     def convert(self, value, param, ctx):
+        if isinstance(value, str) and "_" in value:  # Python's 1_0 is 10; no user means that
+            self.fail(f"{value!r} is not a number: write it without '_'", param, ctx)
         number = click.FLOAT.convert(value, param, ctx)
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number", param, ctx)
+        if number == 0 and isinstance(value, str):
+            mantissa = re.split("[eE]", value.strip())[0]
+            if re.search("[1-9]", mantissa):  # 1e-400: read as 0, not what was given
+                self.fail(f"{value!r} is too small for a number: it would be read as 0", param, ctx)
+            if math.copysign(1.0, number) < 0:  # -0 would be written as -0 (moses.ini's weight)
+                self.fail(f"{value!r} is a negative zero: give 0", param, ctx)
         return super().convert(number, param, ctx)
 
 
@@ -489,6 +500,31 @@ def _no_progress_monitor_thread() -> None:
     type=POSITIVE_FLOAT,
     metavar="EPOCHS",
     help="With --lr-halve-after: epochs between halvings (default 0.5).",
+)
+@click.option(
+    "--compile",
+    "compile",
+    is_flag=True,
+    default=None,
+    help="Run the written-out recurrences' steps (the GRU of eq. 5-8, the attention decoder's "
+    "step) through torch.compile: the same equations in fewer kernels, for GPUs (off by "
+    "default; the first steps compile). PHRASESCORE_COMPILE_MODE=reduce-overhead asks for CUDA "
+    "graphs.",
+)
+@click.option(
+    "--chunked-output",
+    is_flag=True,
+    default=None,
+    help="Fuse the loss's vocabulary projection and log-sum-exp over row chunks: no [tokens x "
+    "vocabulary] logits kept for the backward, at the price of one more product (off by "
+    "default).",
+)
+@click.option(
+    "--bucket",
+    type=click.IntRange(min=0),
+    metavar="N",
+    help="Pad each batch's widths and row count to multiples of N, so that shapes repeat (for "
+    "--compile and CUDA graphs; default 0: off). Padding never enters the loss.",
 )
 @training_options(
     "MODEL",
@@ -1480,6 +1516,41 @@ def ab(
     _echo(report)
 
 
+# ---------------------------------------------------------------------------- bin/ scripts
+@cli.command("check-outputs", hidden=True)
+@click.option("-i", "--input", "inputs", nargs=2, multiple=True, metavar="ROLE PATH")
+@click.option("-o", "--output", "outputs", nargs=2, multiple=True, metavar="ROLE PATH")
+@click.option(
+    "--model", "models", nargs=2, multiple=True, metavar="ROLE PATH", help="A model to train."
+)
+@click.option("--workdir", "workdirs", nargs=2, multiple=True, metavar="ROLE DIR")
+@click.option("--prog", default="phrasescore", help="The name the error line starts with.")
+def check_outputs(inputs, outputs, models, workdirs, prog):
+    """For the bin/ scripts, before any work: a file a script writes (``-o``; ``--model``: a
+    model that ``train`` writes, with the files beside it) that is one of its inputs, or a work
+    folder (``--workdir``) that holds one, is refused in one line, exit 1
+    (:func:`~phrasescore.jobs.script_outputs.check_script_outputs`)."""
+    from phrasescore.jobs.script_outputs import check_script_outputs
+
+    try:
+        check_script_outputs(inputs, outputs, models, workdirs)
+    except InputError as exc:
+        click.echo(f"{prog}: error: {exc}", err=True)
+        sys.exit(EXIT_INPUT_ERROR)
+
+
 def main() -> None:
-    """Console-script entry point."""
-    cli(prog_name="phrasescore")
+    """Console-script entry point. A disk's write error that no command caught (click writing
+    ``--help`` or ``--version`` to a full disk: ``phrasescore --help > /dev/full``) is one line
+    and exit 1, as a command's (issue 47, item 14)."""
+    from phrasescore.files import write_error
+
+    try:
+        cli(prog_name="phrasescore")
+    except OSError as exc:
+        stopped = write_error(exc, exc.filename or "-")
+        if stopped is None:
+            raise
+        click.echo(f"phrasescore: error: {stopped}", err=True)
+        _drop_unwritten_stdout()
+        sys.exit(EXIT_INPUT_ERROR)

@@ -80,6 +80,51 @@ def disk_errors(path: str) -> Iterator[None]:
         raise stopped from None
 
 
+class WholeWrites(io.BufferedIOBase):
+    """A binary stream (standard output, a named pipe) whose ``write`` writes all it is given or
+    raises: :class:`io.BufferedWriter` returns a short count, *without an error*, when a pipe's
+    reader goes away in the middle of a write larger than its buffer (the kernel's partial
+    write), so ``rescore -o - | head -1`` exited 0 saying it had written the table (issue 47,
+    item 8). Writing the rest meets the closed pipe: :class:`BrokenPipeError`, exit 141 as
+    copy-table and nbest. ``close`` closes the stream under it only when ``owned``."""
+
+    def __init__(self, stream: BinaryIO, owned: bool = True):
+        super().__init__()
+        self._stream = stream
+        self._owned = owned
+        self._closing = False
+
+    def write(self, data) -> int:  # type: ignore[override]
+        view = memoryview(data).cast("B")
+        total = len(view)
+        while view:
+            written = self._stream.write(view)
+            if not written:  # nothing taken, no error: the reader is gone
+                raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+            view = view[written:]
+        return total
+
+    def writable(self) -> bool:
+        return True
+
+    def flush(self) -> None:
+        if not (self._closing or self._stream.closed):
+            self._stream.flush()
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+    def close(self) -> None:
+        """Close this wrapper (also when it is collected): the stream under it is closed, which
+        flushes it, only when owned; standard output is left as it is."""
+        if self.closed:
+            return
+        self._closing = True
+        super().close()
+        if self._owned:
+            self._stream.close()
+
+
 def check_files_exist(paths: Iterable[str | None]) -> None:
     """Refuse an input that cannot be read, with one :class:`InputError` line: missing, a
     directory, not permitted.
@@ -488,8 +533,8 @@ def refuse_outputs_onto_inputs(inputs: PathsByRole, outputs: PathsByRole) -> Non
     inputs: ``-o en-fr.txt is the input corpus (train.en): refusing to overwrite an input``.
 
     Every command calls this once with all the files it reads and all it writes (the files it
-    writes beside an output too: a training's checkpoint and log, rescore's partial output)
-    before any work. Files are compared by identity, not by name: device and inode after
+    writes, renames or deletes beside an output too: a training's best model, checkpoint and
+    log, rescore's partial output; the lock of ``-o``, :func:`with_locks`) before any work. Files are compared by identity, not by name: device and inode after
     following links (a symlink to the input, a hard link of it, the input reached through a
     symlinked directory), and resolved paths too. Only regular inputs count: a pipe or a
     terminal (``/dev/stdin``) is read as a stream and cannot be written over; ``-`` is standard
@@ -499,6 +544,7 @@ def refuse_outputs_onto_inputs(inputs: PathsByRole, outputs: PathsByRole) -> Non
     onto ``--moses-ini`` and 20 more destroyed their input and exited 0.)
     """
     known = []
+    outputs = with_locks(outputs)
     for role, path in _paths_by_role(inputs):
         try:
             st = os.stat(path)
@@ -518,6 +564,95 @@ def refuse_outputs_onto_inputs(inputs: PathsByRole, outputs: PathsByRole) -> Non
                 raise InputError(
                     f"{option} {output} is the {role} ({path}): refusing to overwrite an input"
                 )
+            if _is_temporary_of(input_resolved, resolved):
+                raise InputError(
+                    f"the {role} {path} is named as a temporary file of {option} {output}, "
+                    "which a run removes as left by a killed run: rename it"
+                )
+
+
+def _is_temporary_of(path: str, output: str) -> bool:
+    """Whether ``path`` (resolved) has the name of a temporary file beside ``output``
+    (``.NAME.XXXXXXXX.tmp``, :func:`remove_stale_temporaries` removes them)."""
+    directory, name = os.path.split(output)
+    head, base = os.path.split(path)
+    return head == directory and _temporary_pattern(name).fullmatch(base) is not None
+
+
+def _temporary_pattern(name: str) -> re.Pattern:
+    """The names of :func:`_temporary_beside`'s files for an output named ``name``."""
+    return re.compile(rf"\.{re.escape(name)}\.[a-z0-9_]{{8}}\.tmp")
+
+
+def check_work_folder(folder: str | None, inputs: PathsByRole, option: str = "--workdir") -> None:
+    """Refuse, in one :class:`InputError` line before any work, a work folder that cannot hold
+    the files a command and the programs it runs make there under their own names
+    (``features.dat``, ``scores.dat``, ``weights.txt``, logs, outputs): an existing file that is
+    not a folder (:func:`check_output_dir`), and a folder that holds one of the ``inputs`` (as
+    :func:`refuse_outputs_onto_inputs`: by path, through links, or a hard link of it among the
+    folder's files). A work folder holds only files the command made (issue 47, items 3, 4,
+    15, 16: ``rerank-tune --workdir wd --reference wd/scores.dat`` had the reference replaced
+    by the extractor's statistics, rc 0). A new folder, or one of an earlier run, passes."""
+    if not folder:
+        return
+    check_output_dir(folder, option)
+    if not os.path.isdir(folder):
+        return
+    root = os.path.realpath(folder)
+    identities: dict[tuple[int, int], tuple[str, str]] = {}
+    for role, path in _paths_by_role(inputs):
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        resolved = os.path.realpath(path)
+        if resolved == root or resolved.startswith(root.rstrip(os.sep) + os.sep):
+            _refuse_work_folder(option, folder, role, path)
+        if stat.S_ISREG(st.st_mode):
+            identities[(st.st_dev, st.st_ino)] = (role, path)
+    for directory, _, names in os.walk(root):  # a hard link of an input among its files
+        for name in names:
+            with suppress(OSError):
+                st = os.lstat(os.path.join(directory, name))
+                if (st.st_dev, st.st_ino) in identities:
+                    _refuse_work_folder(option, folder, *identities[(st.st_dev, st.st_ino)])
+
+
+def _refuse_work_folder(option: str, folder: str, role: str, path: str) -> None:
+    raise InputError(
+        f"{option} {folder} holds the {role} ({path}): the tools write their files there under "
+        "their own names and would overwrite it; give a folder of its own"
+    )
+
+
+def disk_full_error(folder: str | os.PathLike) -> RunStopped | None:
+    """:func:`write_error`'s one line (``cannot write: No space left on device``) for
+    ``folder`` when its file system has no block left for this user, else None: asked after a
+    program that does not check its own writes (Moses' ``extractor`` exits 0 with its files cut
+    short), whose files then cannot be trusted (issue 47, item 18)."""
+    try:
+        blocks = os.statvfs(folder).f_bavail
+    except OSError:
+        return None
+    if blocks > 0:
+        return None
+    return write_error(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), str(folder))
+
+
+LOCKED_OUTPUT = "-o"
+"""The role of the output a command locks (:func:`output_lock`): its ``.NAME.lock`` is made and
+removed beside it, so :func:`refuse_outputs_onto_inputs` checks that file too."""
+
+
+def with_locks(outputs: PathsByRole) -> dict[str, object]:
+    """``outputs`` and the lock file (:func:`lock_path`) of the :data:`LOCKED_OUTPUT` among them
+    (a file, not ``-`` or a stream), as ``-o's lock``: a command creates and deletes it, so an
+    input of that name would be lost (issue 47, item 2)."""
+    extended: dict[str, object] = dict(outputs)
+    for role, path in _paths_by_role({LOCKED_OUTPUT: outputs.get(LOCKED_OUTPUT)}):
+        if not is_stream_target(path):
+            extended.setdefault(f"{role}'s lock", lock_path(path))
+    return extended
 
 
 def _temporary_beside(path: str) -> tuple[int, str]:
@@ -628,7 +763,7 @@ class AtomicOutput:
 
     def __enter__(self):
         if self.path == "-":
-            return self._wrap(sys.stdout.buffer)
+            return self._wrap(WholeWrites(sys.stdout.buffer, owned=False))
         if is_stream_target(self.path):
             if self.before_rename is not None:
                 raise InputError(
@@ -636,7 +771,7 @@ class AtomicOutput:
                     self.path,
                 )
             try:  # appending: /dev/stdout of a shell's >> keeps what the file held
-                raw = open(self.path, "ab", buffering=_READ_BUFFER)
+                raw = WholeWrites(open(self.path, "ab", buffering=_READ_BUFFER))
             except OSError as exc:
                 raise InputError(f"cannot write ({exc.strerror})", self.path) from None
             self._stream = True
@@ -720,11 +855,19 @@ class AtomicOutput:
 class StagedFile:
     """A file written complete under a temporary name beside ``path`` now, and renamed to ``path``
     by :meth:`publish` later: for outputs that form one result with another (a rescored table
-    and its moses.ini) and must appear together, each only once all are written."""
+    and its moses.ini) and must appear together, each only once all are written.
+
+    A named pipe or a device (:func:`is_stream_target`) is written in place by :meth:`publish`,
+    as :class:`AtomicOutput` writes it: a file renamed onto it would replace it (issue 47,
+    item 7: ``rescore --ini-out FIFO``)."""
 
     def __init__(self, path: str, text: str):
         self.path = path
         self._tmp = ""
+        self._stream_text: str | None = None
+        if is_stream_target(path):
+            self._stream_text = text
+            return
         try:
             with _stop_signals_held():  # made and named together
                 fd, self._tmp = _temporary_beside(path)
@@ -737,6 +880,10 @@ class StagedFile:
             raise
 
     def publish(self) -> None:
+        if self._stream_text is not None:
+            with AtomicOutput(self.path, compress=False) as out:
+                out.write(self._stream_text)
+            return
         os.replace(self._tmp, self.path)
 
     def discard(self) -> None:
@@ -839,7 +986,7 @@ def remove_stale_temporaries(path: str) -> list[str]:
     :class:`StagedFile`, and nothing else); the names removed. Call it only while holding
     :func:`output_lock`: then no live run is writing them."""
     directory, name = os.path.split(os.path.abspath(path))
-    pattern = re.compile(rf"\.{re.escape(name)}\.[a-z0-9_]{{8}}\.tmp")
+    pattern = _temporary_pattern(name)
     removed = []
     with suppress(OSError):
         for entry in os.scandir(directory):

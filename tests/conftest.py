@@ -16,6 +16,20 @@ DATA = Path(__file__).parent / "data"
 TEXT = DATA / "text"
 
 
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """PyTorch's thread count as each test found it: a job run in the test process with
+    ``threads=1`` (or ``--threads``) sets it for the whole process, so the tests that ran after
+    it in the same pytest process scored with another thread count than the CLI processes they
+    start (float32 sums in another order: log p moved by ~5e-7, in some runs and not others)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def data_dir() -> Path:
     return DATA

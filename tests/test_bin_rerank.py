@@ -76,6 +76,33 @@ def test_without_moses_one_line_before_any_work(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in files)
 
 
+@pytest.mark.parametrize(
+    "where, message",
+    [
+        ("work/test.reranked.out", "test re-ranked 1-best work/test.reranked.out is the TEST_REF"),
+        ("work/.dev.scored.nbest.lock", "is the TEST_REF (work/.dev.scored.nbest.lock)"),
+        ("work/tune/t.fr", "WORKDIR/tune work/tune holds the TEST_REF (work/tune/t.fr)"),
+    ],
+)
+def test_an_input_where_the_chain_writes_is_refused_before_any_work(tmp_path, where, message):
+    """Issue 47, item 4: TEST_REF at WORKDIR/test.reranked.out was overwritten by the re-ranked
+    output and the report said test BLEU 100.00, exit 0."""
+    files = [tmp_path / name for name in ("moses.ini", "d.en", "d.fr", "t.en")]
+    for path in files:
+        path.write_text("x\n")
+    test_ref = tmp_path / where
+    test_ref.parent.mkdir(parents=True, exist_ok=True)
+    test_ref.write_text("the reference\n")
+    done = run_script(*files, where, "-m", "X=m", "--workdir", "work", cwd=tmp_path)
+    assert done.returncode == 1
+    [line] = done.stderr.splitlines()
+    assert line.startswith("phrasescore-rerank: error: ") and message in line, line
+    assert test_ref.read_text() == "the reference\n"
+    assert [p.name for p in (tmp_path / "work").rglob("*")] == [
+        p.name for p in test_ref.relative_to(tmp_path / "work").parents if p.name
+    ][::-1] + [test_ref.name]
+
+
 def head_list(source: Path, out: Path, sentences: int) -> Path:
     """The hypotheses of the first ``sentences`` ids of a shipped list."""
     with gzip.open(source, "rt", encoding="utf-8") as lines:

@@ -193,6 +193,32 @@ def test_moses_model_several_tables_unk_column_and_out_dir(tiny_model_path, tmp_
     assert not (model_dir / "moses.rescored.ini").exists()
 
 
+def test_moses_model_refuses_a_table_that_another_step_writes(tiny_model_path, tmp_path):
+    """Issue 47 (bin/ scripts): TranslationModel1's table at phrase-table.rescored.gz, the file
+    the step of TranslationModel0 writes, was overwritten before its own step read it."""
+    model_dir = example_model_dir(tmp_path / "model", lines=300)
+    shutil.copyfile(model_dir / "phrase-table.gz", model_dir / "phrase-table.rescored.gz")
+    ini = (model_dir / "moses.ini").read_text()
+    ini = ini.replace(
+        "path=phrase-table.gz input-factor=0 output-factor=0\n",
+        "path=phrase-table.gz input-factor=0 output-factor=0\n"
+        "PhraseDictionaryMemory name=TranslationModel1 num-features=4 "
+        "path=phrase-table.rescored.gz input-factor=0 output-factor=0\n",
+    )
+    ini = ini.replace(
+        "TranslationModel0= 0.2 0.2 0.2 0.2\n",
+        "TranslationModel0= 0.2 0.2 0.2 0.2\nTranslationModel1= 0.1 0.1 0.1 0.1\n",
+    )
+    (model_dir / "moses.ini").write_text(ini.replace("0 T 0\n", "0 T 0\n1 T 1\n"))
+    before = (model_dir / "phrase-table.rescored.gz").read_bytes()
+    done = run_script("phrasescore-moses-model", model_dir, "-m", tiny_model_path, cwd=tmp_path)
+    assert done.returncode == 1
+    [line] = done.stderr.splitlines()
+    assert line.startswith("phrasescore-moses-model: error: new table of TranslationModel0 ")
+    assert "is the table TranslationModel1" in line and "refusing to overwrite an input" in line
+    assert (model_dir / "phrase-table.rescored.gz").read_bytes() == before
+
+
 def test_moses_model_missing_ini_is_one_clear_error(tiny_model_path, tmp_path):
     empty = tmp_path / "model"
     empty.mkdir()
@@ -421,6 +447,9 @@ def test_train_recipe_trains_the_five_models_then_refuses_to_replace_them(tmp_pa
     done = run_script("phrasescore-train-recipe", *args, *tiny, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     nn = tmp_path / "nn"
+    # issue 47, item 22: the message said "training l2r (25 min, ...)" of a 3-step training
+    assert "training l2r (25 min or 3 steps, whichever comes first, cpu slot 0)" in done.stderr
+    assert "training column (30 min or 3 steps, whichever comes first, cpu slot" in done.stderr
     described = {}
     for name in RECIPE_MODELS:
         model = nn / f"{name}.safetensors"
@@ -504,6 +533,28 @@ def test_train_recipe_bad_input_fails_before_training(change, code, message, tmp
     [line] = done.stderr.splitlines()
     assert line.startswith("phrasescore-train-recipe: error: ") and message in line, line
     assert not (tmp_path / "nn").exists()  # nothing trained, not even the folder made
+
+
+@pytest.mark.parametrize(
+    "written",
+    ["l2r.stderr", "column.safetensors.best", ".r2l.safetensors.lock"],
+)  # fmt: skip  (.result and .log: the same check)
+def test_train_recipe_refuses_an_input_named_like_a_file_it_writes(written, tmp_path):
+    """Issue 47, item 6: the shell's redirections truncated an input named OUT/<model>.stderr
+    or .result, and train's own files beside a model (.best, .lock, .log) were checked only
+    when that model's training started, after the others had trained."""
+    args = recipe_inputs(tmp_path)
+    (tmp_path / "nn").mkdir()
+    table = tmp_path / "nn" / written
+    shutil.copyfile(tmp_path / "model/phrase-table.gz", table)
+    args[args.index("--table") + 1] = f"nn/{written}"
+    done = run_script("phrasescore-train-recipe", *args, cwd=tmp_path)
+    assert done.returncode == 1
+    [line] = done.stderr.splitlines()
+    assert line.startswith("phrasescore-train-recipe: error: ")
+    assert line.endswith(f"is the --table (nn/{written}): refusing to overwrite an input"), line
+    assert os.listdir(tmp_path / "nn") == [written]
+    assert table.read_bytes() == (tmp_path / "model/phrase-table.gz").read_bytes()
 
 
 # ---------------------------------------------------------------------------- mert

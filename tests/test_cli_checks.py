@@ -144,7 +144,7 @@ def test_top_level_help_shows_every_command_description_whole():
     listing = proc.stdout.split("Commands:", 1)[1].strip().splitlines()
     from phrasescore.cli import cli
 
-    assert len(listing) == len(cli.commands)
+    assert len(listing) == len([c for c in cli.commands.values() if not c.hidden])
     for line in listing:
         name, description = line.split(None, 1)
         assert description == cli.commands[name].short_help, line
@@ -195,6 +195,39 @@ def test_every_float_option_refuses_non_finite_values_at_parse_time(command, opt
     assert result.exit_code == 2, result.output
     assert f"Invalid value for '{option}'" in result.output
     assert f"{value!r} is not a finite number" in result.output
+
+
+@pytest.mark.parametrize(
+    "value, reason",
+    [
+        ("-0", "is a negative zero: give 0"),
+        ("-0.0e3", "is a negative zero: give 0"),
+        ("1_0", "is not a number: write it without '_'"),
+        ("1e-400", "is too small for a number: it would be read as 0"),
+    ],
+)
+@pytest.mark.parametrize("command, option", FLOAT_OPTIONS, ids=lambda x: x)
+def test_every_float_option_refuses_what_python_reads_as_another_number(
+    command, option, value, reason
+):
+    """Issue 47, item 13: ``--weight -0`` was written into moses.ini as a weight -0, ``1_0``
+    read as 10 and ``1e-400`` as 0."""
+    from click.testing import CliRunner
+
+    from phrasescore.cli import cli
+
+    result = CliRunner().invoke(cli, [command, f"{option}={value}"])
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for '{option}': {value!r} {reason}" in result.output
+
+
+def test_zero_and_small_numbers_are_still_numbers():
+    from phrasescore.cli import FINITE_FLOAT, NON_NEGATIVE_FLOAT
+
+    assert FINITE_FLOAT.convert("0", None, None) == 0.0
+    assert FINITE_FLOAT.convert("0e-400", None, None) == 0.0
+    assert FINITE_FLOAT.convert("-1e-300", None, None) == -1e-300
+    assert NON_NEGATIVE_FLOAT.convert("0.000", None, None) == 0.0
 
 
 @pytest.mark.parametrize(

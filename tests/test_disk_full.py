@@ -181,3 +181,36 @@ def test_every_report_to_a_full_standard_output_is_one_line(tiny_model_path, tmp
     tracebacks."""
     proc = _to_dev_full(*STDOUT_COMMANDS[command](tiny_model_path, tmp_path))
     _one_error_line(proc, f"<stdout>: cannot write: {FULL}")
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["rescore", "--help"]], ids=" ".join)
+def test_help_and_version_to_a_full_standard_output_are_one_line(args):
+    """Issue 47, item 14: click's own output (help, version) to a full disk was a traceback."""
+    _one_error_line(_to_dev_full(*args), f"<stdout>: cannot write: {FULL}")
+
+
+@pytest.mark.skipif(
+    not all(
+        os.path.isfile(os.path.join(os.environ.get("MOSES_HOME", "/nonexistent"), "bin", tool))
+        for tool in ("extractor", "mert")
+    ),
+    reason="needs a Moses build: set MOSES_HOME (bin/extractor, bin/mert)",
+)
+def test_a_full_disk_under_rerank_tunes_workdir_is_reported_as_one(tmp_path, small_disk):
+    """Issue 47, item 18: the extractor exits 0 with its files cut short by a full disk; the
+    run then failed on "features.dat: no feature header" or on mert's start point, or went on
+    with features that were not all there."""
+    nbest = tmp_path / "list.nbest"
+    nbest.write_bytes(gzip.decompress(NBEST_LIST.read_bytes()))  # plain: read in place
+    reference = DATA / "nbest" / "multi30k.test2016.head5.tok.lc.fr"
+    work = small_disk / "wd"
+    proc = run_cli(
+        "rerank-tune", nbest, "--reference", reference, "--workdir", work, "-o", tmp_path / "w"
+    )
+    _one_error_line(
+        proc,
+        f"{work}: cannot write: {FULL} (the disk filled up while extractor ran: its files here "
+        "are incomplete)",
+    )
+    assert not (tmp_path / "w").exists()

@@ -112,3 +112,126 @@ def test_merge_with_an_ini_that_lacks_the_table_names_the_ini(parts, tmp_path):
         "tables found: TranslationModel0 (path=other-table.gz)"
     )
     assert sorted(os.listdir(tmp_path)) == ["moses.ini"]
+
+
+# ---------------------------------------------------------------------------- issue 47, item 11
+def _table_with_endings(tmp_path, bare_cr_at: int | None):
+    """The 300-line table with CRLF endings on every 7th line and, on line ``bare_cr_at``, a
+    lone CR where its newline was (two entries joined), gzip."""
+    import gzip
+
+    lines = gzip.decompress(TABLE.read_bytes()).splitlines(keepends=True)
+    for i in range(0, len(lines), 7):
+        lines[i] = lines[i][:-1] + b"\r\n"
+    if bare_cr_at is not None:
+        lines[bare_cr_at - 1] = lines[bare_cr_at - 1].rstrip(b"\r\n") + b"\r"
+    table = tmp_path / "table.gz"
+    table.write_bytes(gzip.compress(b"".join(lines)))
+    return table
+
+
+TABLE_READERS = {
+    "rescore": lambda model: ["rescore", "-m", model, "--chunk-lines", "40", "--no-progress"],
+    "rescore --io-workers": lambda model: [
+        "rescore",
+        "-m",
+        model,
+        "--io-workers",
+        "1",
+        "--no-progress",
+    ],
+    "check-table": lambda model: ["check-table"],  # copy-table reads the same way
+}
+
+
+@pytest.mark.parametrize("command", sorted(TABLE_READERS))
+def test_a_lone_carriage_return_in_a_table_is_refused_naming_its_line(
+    command, tmp_path, tiny_model_path
+):
+    """A lone CR ending line 151 joined it with line 152: rescore said "rescored 299 lines"
+    (the second pair got no column), check-table OK. CRLF endings stay accepted."""
+    args = TABLE_READERS[command](tiny_model_path)
+    out = ["-o", tmp_path / "out.gz"] if args[0] != "check-table" else []
+    table = _table_with_endings(tmp_path, bare_cr_at=151)
+    line = _one_line(run_cli("-q", *args[:1], table, *args[1:], *out))
+    assert line == (
+        f"phrasescore: error: {table}:151: a carriage return (\\r) inside the line: Moses would "
+        "read it and the next line as one entry (CRLF endings are fine; turn lone CRs into "
+        "newlines)"
+    )
+    assert not (tmp_path / "out.gz").exists()
+    if command == "rescore":
+        table = _table_with_endings(tmp_path, bare_cr_at=None)
+        proc = run_cli(*args[:1], table, *args[1:], *out)
+        assert proc.returncode == 0, proc.stderr
+        assert "rescored 300 lines" in proc.stderr
+
+
+# ---------------------------------------------------------------------------- issue 47, item 17
+def test_a_checkpoint_given_as_a_model_and_a_model_as_a_checkpoint_are_one_line(
+    tiny_model_path, corpus_files, tmp_path
+):
+    """Before: "header too large" from safetensors, and PyTorch's pickle warning (two lines)
+    before the error where torch was asked to read a file that is not its own."""
+    checkpoint = tiny_model_path + ".checkpoint"
+    assert os.path.isfile(checkpoint)
+    line = _one_line(run_cli("-q", "sample", "a man", "-m", checkpoint))
+    assert line == (
+        f"phrasescore: error: {checkpoint}: is a training checkpoint (MODEL.checkpoint), not a "
+        "model file: give the model file itself"
+    )
+    shutil.copy(tiny_model_path, tmp_path / "m.st.checkpoint")  # a model where it should be
+    args = ["train", *corpus_files, "--preset", "tiny", "--max-steps", "2", "--no-progress"]
+    line = _one_line(run_cli("-q", *args, "-o", tmp_path / "m.st", "--resume"))
+    assert line == (
+        f"phrasescore: error: {tmp_path / 'm.st.checkpoint'}: not a readable training checkpoint "
+        "(damaged, truncated or another kind of file); train without --resume to start again"
+    )
+
+
+# ---------------------------------------------------------------------------- issue 47, item 20
+def test_train_quiet_keeps_stderr_quiet_and_still_writes_the_log(corpus_files, tmp_path):
+    """``train -q`` made MODEL.log and left it empty (0 bytes): -q is about standard error."""
+    model = tmp_path / "m.st"
+    args = ["train", *corpus_files, "--preset", "tiny", "--max-steps", "2", "--no-progress"]
+    proc = run_cli("-q", *args, "-o", model)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    log_text = (tmp_path / "m.st.log").read_text()
+    assert "word vocabulary" in log_text and "stopped (" in log_text
+
+
+# ---------------------------------------------------------------------------- issue 47, item 21
+def test_sample_says_why_it_shows_fewer_targets_than_asked(tiny_model_path):
+    """``sample 'a man' -n 5`` printed nothing, rc 0: every draw was cut off by the length
+    limit before the model drew the end of the phrase, and such a draw is no target."""
+    import re
+
+    proc = run_cli("sample", "a man", "-m", tiny_model_path, "-n", "5", "--max-length", "1")
+    assert proc.returncode == 0, proc.stderr
+    shown = len(proc.stdout.splitlines())
+    assert shown < 5
+    warning = re.search(
+        r"phrasescore: 'a man': (\d) of 5 samples ended within the length limit \(1 tokens; the "
+        rf"others were cut off there and are not targets\), {shown} distinct shown: draw more "
+        r"\(-n\), raise --max-length, or add --beam",
+        proc.stderr,
+    )
+    assert warning is not None, proc.stderr
+    assert int(warning.group(1)) < 5
+
+
+# ---------------------------------------------------------------------------- issue 47, item 19
+def test_a_resume_with_files_after_a_run_on_pipes_names_the_pipe_not_the_file(caplog):
+    """The warning said "source corpus r.en is a pipe" of the regular file r.en, when the
+    checkpoint's run was the one that read a pipe."""
+    from phrasescore.training.run_identity import identity_difference
+
+    saved = {"files": {"source corpus": {"name": "/dev/fd/63", "pipe": True}}}
+    current = {"files": {"source corpus": {"name": "r.en", "bytes": 5, "sha256": "ab" * 32}}}
+    with caplog.at_level("WARNING"):
+        assert identity_difference(saved, current, "m.checkpoint") is None
+    assert [r.getMessage() for r in caplog.records] == [
+        "source corpus: the checkpoint's run read /dev/fd/63, a pipe: cannot check that r.en "
+        "is the data resumed"
+    ]

@@ -212,23 +212,34 @@ def test_fused_gradients_equal_the_reference_gradients(bidirectional):
 
 
 # ---------------------------------------------------------------------------- learning, files
+class _TrainedModels(dict):
+    """{(arch, recurrence): (path, TrainResult)}, each model trained when a test first asks for
+    it: a test pays only for the models it reads (under ``pytest -n 2`` the module's tests are
+    spread over both processes, each with its own copy of the module's fixture)."""
+
+    def __init__(self, folder):
+        super().__init__()
+        self.folder = folder
+        src, tgt = sample_pairs()
+        self.s, self.t = write_lines(folder / "s.en", src), write_lines(folder / "s.fr", tgt)
+
+    def __missing__(self, key):
+        arch, recurrence = key
+        path = self.folder / f"{arch}-{recurrence}.safetensors"
+        result = train_tiny(
+            path, self.s, self.t, valid=(self.s, self.t), arch=arch,
+            model_overrides={"recurrence": recurrence}, max_steps=60, valid_every=20,
+            learning_rate=1e-2, seed=3,
+        )  # fmt: skip
+        self[key] = (str(path), result)
+        return self[key]
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """The tiny cho and attention models, fused and written, 60 updates on the 171 sample
-    pairs (validated on them): {(arch, recurrence): (path, TrainResult)}."""
-    folder = tmp_path_factory.mktemp("fused")
-    src, tgt = sample_pairs()
-    s, t = write_lines(folder / "s.en", src), write_lines(folder / "s.fr", tgt)
-    runs = {}
-    for arch in ("cho", "attention"):
-        for recurrence in ("written", "fused"):
-            path = folder / f"{arch}-{recurrence}.safetensors"
-            result = train_tiny(
-                path, s, t, valid=(s, t), arch=arch, model_overrides={"recurrence": recurrence},
-                max_steps=60, valid_every=20, learning_rate=1e-2, seed=3,
-            )  # fmt: skip
-            runs[arch, recurrence] = (str(path), result)
-    return runs
+    pairs (validated on them): {(arch, recurrence): (path, TrainResult)}, trained on demand."""
+    return _TrainedModels(tmp_path_factory.mktemp("fused"))
 
 
 @pytest.mark.parametrize("arch", ["cho", "attention"])

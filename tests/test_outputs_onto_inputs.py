@@ -268,6 +268,52 @@ CASES = [
         ],
         "--ini-out moses.ini is the --moses-ini",
     ),
+    # issue 47, items 1, 2 and 5: the files a command writes, renames or deletes beside -o
+    (
+        "train -o's best onto SOURCE",
+        [TRAIN[0], "oo.best", *TRAIN[2:], "-o", "oo"],
+        "-o's best model oo.best is the source corpus (oo.best)",
+    ),
+    (
+        "train -o's lock onto TARGET",
+        [*TRAIN[:2], ".oo.lock", *TRAIN[3:], "-o", "oo"],
+        "/.oo.lock is the target corpus (.oo.lock)",
+    ),
+    (
+        "train-lm -o's best onto CORPUS",
+        [TRAIN_LM[0], "lm.best", *TRAIN_LM[2:], "-o", "lm"],
+        "-o's best model lm.best is the corpus (lm.best)",
+    ),
+    (
+        "rescore -o's lock onto TABLE",
+        ["rescore", ".new.gz.lock", *RESCORE[2:], "-o", "new.gz"],
+        "/.new.gz.lock is the input table (.new.gz.lock)",
+    ),
+    (
+        "nbest -o's lock onto LIST",
+        [NBEST_CMD[0], ".out.lock", *NBEST_CMD[2:], "-o", "out"],
+        "/.out.lock is the n-best list (.out.lock)",
+    ),
+    (
+        "rerank-tune -o's lock onto --reference",
+        [RERANK_TUNE[0], RERANK_TUNE[1], "--reference", ".w.lock", "-o", "w"],
+        "/.w.lock is the --reference (.w.lock)",
+    ),
+    (
+        "merge-shards -o's lock onto --moses-ini",
+        ["merge-shards", "p1.gz", "p2.gz", "--moses-ini", ".new.gz.lock", "-o", "new.gz"],
+        "/.new.gz.lock is the --moses-ini (.new.gz.lock)",
+    ),
+    (
+        "merge-shards -o onto the table the parts were scored from",
+        ["merge-shards", "p1.gz", "p2.gz", "-o", "phrase-table.gz"],
+        "-o phrase-table.gz is the input the parts were scored from",
+    ),
+    (
+        "rescore -o's temporary onto TABLE",
+        ["rescore", ".new.gz.abcd1234.tmp", *RESCORE[2:], "-o", "new.gz"],
+        "the input table .new.gz.abcd1234.tmp is named as a temporary file of -o new.gz",
+    ),
     # the same file by another name
     (
         "rescore -o TABLE through a symlink",
@@ -287,6 +333,18 @@ CASES = [
 ]
 
 
+BESIDE = {  # case: (an input named like a file written beside -o, a copy of)
+    "train -o's best onto SOURCE": ("oo.best", "train.en"),
+    "train -o's lock onto TARGET": (".oo.lock", "train.fr"),
+    "train-lm -o's best onto CORPUS": ("lm.best", "train.fr"),
+    "rescore -o's lock onto TABLE": (".new.gz.lock", "phrase-table.gz"),
+    "nbest -o's lock onto LIST": (".out.lock", "list.nbest.gz"),
+    "rerank-tune -o's lock onto --reference": (".w.lock", "reference.fr"),
+    "merge-shards -o's lock onto --moses-ini": (".new.gz.lock", "moses.ini"),
+    "rescore -o's temporary onto TABLE": (".new.gz.abcd1234.tmp", "phrase-table.gz"),
+}
+
+
 def _prepare(case_id: str, folder: Path, request) -> None:
     """What some cases need beyond the workspace."""
     if "--inverse-model" in case_id:
@@ -299,6 +357,9 @@ def _prepare(case_id: str, folder: Path, request) -> None:
             assert result.exit_code == 0, result.output
     if "log onto" in case_id:
         os.replace(folder / "valid.fr", folder / "valid.log")
+    if case_id in BESIDE:  # an input under the name of a file written beside -o
+        name, copy_of = BESIDE[case_id]
+        shutil.copy(folder / copy_of, folder / name)
     if "symlink" in case_id:
         os.symlink("phrase-table.gz", folder / "table-link.gz")
     if "symlinked directory" in case_id:
@@ -320,7 +381,7 @@ def test_an_output_onto_an_input_is_refused_and_the_input_kept(args, message, wo
     lines = result.stderr.splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("phrasescore: error: ")
-    assert lines[0].endswith(": refusing to overwrite an input")
+    assert lines[0].endswith((": refusing to overwrite an input", ": rename it"))
     assert message in lines[0]
     assert snapshot(workspace) == before  # every input's bytes, and nothing written beside
 
@@ -344,6 +405,7 @@ def test_every_command_that_writes_has_a_case():
     }
     assert {case[1][0] for case in CASES} == writers
     readers_only = {"sample", "evaluate", "info", "check-table", "ini-tables", "ab"}
+    readers_only.add("check-outputs")  # hidden: the bin/ scripts' check, it writes nothing
     assert set(cli.commands) == writers | readers_only
 
 
@@ -402,6 +464,22 @@ def test_a_named_pipe_is_written_as_a_stream(command, workspace, request):
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)  # still the pipe, not a file in its place
     assert reader.data == (workspace / "file.out").read_bytes()
     assert not [name for name in os.listdir(workspace) if name.startswith(".pipe.out")]
+
+
+def test_ini_out_onto_a_named_pipe_is_written_as_a_stream(workspace):
+    """Issue 47, item 7: ``rescore --ini-out FIFO`` replaced the pipe with a file, rc 0."""
+    args = [*RESCORE, "-o", "new.gz", "--moses-ini", "moses.ini", "--ini-out"]
+    assert invoke(*args, "file.ini").exit_code == 0
+    fifo = workspace / "pipe.ini"
+    os.mkfifo(fifo)
+    reader = FifoReader(fifo)
+    reader.start()
+    result = invoke(*args, fifo)
+    reader.release()
+    assert result.exit_code == 0, result.output
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)  # still the pipe
+    assert reader.data == (workspace / "file.ini").read_bytes()
+    assert not [name for name in os.listdir(workspace) if name.startswith(".pipe.ini")]
 
 
 @pytest.mark.parametrize("command", list(STREAMS))

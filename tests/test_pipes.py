@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import os
 import subprocess
 import sys
@@ -95,3 +96,23 @@ def test_shard_and_torchrun_refuse_a_pipe_in_one_line(tiny_model_path, tmp_path,
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert f"{pipe}: under torchrun every rank reads the corpus" in proc.stderr
     assert not out.exists() and not (tmp_path / "m.st").exists()
+
+
+@pytest.mark.parametrize("command", ["rescore"])  # copy-table and nbest exited 141 already
+def test_a_closed_pipe_on_standard_output_fails_the_command(command, tiny_model_path, tmp_path):
+    """Issue 47, item 8: ``rescore -o - | head -1`` exited 0 and said "rescored 4800 lines ->
+    <stdout>": one write larger than the pipe, cut short by the reader's end, returned a short
+    count without an error. Now as copy-table: 141, as a shell reports SIGPIPE."""
+    table = tmp_path / "table"
+    table.write_bytes(gzip.decompress(TABLE.read_bytes()) * 16)  # more than a pipe holds
+    model = ["-m", tiny_model_path, "--no-progress"] if command == "rescore" else []
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "phrasescore", command, str(table), *model, "-o", "-"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout.readline().startswith(b"! &quot; ||| ")
+    proc.stdout.close()  # as head -1 does
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 141, stderr
+    assert "->" not in stderr and "Traceback" not in stderr

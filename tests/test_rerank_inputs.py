@@ -5,6 +5,7 @@ unreadable files in one line naming file:line, exit 1, nothing under the output 
 from __future__ import annotations
 
 import gzip
+import os
 import re
 import shutil
 from pathlib import Path
@@ -187,3 +188,119 @@ def test_nbest_refuses_a_total_that_overflows(tmp_path):
         "--no-progress",
     ]
     fails_in_one_line(args, out, f"{LIST}:1:", "the weighted total is not finite")
+
+
+# ---------------------------------------------------------------------------- work folders
+REFERENCE = DATA / "nbest" / "multi30k.test2016.head5.tok.lc.fr"
+
+
+def _bytes_of(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+HELD = {  # case: (the input given in wd, its role, the file it is a copy of)
+    "--reference wd/scores.dat": ("wd/scores.dat", "--reference", REFERENCE),
+    "list wd/features.dat": ("wd/features.dat", "n-best list", None),
+    "--start wd/mert-1234/init.opt": ("wd/mert-1234/init.opt", "--start", INI),
+}
+
+
+@pytest.mark.parametrize("case", [*HELD, "a hard link of --reference in wd"])
+def test_rerank_tune_refuses_a_workdir_that_holds_an_input(tmp_path, monkeypatch, case):
+    """Issue 47, item 3: the extractor replaced ``--reference wd/scores.dat`` with its
+    statistics (rc 0), and overwrote the list given as ``wd/features.dat``."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "wd" / "mert-1234").mkdir(parents=True)
+    inputs = {"n-best list": "list.nbest", "--reference": "ref.fr", "--start": "start.ini"}
+    Path("list.nbest").write_bytes(gzip.decompress(LIST.read_bytes()))
+    shutil.copy(REFERENCE, "ref.fr")
+    shutil.copy(INI, "start.ini")
+    if case in HELD:
+        held, role, copy_of = HELD[case]
+        if copy_of is None:
+            Path(held).write_bytes(gzip.decompress(LIST.read_bytes()))
+        else:
+            shutil.copy(copy_of, held)
+        inputs[role] = held
+    else:  # the reference given by its own name, a hard link of it in wd
+        role, held = "--reference", "ref.fr"
+        os.link("ref.fr", "wd/scores.dat")
+    before = _bytes_of(tmp_path)
+    args = ["rerank-tune", inputs["n-best list"], "--reference", inputs["--reference"]]
+    args += ["--start", inputs["--start"], "--workdir", "wd", "-o", "w.txt"]
+    message = f"--workdir wd holds the {role} ({held}): "
+    fails_in_one_line(args, tmp_path / "w.txt", message, "give a folder of its own")
+    assert _bytes_of(tmp_path) == before
+
+
+@pytest.mark.parametrize("command", ["rerank-tune", "ab"])
+def test_a_workdir_that_is_a_file_is_one_line(tmp_path, command):
+    """Issue 47, items 15 and 16: a traceback (FileExistsError)."""
+    afile = tmp_path / "afile"
+    afile.write_text("keep\n")
+    if command == "rerank-tune":
+        args = ["rerank-tune", LIST, "--reference", REFERENCE, "--workdir", afile]
+    else:
+        args = ["ab", "--baseline", INI, "--rerank", MERT / "features.dat"]
+        args += ["--dev", SOURCE, REFERENCE, "--workdir", afile]
+    out = tmp_path / "w.txt"
+    fails_in_one_line(
+        [*args, *(["-o", out] if command == "rerank-tune" else [])],
+        out,
+        f"{afile}: is not a directory: give a directory for the --workdir",
+        "",
+    )
+    assert afile.read_text() == "keep\n"
+
+
+# ---------------------------------------------------------------------------- lists that do not fit
+def _list_lines() -> list[str]:
+    return gzip.decompress(LIST.read_bytes()).decode().splitlines(keepends=True)
+
+
+def test_rerank_tune_refuses_a_list_without_features(tmp_path):
+    """Issue 47, item 9: an empty feature field gave an empty weights file, rc 0."""
+    nbest = tmp_path / "list.nbest"
+    nbest.write_text("".join(re.sub(r" \|\|\| [^|]*\|\|\| (\S+)$", r" |||  ||| \1", line)
+                             for line in _list_lines()))  # fmt: skip
+    assert nbest.read_text().splitlines()[0].count(" |||  ||| ") == 1
+    out = tmp_path / "w.txt"
+    args = ["rerank-tune", nbest, "--reference", REFERENCE, "-o", out]
+    fails_in_one_line(args, out, f"{nbest}:1: ", "no dense features (an empty feature field)")
+
+
+def test_rerank_tune_refuses_a_reference_longer_than_the_list(tmp_path):
+    """Issue 47, item 10: 10 reference lines for ids 0-4 tuned against the wrong sentences
+    (dev BLEU far too low), weights written; a shorter reference was refused already."""
+    reference = tmp_path / "ref.fr"
+    reference.write_text(REFERENCE.read_text() * 2)
+    out = tmp_path / "w.txt"
+    args = ["rerank-tune", LIST, "--reference", reference, "-o", out]
+    fails_in_one_line(
+        args,
+        out,
+        f"{LIST}: the n-best list ends with sentence id 4 (5 sentences) but the reference "
+        f"{reference} has 10 lines",
+        "the list and the reference do not match",
+    )
+
+
+@pytest.mark.parametrize("flags", [[], ["--one-best"]], ids=" ".join)
+def test_nbest_warns_of_ids_without_hypotheses_and_keeps_the_lines_aligned(tmp_path, flags, caplog):
+    """Issue 47, item 12: ids 0, 2 and 4 of 5 source lines: no warning, and --one-best
+    printed an empty line for sentences 1 and 3 without a word."""
+    nbest = tmp_path / "gap.nbest"
+    nbest.write_text("".join(line for line in _list_lines() if line.split(" ||| ")[0] in "024"))
+    out = tmp_path / "out"
+    args = ["-q", "nbest", nbest, "--source", SOURCE, "--weights", INI, *flags, "-o", out]
+    result = CliRunner().invoke(cli, [*map(str, args), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    warning = [r.getMessage() for r in caplog.records if "no hypothesis" in r.getMessage()]
+    assert warning == [
+        f"{nbest}: 2 of 5 sentence ids have no hypothesis (id 1, 3): Moses lists "
+        "every id; was the list filtered or cut?"
+        + (" --one-best writes an empty line for each" if flags else "")
+    ]
+    if flags:
+        best = out.read_text().split("\n")
+        assert len(best) == 6 and best[1] == best[3] == "" and best[0] and best[2] and best[4]

@@ -211,3 +211,20 @@ def test_a_failing_tool_is_one_line_and_leaves_no_output(tmp_path, scored_list):
     assert not out.exists()
     kept = [p for p in out.parent.iterdir()]
     assert len(kept) == 1 and kept[0].name.startswith(".rerank.weights.tune.")  # the logs
+
+
+def test_the_report_says_when_the_new_features_were_all_given_0():
+    """Issue 47, item 22: the demo read "Moses 1-best 57.96, re-ranked 58.95" with all four
+    neural weights 0.0: the gain was Moses' own features retuned on the list."""
+    from phrasescore.jobs.tuning.rerank_tune import TuneResult, TuningRun
+
+    def report(l2r: float) -> list[str]:
+        run = TuningRun(1234, 58.95, {"LM0": [0.4], "L2R": [l2r], "Inv": [0.0]})
+        result = TuneResult("w", "mert", 5, 100, 57.96, [run], unweighed=["L2R", "Inv"])
+        return result.lines()
+
+    assert report(0.0)[-1] == (
+        "phrasescore: the weights of L2R, Inv (not in --start) are all 0: the dev BLEU gain is "
+        "--start's own features retuned on this list, not theirs"
+    )
+    assert report(0.1)[-1] == "phrasescore: weights -> w"

@@ -40,7 +40,6 @@ without EOS are dropped; the others are deduplicated and the ``top`` best by log
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -168,10 +167,20 @@ def beam_search(
     alive_lp[:, 0] = 0.0
     tokens = torch.empty((n_src, beam, 0), dtype=torch.long, device=device)
     banned = _banned_tokens(options.forbid_unk)
-    active = list(range(n_src))  # original index of each source still searched
-    finished: list[list[tuple[tuple[int, ...], float]]] = [[] for _ in range(n_src)]
+    # the sources still searched (original indices) and, per source, the complete hypotheses
+    # on the device, in the order they were completed: log p, tokens, length, count (a source
+    # completes at most 2 * beam - 1: fewer than `beam` before its last step, `beam` in it;
+    # slot 2 * beam takes the writes of candidates that are not complete)
+    active = torch.arange(n_src, device=device)
+    slots = 2 * beam
+    longest = int(limits.max()) + 1
+    fin_lp = torch.full((n_src, slots + 1), NEG_INF, device=device)
+    fin_tokens = torch.zeros((n_src, slots + 1, longest), dtype=torch.long, device=device)
+    fin_len = torch.zeros((n_src, slots + 1), dtype=torch.long, device=device)
+    fin_count = torch.zeros(n_src, dtype=torch.long, device=device)
+    alpha = options.length_penalty
     step = 0
-    while active:
+    while True:
         logp, state = _next_logprobs(network, state, prev)
         logp[:, banned] = NEG_INF
         at_limit = (limits <= step).repeat_interleave(beam)
@@ -179,17 +188,22 @@ def beam_search(
             eos_lp = logp[at_limit, EOS_ID]
             logp[at_limit] = NEG_INF
             logp[at_limit, EOS_ID] = eos_lp
-        n_act = len(active)
+        n_act = active.shape[0]
         cand = (alive_lp.unsqueeze(2) + logp.view(n_act, beam, vocab)).view(n_act, beam * vocab)
         top_lp, top_idx = cand.topk(min(2 * beam, beam * vocab), dim=1)
         top_beam, top_tok = top_idx // vocab, top_idx % vocab
-        # complete hypotheses: EOS among the first `beam` candidates
+        # complete hypotheses: EOS among the first `beam` candidates, stored in rank order
         is_eos = (top_tok == EOS_ID) & torch.isfinite(top_lp)
-        eos_rows, eos_ranks = (is_eos[:, :beam]).nonzero(as_tuple=True)
-        if len(eos_rows):
-            for a, r in zip(eos_rows.tolist(), eos_ranks.tolist(), strict=True):
-                k = int(top_beam[a, r])
-                finished[active[a]].append((tuple(tokens[a, k].tolist()), float(top_lp[a, r])))
+        ended = is_eos[:, :beam]
+        counts = fin_count[active]
+        slot = torch.where(ended, counts[:, None] + ended.long().cumsum(1) - 1, slots)
+        rows = active[:, None].expand(-1, beam)
+        fin_lp[rows, slot] = torch.where(ended, top_lp[:, :beam], NEG_INF)
+        fin_len[rows, slot] = step
+        if step:
+            ended_tokens = tokens.gather(1, top_beam[:, :beam, None].expand(-1, -1, step))
+            fin_tokens[rows, slot, :step] = ended_tokens
+        fin_count[active] = counts + ended.sum(1)
         # new partial hypotheses: the first `beam` finite candidates that are not EOS
         usable = ~is_eos & torch.isfinite(top_lp)
         order = torch.argsort((~usable).to(torch.int8), dim=1, stable=True)[:, :beam]
@@ -202,31 +216,42 @@ def beam_search(
         source_rows = torch.arange(n_act, device=device).unsqueeze(1) * beam
         keep_rows = (source_rows + new_beam).view(-1)
         prev = new_tok.view(-1)
-        # sources that are done leave the batch
-        best_alive = alive_lp.max(dim=1).values.tolist()
-        limit_list = limits.tolist()
-        done = [
-            a
-            for a in range(n_act)
-            if limit_list[a] <= step
-            or not math.isfinite(best_alive[a])
-            or len(finished[active[a]]) >= beam
-            or _settled(finished[active[a]], best_alive[a], step + 2, options)
-        ]
-        if done:
-            done_set = set(done)
-            stay = [a for a in range(n_act) if a not in done_set]
-            active = [active[a] for a in stay]
-            if not active:
-                break
-            stay_t = torch.tensor(stay, dtype=torch.long, device=device)
+        # sources that are done leave the batch: at their limit, nothing alive, `beam`
+        # complete, or settled (_settled, for all sources in one tensor expression)
+        best_alive = alive_lp.max(dim=1).values
+        done = (limits <= step) | ~torch.isfinite(best_alive) | (fin_count[active] >= beam)
+        done |= _settled_rows(fin_lp[active, :slots], fin_len[active, :slots],
+                              fin_count[active], best_alive, step + 2, options)  # fmt: skip
+        stay_t = (~done).nonzero(as_tuple=True)[0]  # the step's one wait for the device
+        if stay_t.shape[0] == 0:
+            break
+        if stay_t.shape[0] < n_act:
+            active = active[stay_t]
             stay_rows = (stay_t.unsqueeze(1) * beam + torch.arange(beam, device=device)).view(-1)
             keep_rows = keep_rows[stay_rows]
             prev = prev[stay_rows]
             alive_lp, tokens, limits = alive_lp[stay_t], tokens[stay_t], limits[stay_t]
         state = select_rows(state, keep_rows)
         step += 1
-    return [_best(complete, options.nbest, options.length_penalty) for complete in finished]
+    counts, lps, lens = fin_count.tolist(), fin_lp.tolist(), fin_len.tolist()
+    all_tokens = fin_tokens.tolist()
+    finished = [
+        [(tuple(all_tokens[b][k][: lens[b][k]]), lps[b][k]) for k in range(counts[b])]
+        for b in range(n_src)
+    ]
+    return [_best(complete, options.nbest, alpha) for complete in finished]
+
+
+def _settled_rows(
+    fin_lp: Tensor, fin_len: Tensor, count: Tensor, best_alive: Tensor, n: int, options
+) -> Tensor:
+    """:func:`_settled` of every source at once: True where ``nbest`` hypotheses are complete
+    and the best partial one, ended now (``n`` tokens), would not beat the ``nbest``-th best
+    complete one (scores in float64, as :func:`_settled` computes them)."""
+    alpha = options.length_penalty
+    scores = fin_lp.double() / ((5.0 + (fin_len + 1).double()) / 6.0) ** alpha
+    kth = scores.topk(options.nbest, dim=1).values[:, -1]
+    return (count >= options.nbest) & (kth >= best_alive.double() / length_penalty(n, alpha))
 
 
 def _settled(
@@ -284,6 +309,17 @@ def greedy_decode(
     return out
 
 
+class Samples(list):
+    """The hypotheses :func:`sample` returns, and how many of its draws ended (drew EOS within
+    the length limit ``limit``): only those are hypotheses; the others were cut off."""
+
+    def __init__(self, hypotheses=(), drawn: int = 0, ended: int = 0, limit: int = 0):
+        super().__init__(hypotheses)
+        self.drawn = drawn
+        self.ended = ended
+        self.limit = limit
+
+
 @torch.inference_mode()
 def sample(
     network: EncoderDecoder,
@@ -295,14 +331,15 @@ def sample(
     forbid_unk: bool = False,
     device: str | torch.device = "cpu",
 ) -> list[Hypothesis]:
-    """Ancestral sampling: ``n`` samples for one source, the ``top`` best distinct by log p.
+    """Ancestral sampling: ``n`` samples for one source, the ``top`` best distinct by log p
+    (:class:`Samples`: a draw that has not ended by the length limit is no hypothesis).
 
     Words are drawn from the model's distribution (PAD, BOS and, with ``forbid_unk``, UNK
     removed and the rest renormalised); the log p reported is the model's own, unrenormalised.
     """
     device = torch.device(device)
     if n < 1:
-        return []
+        return Samples()
     generator = torch.Generator(device=device)
     generator.manual_seed(seed)
     limit = max_length if max_length is not None else default_max_length(len(src_ids))
@@ -331,7 +368,8 @@ def sample(
         ids = tuple(i for i in seqs[row].tolist() if i not in (PAD_ID, EOS_ID))
         best[ids] = float(total[row])
     ranked = sorted(best.items(), key=lambda item: -item[1])[:top]
-    return [Hypothesis(ids, lp, lp) for ids, lp in ranked]
+    hypotheses = [Hypothesis(ids, lp, lp) for ids, lp in ranked]
+    return Samples(hypotheses, drawn=n, ended=int(ended.sum()), limit=limit)
 
 
 def merge_candidates(*lists: Sequence[Hypothesis], top: int) -> list[Hypothesis]:

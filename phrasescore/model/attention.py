@@ -57,7 +57,12 @@ from torch import Tensor, nn
 from phrasescore.model.base import EncoderDecoder, EncoderOutput
 from phrasescore.model.config import ModelConfig
 from phrasescore.model.constants import PAD_ID
-from phrasescore.model.gru import gru_encoder_step, run_fused_gru, run_gru_encoder
+from phrasescore.model.gru import (
+    compiled_step,
+    gru_encoder_step,
+    run_fused_gru,
+    run_gru_encoder,
+)
 from phrasescore.model.initialization import init_attention
 from phrasescore.model.lstm import reverse_within
 from phrasescore.model.output_layer import maxout, summed_linear
@@ -100,6 +105,12 @@ class AttentionEncoderDecoder(EncoderDecoder):
         self.dropout = nn.Dropout(config.dropout)
         self.reset_parameters()
 
+    def _decoder_step_fn(self):
+        return compiled_step(self.decoder_step) if self.compiled else self.decoder_step
+
+    def _encoder_step_fn(self):
+        return compiled_step(gru_encoder_step) if self.compiled else gru_encoder_step
+
     RECURRENT = (
         "enc_fwd_u_rz",
         "enc_fwd_u_h",
@@ -137,8 +148,9 @@ class AttentionEncoderDecoder(EncoderDecoder):
         h0 = x_proj.new_zeros(src.shape[0], hid)
         padded = bool((src_lengths != steps).any())
         lengths = src_lengths if padded else None
+        step = self._encoder_step_fn()
         forward, _ = run_gru_encoder(
-            x_proj[..., : 3 * hid], h0, self.enc_fwd_u_rz, self.enc_fwd_u_h, lengths
+            x_proj[..., : 3 * hid], h0, self.enc_fwd_u_rz, self.enc_fwd_u_h, lengths, step=step
         )
         if padded:
             backward, _ = run_gru_encoder(
@@ -147,11 +159,17 @@ class AttentionEncoderDecoder(EncoderDecoder):
                 self.enc_bwd_u_rz,
                 self.enc_bwd_u_h,
                 lengths,
+                step=step,
             )
             backward = reverse_within(backward, src_lengths)
         else:
             backward, _ = run_gru_encoder(
-                x_proj[..., 3 * hid :].flip(1), h0, self.enc_bwd_u_rz, self.enc_bwd_u_h, None
+                x_proj[..., 3 * hid :].flip(1),
+                h0,
+                self.enc_bwd_u_rz,
+                self.enc_bwd_u_h,
+                None,
+                step=step,
             )
             backward = backward.flip(1)
         mask = torch.arange(steps, device=src.device).unsqueeze(0) < src_lengths.unsqueeze(1)
@@ -206,16 +224,27 @@ class AttentionEncoderDecoder(EncoderDecoder):
         x_proj = self.dec_input(prev_emb)  # [B, T, 3H], all steps in one product
         s, ann, ann_proj, mask = state["s"], state["ann"], state["ann_proj"], state["mask"]
         states, contexts, alphas = [], [], []
+        step = self._decoder_step_fn()
         # unbind: one backward node for all steps, not a zero-filled [B, T, 3H] gradient each
         for x_i in x_proj.unbind(1):
-            alpha, context = self.attend(s, ann, ann_proj, mask)
-            s = gru_encoder_step(x_i + self.dec_context(context), s, self.dec_u_rz, self.dec_u_h)
+            s, context, alpha = step(x_i, s, ann, ann_proj, mask)
             states.append(s)
             contexts.append(context)
             if keep_alpha:
                 alphas.append(alpha)
         stacked_alpha = torch.stack(alphas, dim=1) if keep_alpha else None
         return prev_emb, torch.stack(states, dim=1), torch.stack(contexts, dim=1), stacked_alpha
+
+    def decoder_step(
+        self, x_i: Tensor, s: Tensor, ann: Tensor, ann_proj: Tensor, mask: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """One teacher-forced decoder step (A.1.2 and A.2.2): (s_i, c_i, α_i) from the input
+        terms ``x_i`` = [W_r; W_z; W] E y_{i-1} (+ biases) and s_{i-1}: the alignment, the
+        context, then the GRU of eq. 5-8 with C c_i added to its input terms. One function, so
+        that ``train --compile`` compiles it whole (:meth:`compile_steps`)."""
+        alpha, context = self.attend(s, ann, ann_proj, mask)
+        s = gru_encoder_step(x_i + self.dec_context(context), s, self.dec_u_rz, self.dec_u_h)
+        return s, context, alpha
 
     def decode_features(self, enc: EncoderOutput, tgt_in: Tensor) -> Tensor:
         prev_emb, states, contexts, _ = self._run_decoder(enc, tgt_in, keep_alpha=False)

@@ -44,7 +44,7 @@ import torch
 from torch import Tensor, nn
 
 from phrasescore.model.config import ModelConfig
-from phrasescore.model.output_layer import target_logprobs, token_nll
+from phrasescore.model.output_layer import chunked_output_nll, target_logprobs, token_nll
 
 EncoderOutput = dict[str, Tensor]
 
@@ -75,6 +75,21 @@ class EncoderDecoder(nn.Module):
     config: ModelConfig
     POSITIONAL_OUTPUTS: tuple[str, ...] = ()
     """Keys of the encoder output indexed by source position (see the module docstring)."""
+    compiled: bool = False
+    """``train --compile``: the written-out recurrences' steps run through torch.compile
+    (:meth:`compile_steps`)."""
+
+    chunked_output: bool = False
+    """``train --chunked-output``: the loss's vocabulary projection and log-sum-exp fused over
+    row chunks (:func:`~phrasescore.model.output_layer.chunked_output_nll`), no [tokens x
+    vocabulary] logits kept for the backward."""
+
+    def compile_steps(self) -> None:
+        """Run the written-out recurrences' steps (the GRU of eq. 5-8, the attention decoder's
+        step) through :func:`torch.compile`: the same equations in a few fused kernels per
+        step (``train --compile``). Networks whose recurrences are torch.nn modules (the LSTM,
+        ``--recurrence fused``'s GRUs: cuDNN's kernels already) keep those."""
+        self.compiled = True
 
     def encode(self, src: Tensor, src_lengths: Tensor) -> EncoderOutput:
         raise NotImplementedError
@@ -154,9 +169,13 @@ class EncoderDecoder(nn.Module):
         enc = self.encode(src, src_lengths)
         features = self.decode_features(enc, tgt_in)
         flat = features[tgt_mask]
-        with bf16_autocast(flat.device, bf16_output):
-            logits = self.logits(flat)
-        nll, lz = token_nll(logits, tgt_out[tgt_mask])
+        if self.chunked_output:
+            with bf16_autocast(flat.device, bf16_output):
+                nll, lz = chunked_output_nll(flat, self.out_vocab, tgt_out[tgt_mask])
+        else:
+            with bf16_autocast(flat.device, bf16_output):
+                logits = self.logits(flat)
+            nll, lz = token_nll(logits, tgt_out[tgt_mask])
         alpha = float(self.config.self_normalize)
         if not (alpha or log_z):
             return LossTerms(nll, nll.detach(), None)

@@ -72,7 +72,7 @@ class ModelConfig:
     # N(0, 1), weights and biases U(±1/√fan_in), written-out recurrent matrices orthogonal;
     # initialization.init_fan_in). Model files written before it load as "cho".
     init: str = "cho"
-    # the GRUs (issue 39): "written", those of gru.py written out step by step, exactly Cho et
+    # the GRUs: "written", those of gru.py written out step by step, exactly Cho et
     # al. eq. 5-8 (every preset); "fused", torch.nn.GRU (cuDNN's fused kernel on a GPU) for the
     # encoders of cho and attention and cho's decoder, whose candidate applies the reset gate
     # after the recurrent product (gru.py's docstring; refused by the paper presets). Model
@@ -119,7 +119,8 @@ class TrainConfig:
     lr_halve_after_epochs: float | None = None
     lr_halve_every_epochs: float = 0.5
     # reduce on plateau: multiply the learning rate by this factor after every validation that
-    # does not improve on the best so far (None: never). The default presets: 0.5 (issue 29).
+    # does not improve on the best so far (None: never). The default presets: 0.5 (measured:
+    # docs/benchmarks.md "Learning curves against a plain PyTorch model").
     lr_plateau_factor: float | None = None
     # the gradient of the summed NLL divided by the pairs of the batch instead of its tokens
     loss_per_sentence: bool = False
@@ -140,6 +141,14 @@ class TrainConfig:
     valid_fraction: float = 0.02
     valid_max_pairs: int = 2000
     seed: int = 1
+    # train --bucket N: each batch padded to widths and a row count that are multiples of N
+    # (shapes repeat, for --compile's graphs and CUDA graphs); 0: off (the default)
+    bucket: int = 0
+    # train --compile: the written-out recurrences' steps through torch.compile (off by default)
+    compile: bool = False
+    # train --chunked-output: the vocabulary projection and the loss fused over row chunks, no
+    # [tokens x vocabulary] logits kept (one more product in the backward; off by default)
+    chunked_output: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -156,9 +165,9 @@ PresetTable = dict[str, tuple[dict[str, Any], dict[str, Any]]]
 # The default presets start from PyTorch's fan-in scales (init="fan_in"), the paper presets
 # from the papers' own. The papers' N(0, 0.01²) weights leave the source path ~1e-5 in size (four
 # 0.01-scaled products from the source words to the decoder), and Adam at 1e-3 needs hundreds of
-# updates to grow it. Measured for phrase pairs (issue 15, Multi30k table, 2,000 held-out pairs):
+# updates to grow it. Measured for phrase pairs (Multi30k table, 2,000 held-out pairs):
 # validation perplexity at steps 100/200/300 was 229/169/134 with the paper's scheme, 134/51/32
-# with fan_in; for sentences with attention (issue 29, Multi30k val): docs/benchmarks.md
+# with fan_in; for sentences with attention (Multi30k val): docs/benchmarks.md
 # "Learning curves".
 DEFAULT_INIT = dict(init="fan_in")
 
@@ -224,7 +233,7 @@ LSTM_PRESETS: PresetTable = {
 }
 
 # The attention model's default preset starts Adam at 2e-3, twice the usual 1e-3: measured on
-# Multi30k (issue 29, docs/benchmarks.md "Learning rate 2e-3 against 1e-3"), validation
+# Multi30k (docs/benchmarks.md "Learning rate 2e-3 against 1e-3"), validation
 # perplexity 4.82 after 700 updates (1e-3: 5.79) and a plateau of 4.09 (1e-3: 4.30), and the
 # same for a right-to-left model. cho and lstm keep 1e-3 (not measured at 2e-3).
 ATTENTION_LEARNING_RATE = 2e-3

@@ -1,7 +1,8 @@
-"""CSLM: the feed-forward n-gram target language model of SPEC §3.6 (Schwenk 2007).
+"""CSLM: the feed-forward n-gram target language model of Schwenk (2007), "Continuous space
+language models" (docs/commands.md, `phrasescore train-lm`).
 
 Cho et al. (2014, §4.1) add a continuous-space language model (CSLM) of the target language to
-the RNN Encoder-Decoder features; its gain adds to theirs (SPEC §4). The network (Bengio et al.
+the RNN Encoder-Decoder features; its gain adds to theirs (Cho et al. 2014, Table 1). The network (Bengio et al.
 2003; Schwenk 2007) predicts a word from the ``n - 1`` words before it::
 
     x = [e(w_{t-n+1}); ...; e(w_{t-1})]        one embedding matrix shared by all positions
@@ -85,7 +86,7 @@ class LMConfig:
 LM_PRESETS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     # Sized for a 2-core CPU: 0.4M parameters + 385 per vocabulary word (4.3M for 10,000).
     "default": ({}, dict(max_length=100)),
-    # SPEC §3.6 / Schwenk: 6 context words, 512-dim embeddings, 3072-1536-1024 relu, softmax.
+    # Schwenk (2007): 6 context words, 512-dim embeddings, 3072-1536-1024 relu, softmax.
     "paper": (
         dict(order=7, embedding_dim=512, hidden_dims=[3072, 1536, 1024], dropout=0.0),
         dict(learning_rate=5e-4, max_length=100),

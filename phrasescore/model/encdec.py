@@ -41,7 +41,10 @@ from phrasescore.model.base import EncoderDecoder, EncoderOutput
 from phrasescore.model.config import ModelConfig
 from phrasescore.model.constants import PAD_ID
 from phrasescore.model.gru import (
+    compiled_step,
+    gru_decoder_loop_step,
     gru_decoder_step,
+    gru_encoder_step,
     run_fused_gru,
     run_gru_decoder,
     run_gru_encoder,
@@ -156,7 +159,8 @@ class ChoEncoderDecoder(EncoderDecoder):
         """Floating-point operations (2 per multiply-add) to score one pair teacher-forced.
 
         ``src_len``/``tgt_len`` count tokens with EOS; ``share`` is the fraction of pairs whose
-        source is encoded (1 / targets per source when encodings are shared). SPEC §5.
+        source is encoded (1 / targets per source when encodings are shared). Used for the % of
+        the matrix rate in docs/benchmarks.md ("Rescoring engine").
         """
         cfg = self.config
         emb, hid, mx, rank, vocab = (
@@ -208,6 +212,7 @@ class GRUEncoderDecoder(ChoEncoderDecoder):
             self.enc_u_h,
             src_lengths if padded else None,
             keep_states=False,  # only h_T is used
+            step=compiled_step(gru_encoder_step) if self.compiled else gru_encoder_step,
         )
         return last
 
@@ -224,7 +229,8 @@ class GRUEncoderDecoder(ChoEncoderDecoder):
     def _decoder_states(self, state: dict[str, Tensor], prev_emb: Tensor) -> Tensor:
         """A.1.1's decoder over all steps; the input products W e(y_{t-1}) in one product."""
         x_proj = self.dec_input(prev_emb)  # [B, T, 3H]
-        return run_gru_decoder(x_proj, state["h"], self.dec_u, state["ctx_gates"])
+        step = compiled_step(gru_decoder_loop_step) if self.compiled else gru_decoder_loop_step
+        return run_gru_decoder(x_proj, state["h"], self.dec_u, state["ctx_gates"], step=step)
 
     def _decoder_step(self, state: dict[str, Tensor], prev_emb: Tensor) -> Tensor:
         return gru_decoder_step(

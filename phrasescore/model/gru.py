@@ -15,7 +15,7 @@ there the reset gate multiplies the product ``U h + C c`` (the same placement cu
 one matrix product per step serve all three parts.
 
 **The fused recurrence** (``ModelConfig.recurrence = "fused"``, ``train --recurrence fused``;
-issue 39): the encoders of cho and attention run :class:`torch.nn.GRU` (cuDNN's fused kernel on a
+for GPUs, docs/benchmarks.md "Fused recurrences"): the encoders of cho and attention run :class:`torch.nn.GRU` (cuDNN's fused kernel on a
 GPU, one call for the whole source; :func:`run_fused_gru`), and so does cho's teacher-forced
 decoder, fed ``[e(y_{t-1}); c]`` each step (:mod:`phrasescore.model.encdec`: C c then enters the
 candidate outside the reset gate, where :func:`gru_decoder_step` has it inside). Its GRU (PyTorch's ``torch.nn.GRU``
@@ -76,12 +76,26 @@ def gru_decoder_step(x_proj: Tensor, h: Tensor, u: Tensor, ctx_proj: Tensor) -> 
     return torch.lerp(candidate, h, z)
 
 
-def run_gru_decoder(x_proj: Tensor, h0: Tensor, u: Tensor, ctx_proj: Tensor) -> Tensor:
+def gru_decoder_loop_step(bias_t: Tensor, x_h_t: Tensor, h: Tensor, u: Tensor) -> Tensor:
+    """One step of :func:`run_gru_decoder`: :func:`gru_decoder_step` with the step's bias of
+    the recurrent product ``bias_t`` = [W_r e + C_r c; W_z e + C_z c; C c] and candidate input
+    ``x_h_t`` = W e built before the loop."""
+    hidden = h.shape[-1]
+    hh_rz, hh_h = torch.addmm(bias_t, h, u).split([2 * hidden, hidden], dim=1)
+    r, z = torch.sigmoid(hh_rz).chunk(2, dim=1)
+    candidate = torch.tanh(torch.addcmul(x_h_t, r, hh_h))
+    return torch.lerp(candidate, h, z)
+
+
+def run_gru_decoder(
+    x_proj: Tensor, h0: Tensor, u: Tensor, ctx_proj: Tensor, step=gru_decoder_loop_step
+) -> Tensor:
     """:func:`gru_decoder_step` over all steps of ``x_proj`` [B, T, 3H]; the states [B, T, H].
 
     Before the loop, one pass builds each step's bias of the recurrent product, time-major:
     ``[W_r e + C_r c; W_z e + C_z c; C c]`` (the candidate's C c stays inside the reset product).
-    Each step is then five kernels: ``addmm``, ``sigmoid``, ``addcmul``, ``tanh``, ``lerp``.
+    Each step (:func:`gru_decoder_loop_step`, or ``step``, it compiled: ``train --compile``) is
+    then five kernels: ``addmm``, ``sigmoid``, ``addcmul``, ``tanh``, ``lerp``.
     """
     hidden = h0.shape[-1]
     steps = x_proj.shape[1]
@@ -94,10 +108,7 @@ def run_gru_decoder(x_proj: Tensor, h0: Tensor, u: Tensor, ctx_proj: Tensor) -> 
     # unbind, not bias[t]: one backward node for all steps instead of a zero-filled [T, B, 3H]
     # gradient per step (quadratic in T)
     for bias_t, x_h_t in zip(bias.unbind(0), x_h.unbind(0), strict=True):
-        hh_rz, hh_h = torch.addmm(bias_t, h, u).split([2 * hidden, hidden], dim=1)
-        r, z = torch.sigmoid(hh_rz).chunk(2, dim=1)
-        candidate = torch.tanh(torch.addcmul(x_h_t, r, hh_h))
-        h = torch.lerp(candidate, h, z)
+        h = step(bias_t, x_h_t, h, u)
         states.append(h)
     return torch.stack(states, dim=1)
 
@@ -109,8 +120,10 @@ def run_gru_encoder(
     u_h: Tensor,
     lengths: Tensor | None,
     keep_states: bool = True,
+    step=gru_encoder_step,
 ) -> tuple[Tensor | None, Tensor]:
-    """Run :func:`gru_encoder_step` over ``x_proj`` [B, S, 3H].
+    """Run :func:`gru_encoder_step` (or ``step``, the same function compiled: ``train
+    --compile``) over ``x_proj`` [B, S, 3H].
 
     Returns all states [B, S, H] (None with ``keep_states=False``) and the state after each
     sequence's last real token [B, H] (padded positions, after ``lengths``, leave the state
@@ -121,7 +134,7 @@ def run_gru_encoder(
     states = []
     # unbind, not x_tm[t]: one backward node for all steps (see run_gru_decoder)
     for t, x_t in enumerate(x_tm.unbind(0)):
-        h_new = gru_encoder_step(x_t, h, u_rz, u_h)
+        h_new = step(x_t, h, u_rz, u_h)
         if lengths is not None:
             keep = (lengths > t).unsqueeze(1)
             h_new = torch.where(keep, h_new, h)
@@ -129,6 +142,29 @@ def run_gru_encoder(
         if keep_states:
             states.append(h)
     return (torch.stack(states, dim=1) if keep_states else None), h
+
+
+_COMPILED: dict[object, object] = {}
+
+
+def compiled_step(fn):
+    """``fn`` (a step function of this module or a network's decoder step) under
+    :func:`torch.compile`, one compiled function per ``fn`` (``train --compile``): its kernels
+    fused into a few, the same equations. Shapes that repeat (``train --bucket``) reuse one
+    compiled graph; others make PyTorch compile one with dynamic sizes. The compile mode is
+    ``PHRASESCORE_COMPILE_MODE`` (e.g. ``reduce-overhead`` for CUDA graphs; default: PyTorch's
+    default mode)."""
+    import os
+
+    key = getattr(fn, "__func__", fn)
+    if key not in _COMPILED:
+        mode = os.environ.get("PHRASESCORE_COMPILE_MODE") or None
+        _COMPILED[key] = torch.compile(key, mode=mode)
+    compiled = _COMPILED[key]
+    owner = getattr(fn, "__self__", None)
+    if owner is None:
+        return compiled
+    return lambda *args: compiled(owner, *args)
 
 
 def run_fused_gru(gru: nn.GRU, x: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:

@@ -245,3 +245,75 @@ def summed_linear(terms: list[tuple[nn.Linear, Tensor]], extra: Tensor | None = 
             raise ValueError("summed_linear: only the first layer may have a bias")
         total = torch.addmm(total, x.reshape(-1, x.shape[-1]), layer.weight.t())
     return total.view(*lead, width)
+
+
+class _ChunkedOutputNLL(torch.autograd.Function):
+    """:func:`token_nll` of the logits ``features @ weight.T + bias`` computed row chunk by row
+    chunk, the vocabulary projection included: forward keeps log Z and the features, never the
+    [N x V] logits; backward makes each chunk's logits again (one more product, the price of
+    the memory) and its softmax gradient, and accumulates the gradients of the features, the
+    weight and the bias. Products in the dtype autocast chose in forward (bf16 on a GPU), the
+    log-sum-exp and the gradients' sums in float32."""
+
+    @staticmethod
+    def forward(ctx, features, weight, bias, gold, chunk_rows: int):
+        n = features.shape[0]
+        log_z = torch.empty(n, dtype=torch.float32, device=features.device)
+        gold_logit = torch.empty(n, dtype=torch.float32, device=features.device)
+        dtype = None
+        for begin in range(0, n, chunk_rows):
+            end = min(n, begin + chunk_rows)
+            logits = torch.nn.functional.linear(features[begin:end], weight, bias)
+            dtype = logits.dtype
+            lz = _run_kernel(_log_z_rows, logits.shape[1], logits)
+            missed = ~torch.isfinite(lz)
+            if missed.any():
+                lz[missed] = _log_z_rows_eager(logits[missed])
+            log_z[begin:end] = lz
+            gold_logit[begin:end] = _widened(logits.gather(1, gold[begin:end, None])).squeeze(1)
+        ctx.save_for_backward(features, weight, bias, gold, log_z)
+        ctx.chunk_rows, ctx.dtype = chunk_rows, dtype or features.dtype
+        return (log_z - gold_logit).sum(), log_z
+
+    @staticmethod
+    def backward(ctx, grad_nll, grad_log_z):
+        features, weight, bias, gold, log_z = ctx.saved_tensors
+        dtype, chunk_rows = ctx.dtype, ctx.chunk_rows
+        scale_all = grad_nll.expand(log_z.shape) if grad_log_z is None else grad_nll + grad_log_z
+        w = weight.to(dtype)
+        grad_f = torch.empty_like(features)
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        grad_b = None if bias is None else torch.zeros(bias.shape, dtype=torch.float32,
+                                                       device=bias.device)  # fmt: skip
+        for begin in range(0, features.shape[0], chunk_rows):
+            end = min(features.shape[0], begin + chunk_rows)
+            f = features[begin:end].to(dtype)
+            logits = torch.nn.functional.linear(f, w, None if bias is None else bias.to(dtype))
+            scale = scale_all[begin:end].contiguous()
+            grad = _run_kernel(_scaled_softmax, logits.shape[1], logits, log_z[begin:end], scale)
+            rows = torch.arange(end - begin, device=gold.device)
+            g = gold[begin:end]
+            at_gold = torch.exp(_widened(logits[rows, g]) - log_z[begin:end]) * scale - grad_nll
+            grad[rows, g] = at_gold.to(grad.dtype)
+            grad_f[begin:end] = (grad @ w).to(grad_f.dtype)
+            grad_w += (grad.t() @ f).float()
+            if grad_b is not None:
+                grad_b += grad.float().sum(0)
+        return (
+            grad_f,
+            grad_w.to(weight.dtype),
+            None if grad_b is None else grad_b.to(bias.dtype),
+            None,
+            None,
+        )
+
+
+def chunked_output_nll(
+    features: Tensor, layer: nn.Linear, gold: Tensor, chunk_rows: int | None = None
+) -> tuple[Tensor, Tensor]:
+    """:func:`token_nll` of ``layer(features)`` without the [N x V] logits in memory: the
+    vocabulary projection and the loss fused over row chunks (:class:`_ChunkedOutputNLL`;
+    ``train --chunked-output``). Default chunk: :data:`LOGIT_CHUNK_ELEMENTS` logits."""
+    vocab = layer.out_features
+    chunk = chunk_rows or max(16, LOGIT_CHUNK_ELEMENTS // vocab)
+    return _ChunkedOutputNLL.apply(features, layer.weight, layer.bias, gold, chunk)

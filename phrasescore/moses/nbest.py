@@ -273,6 +273,23 @@ def total_score(features: list[tuple[str, list[float]]], weights: dict[str, list
     return total
 
 
+def gap_ids(last_id: int, next_id: int) -> range:
+    """The sentence ids a list skips between ``last_id`` and ``next_id`` (none when they
+    follow each other)."""
+    return range(last_id + 1, next_id)
+
+
+def missing_ids_message(path: str, missing: list[int], sentences: int) -> str:
+    """The warning for sentence ids without a hypothesis in the middle of a list: Moses writes
+    every id of its input (an empty hypothesis for a sentence it could not translate), so such
+    a list was filtered, cut or joined by hand (issue 47, item 12)."""
+    shown = ", ".join(str(i) for i in missing[:10]) + (", ..." if len(missing) > 10 else "")
+    return (
+        f"{display_name(path)}: {len(missing)} of {sentences} sentence ids have no hypothesis "
+        f"(id {shown}): Moses lists every id; was the list filtered or cut?"
+    )
+
+
 def first_non_finite(features: list[tuple[str, list[float]]]) -> tuple[str, float] | None:
     """The first feature value that is not finite (``nan``, ``inf``), with its feature's name;
     None when every value is finite (no order or tuning can be drawn from such a value)."""

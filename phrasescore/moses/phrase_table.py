@@ -26,7 +26,8 @@ What this module implements, and the Moses facts behind it:
   ``\\r\\n`` (Moses' line reader drops a ``\\r`` before ``\\n``, so a ``\\r`` is never part of a
   score or of the tail). A last line without a newline is written *with* ``\\n``, so that written
   tables can be concatenated (and because Moses' ``util::FilePiece`` documents that a last line
-  without a newline may never be read).
+  without a newline may never be read). A ``\\r`` anywhere else (a lone CR: old Mac endings)
+  is refused naming its line (:func:`refuse_bare_carriage_return`).
 * **Sorted input.** Binarisers need all lines of a source phrase to be contiguous
   (``LC_ALL=C sort``); we keep the input's line order exactly, and :func:`iter_source_groups`
   groups consecutive lines with the same source phrase (one encoder pass per group).
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple
 
@@ -99,6 +101,29 @@ class TableStats(NamedTuple):
     num_scores: int
 
 
+_BARE_CR = re.compile("\r(?!\n)")
+
+
+def refuse_bare_carriage_return(text: str, name: str, first_lineno: int = 1) -> None:
+    """Refuse a carriage return that does not end a line (``\\r`` not followed by ``\\n``) in
+    ``text``, lines of a table the first of which is line ``first_lineno``, naming the file and
+    the line that holds it. Moses reads up to ``\\n`` only, so a lone ``\\r`` (old Mac line
+    endings, a broken conversion) joins two entries into one line: the second pair hides in
+    the first one's tail, and ``rescore`` gave it no column (issue 47, item 11). CRLF endings
+    are accepted. The one check of it: every table reader calls this, whatever reads the
+    lines."""
+    if "\r" not in text:
+        return
+    bare = _BARE_CR.search(text)
+    if bare is not None:
+        raise InputError(
+            "a carriage return (\\r) inside the line: Moses would read it and the next line as "
+            "one entry (CRLF endings are fine; turn lone CRs into newlines)",
+            name,
+            first_lineno + text.count("\n", 0, bare.start()),
+        )
+
+
 def read_phrase_table(
     path: str, validate: bool = True, position: ReadPosition | None = None
 ) -> Iterator[PhraseTableEntry]:
@@ -131,6 +156,7 @@ def parse_phrase_table_lines(
                 newline, body = "\n", line[:-1]
         else:
             newline, body = "", line
+        refuse_bare_carriage_return(body, name, lineno)
         entry, score_text = _entry(body, newline, name, lineno, num_scores, validate)
         num_scores = len(entry.scores)
         if validate:
@@ -146,6 +172,7 @@ def parse_phrase_table_chunk(
     :func:`parse_phrase_table_lines`, faster: no copy of a line to cut its ending
     off, and the scores of the whole chunk checked in one pass (the lines one by one only to
     name the first bad one, so the first error in line order is the one raised)."""
+    refuse_bare_carriage_return(text, name, first_lineno)
     pieces = text.split("\n")
     last = pieces.pop()  # "" when the text ends with a newline
     entries: list[PhraseTableEntry] = []

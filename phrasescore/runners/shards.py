@@ -42,6 +42,7 @@ import os
 import re
 import zlib
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -255,6 +256,19 @@ def read_manifest(part: str) -> dict:
     if problem:
         raise InputError(f"invalid manifest: {problem}", path)
     return manifest
+
+
+def recorded_inputs(parts: list[str]) -> list[str]:
+    """The files the ``parts``' manifests record as the input they were scored from (the table
+    or n-best list: ``input_path``), for those whose manifest can be read (:func:`check_parts`
+    reports the others): an output of the merge must not overwrite them."""
+    paths = []
+    for part in parts:
+        with suppress(InputError):
+            path = read_manifest(part).get("input_path")
+            if isinstance(path, str):
+                paths.append(path)
+    return paths
 
 
 _INT, _STR, _BOOL, _DICT, _LIST = "an integer", "a string", "true or false", "an object", "a list"

@@ -15,12 +15,14 @@ import hashlib
 import json
 import logging
 import os
+import warnings
 from typing import Any
 
 import torch
 
 from phrasescore.errors import InputError
 from phrasescore.files import atomic_path, disk_errors
+from phrasescore.model.checkpoint import is_torch_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +103,14 @@ def read_checkpoint(path: str) -> dict[str, Any]:
         "not a readable training checkpoint (damaged, truncated or another kind of file); "
         "train without --resume to start again"
     )
+    if os.path.isdir(path):
+        raise InputError("is a directory, not a checkpoint", path)
+    if os.path.isfile(path) and not is_torch_checkpoint(path):  # torch is not asked (issue 47)
+        raise InputError(unreadable, path)
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch's own words about a file it cannot read
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except IsADirectoryError:
         raise InputError("is a directory, not a checkpoint", path) from None
     except Exception:  # noqa: BLE001 - torch's reasons run over several lines; one says enough

@@ -23,8 +23,9 @@ from phrasescore.files import content_digest
 
 log = logging.getLogger(__name__)
 
-BUDGETS = ("epochs", "max_steps", "max_minutes", "patience")
-"""TrainConfig fields a resumed run may change."""
+BUDGETS = ("epochs", "max_steps", "max_minutes", "patience", "compile", "chunked_output")
+"""TrainConfig fields a resumed run may change: the budgets, ``--compile`` and
+``--chunked-output`` (the same equations; values differ by float rounding only)."""
 
 TRAIN_FLAGS = {
     "optimizer": "--optimizer",
@@ -38,6 +39,7 @@ TRAIN_FLAGS = {
     "subwords": "--subwords",
     "valid_every": "--valid-every",
     "seed": "--seed",
+    "bucket": "--bucket",
 }
 """TrainConfig fields set by a flag of ``train``/``train-lm``, and the flag."""
 
@@ -53,7 +55,7 @@ MODEL_FLAGS = {
 }
 """ModelConfig (and LMConfig) fields set by a flag, and the flag."""
 
-FLAG_DEFAULTS = {"--recurrence": "written"}
+FLAG_DEFAULTS = {"--recurrence": "written", "--bucket": 0}
 """Flags newer than some checkpoints, and the value a run without them was trained with."""
 
 DERIVED = ("src_vocab_size", "tgt_vocab_size", "vocab_size")
@@ -123,9 +125,18 @@ def identity_difference(saved: dict[str, Any], current: dict[str, Any], name: st
         return f"{head} on {_roles_text(old_files)}, this run on {_roles_text(new_files)}"
     for role, old in old_files.items():
         new = new_files[role]
-        if old.get("pipe") or new.get("pipe"):
+        if new.get("pipe"):
             log.warning(
                 "%s %s is a pipe: cannot check that it is the data resumed", role, new["name"]
+            )
+            continue
+        if old.get("pipe"):  # the file is not a pipe: the checkpoint's run read one
+            log.warning(
+                "%s: the checkpoint's run read %s, a pipe: cannot check that %s is the data "
+                "resumed",
+                role,
+                old["name"],
+                new["name"],
             )
             continue
         if (old["bytes"], old["sha256"]) != (new["bytes"], new["sha256"]):

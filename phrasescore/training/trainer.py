@@ -68,6 +68,7 @@ from phrasescore.model.config import (
 from phrasescore.progress import progress_bar
 from phrasescore.runners import distributed
 from phrasescore.text.corpus import (
+    Batch,
     ParallelDataset,
     TokenBudgetBatcher,
     TokenPair,
@@ -76,7 +77,13 @@ from phrasescore.text.corpus import (
     read_phrase_pairs,
 )
 from phrasescore.text.tokenize import TextNormalizer
-from phrasescore.text.vocab import EOS_ID, SubwordVocabulary, WordVocabulary, vocabulary_from_state
+from phrasescore.text.vocab import (
+    BOS_ID,
+    EOS_ID,
+    SubwordVocabulary,
+    WordVocabulary,
+    vocabulary_from_state,
+)
 from phrasescore.training import checkpoint_file
 from phrasescore.training.run_identity import BUDGETS, identity_difference, make_run_identity
 
@@ -265,6 +272,43 @@ def batch_loss(loss, batch, mask: torch.Tensor, device: torch.device, amp: bool)
             mask,
             bf16_output=amp and not whole,
         )
+
+
+def bucketed(batch: Batch, multiple: int) -> Batch:
+    """``batch`` padded so that its source and target widths and its row count are multiples of
+    ``multiple`` (``train --bucket``): the shapes of a run repeat, so a compiled step
+    (``--compile``) or a captured CUDA graph is reused instead of made again. The added rows
+    are one-token sources (EOS) with no target token; the added positions are padding. Neither
+    enters the loss (its mask is ``tgt_out != PAD``), the annotations or the attention (masked
+    by the source lengths): the loss is the unpadded batch's, up to the order of float sums."""
+    if multiple <= 1:
+        return batch
+    rows, src_w = batch.src.shape
+    tgt_w = batch.tgt_in.shape[1]
+
+    def up(n: int) -> int:
+        return -(-n // multiple) * multiple
+
+    more_rows = up(rows) - rows
+
+    def grow(t: torch.Tensor, width: int, fill_first: int | None = None) -> torch.Tensor:
+        out = t.new_zeros((rows + more_rows, width))
+        out[:rows, : t.shape[1]] = t
+        if fill_first is not None and more_rows:
+            out[rows:, 0] = fill_first
+        return out
+
+    extra_lengths = torch.ones(more_rows, dtype=batch.src_lengths.dtype)
+    return Batch(
+        src=grow(batch.src, up(src_w), EOS_ID),
+        src_lengths=torch.cat([batch.src_lengths, extra_lengths.to(batch.src_lengths.device)]),
+        tgt_in=grow(batch.tgt_in, up(tgt_w), BOS_ID),
+        tgt_out=grow(batch.tgt_out, up(tgt_w)),
+        tgt_lengths=torch.cat(
+            [batch.tgt_lengths, torch.zeros_like(extra_lengths).to(batch.tgt_lengths.device)]
+        ),
+        n_tgt_tokens=batch.n_tgt_tokens,
+    )
 
 
 def learning_rate_at(tcfg: TrainConfig, epoch_position: float) -> float:
@@ -533,13 +577,15 @@ class Trainer:
                 return self._run(resume)
             finally:
                 quiet.setLevel(level)
-        file_log = _TrainingLog(self.log_path, mode="a" if resume else "w")
+        # made at its first record (a resume refused at once leaves none)
+        file_log = _TrainingLog(self.log_path, mode="a" if resume else "w", delay=True)
         file_log.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
         root = logging.getLogger("phrasescore")
         root.addHandler(file_log)
         failed = True
         try:
-            result = self._run(resume)
+            with _quiet_handlers(root):
+                result = self._run(resume)
             failed = False
             return result
         except KeyboardInterrupt:
@@ -637,6 +683,9 @@ class Trainer:
             tcfg, ckpt["meta"]["vocab"] if ckpt else None
         )
         network = self.new_network(src_vocab, tgt_vocab).to(self.device)
+        if tcfg.compile:
+            network.compile_steps()
+        network.chunked_output = tcfg.chunked_output
         optimizer = make_optimizer(network, tcfg)
         position = Position()
         if self.launch is not None and self.launch.rank:
@@ -727,7 +776,10 @@ class Trainer:
                 if spent:
                     return spent
                 self._schedule_learning_rate(run, epoch_position)
-                self._step(run, *self._rank_batch(batches, position.batch), bar)
+                upcoming = None
+                if position.batch + 1 < steps:
+                    upcoming = self._rank_batch(batches, position.batch + 1)[0]
+                self._step(run, *self._rank_batch(batches, position.batch), bar, upcoming)
                 stopped = self._after_step(run)
                 if stopped:
                     return stopped
@@ -750,10 +802,43 @@ class Trainer:
                 log.info("epoch %.2f: learning rate %g", epoch_position, lr)
             run.current_lr = lr
 
-    def _step(self, run: _Run, idx, weight: float, bar) -> None:
-        """One update on the batch of pair indices ``idx`` (``weight`` 0: see _rank_batch)."""
+    def _batch(self, run: _Run, idx) -> Batch:
+        """The batch of pair indices ``idx`` on the device (padded to ``--bucket``'s shapes):
+        the one :meth:`_prefetch` moved there ahead of the step, else made now."""
+        ready = run.prefetched
+        run.prefetched = None
+        if ready is not None and ready[0] is idx:
+            return ready[1]
+        return self._make_batch(run, idx, non_blocking=False)
+
+    def _make_batch(self, run: _Run, idx, non_blocking: bool) -> Batch:
+        batch = collate(run.train, idx)
+        if self.tcfg.bucket:
+            batch = bucketed(batch, self.tcfg.bucket)
+        if self.device.type != "cuda":
+            return batch.to(self.device)
+        pinned = Batch(
+            *(t.pin_memory() for t in (batch.src, batch.src_lengths, batch.tgt_in,
+                                       batch.tgt_out, batch.tgt_lengths)),
+            n_tgt_tokens=batch.n_tgt_tokens,
+        )  # fmt: skip
+        return Batch(
+            *(t.to(self.device, non_blocking=non_blocking) for t in (pinned.src,
+              pinned.src_lengths, pinned.tgt_in, pinned.tgt_out, pinned.tgt_lengths)),
+            n_tgt_tokens=batch.n_tgt_tokens,
+        )  # fmt: skip
+
+    def _prefetch(self, run: _Run, upcoming) -> None:
+        """On a GPU, the next step's batch made and copied to the device (pinned memory, an
+        asynchronous copy) while this step's kernels run; on the CPU nothing is done ahead."""
+        if upcoming is not None and self.device.type == "cuda":
+            run.prefetched = (upcoming, self._make_batch(run, upcoming, non_blocking=True))
+
+    def _step(self, run: _Run, idx, weight: float, bar, upcoming=None) -> None:
+        """One update on the batch of pair indices ``idx`` (``weight`` 0: see _rank_batch);
+        ``upcoming``: the next step's indices, prefetched on a GPU."""
         tcfg, network, position = self.tcfg, run.network, run.position
-        batch = collate(run.train, idx, self.device)
+        batch = self._batch(run, idx)
         mask = batch.tgt_out != 0
         terms = batch_loss(run.loss, batch, mask, self.device, self.amp)
         objective, nll = terms.objective, terms.nll  # nll: for the perplexity (no penalty)
@@ -774,6 +859,7 @@ class Trainer:
         if tcfg.clip_norm:
             torch.nn.utils.clip_grad_norm_(network.parameters(), tcfg.clip_norm)
         run.optimizer.step()
+        self._prefetch(run, upcoming)
         position.batch += 1
         position.step += 1
         run.window_nll += float(nll.detach())
@@ -971,6 +1057,28 @@ class Trainer:
             return self.write_model(run.network, run.texts, run.vocabs, info=info)
 
 
+@contextlib.contextmanager
+def _quiet_handlers(logger: logging.Logger):
+    """While the block runs, ``logger`` passes INFO records, and the handlers above it (standard
+    error) keep the level they had: ``train -q`` (warnings only on stderr) still writes the
+    whole training log to ``MODEL.log`` (issue 47, item 20: it was made and left empty)."""
+    effective = logger.getEffectiveLevel()
+    if effective <= logging.INFO:
+        yield
+        return
+    raised = [(h, h.level) for h in logging.getLogger().handlers if h.level < effective]
+    for handler, _ in raised:
+        handler.setLevel(effective)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+        for handler, old in raised:
+            handler.setLevel(old)
+
+
 class _TrainingLog(logging.FileHandler):
     """``MODEL.log``. A write that fails (a full disk) ends the file's part of the log quietly:
     logging's own handler prints a traceback for each record it cannot write, and the run's
@@ -1009,13 +1117,17 @@ class _Run:
     tokens_since: int = 0
     current_lr: float | None = None
     signature: str = ""
+    prefetched: tuple | None = None
+    """(indices, batch on the device) of the next step, made ahead (:meth:`Trainer._prefetch`)."""
 
 
 def training_outputs(model_path: str) -> dict[str, str]:
-    """The files a training writes, by option: the model and, beside it, its checkpoint, log
-    and curve (:class:`Trainer`)."""
+    """The files a training writes, by option: the model and, beside it, the best model so far
+    (renamed onto the model at the end), its checkpoint, log and curve (:class:`Trainer`; the
+    lock, :func:`~phrasescore.files.with_locks`)."""
     return {
         "-o": model_path,
+        "-o's best model": model_path + ".best",
         "-o's checkpoint": model_path + ".checkpoint",
         "-o's log": model_path + ".log",
         "-o's curve": model_path + ".curve.png",

@@ -6,6 +6,7 @@ beam search), with their log p and whether the pair is in a Moses phrase table.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -22,6 +23,8 @@ from phrasescore.files import iter_lines
 from phrasescore.hardware import resolve_device
 from phrasescore.jobs.common import model_for
 from phrasescore.moses.phrase_table import read_phrase_table
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -151,19 +154,19 @@ def sample_phrases(
     for phrase, tokens, key in zip(phrases, token_lists, keys, strict=True):
         ids = model.src_vocab.encode(tokens)
         lists = []
+        drawn = None
         if options.samples:
-            lists.append(
-                sample(
-                    network,
-                    ids,
-                    options.samples,
-                    options.top,
-                    seed=options.seed,
-                    max_length=options.max_length,
-                    forbid_unk=options.forbid_unk,
-                    device=dev,
-                )
+            drawn = sample(
+                network,
+                ids,
+                options.samples,
+                options.top,
+                seed=options.seed,
+                max_length=options.max_length,
+                forbid_unk=options.forbid_unk,
+                device=dev,
             )
+            lists.append(drawn)
         if options.beam:
             lists.append(beam_search(network, [ids], search, dev)[0])
         targets = []
@@ -171,5 +174,23 @@ def sample_phrases(
             text = " ".join(model.target_words(hyp.ids))
             in_table = None if table is None else text in table[key]
             targets.append(SampledTarget(text, hyp.logprob, in_table))
+        if drawn is not None and len(targets) < options.top and drawn.ended < drawn.drawn:
+            _warn_cut_off(phrase, drawn, len(targets))
         results.append((phrase, targets))
     return results
+
+
+def _warn_cut_off(phrase: str, drawn, shown: int) -> None:
+    """Say why fewer targets than asked are shown: samples that had not drawn the end of the
+    phrase by the length limit are not targets (a barely trained model rarely ends one), so
+    ``sample 'a man' -n 5`` printed nothing with rc 0 (issue 47, item 21)."""
+    log.warning(
+        "%r: %d of %d samples ended within the length limit (%d tokens; the others were cut "
+        "off there and are not targets), %d distinct shown: draw more (-n), raise "
+        "--max-length, or add --beam",
+        phrase,
+        drawn.ended,
+        drawn.drawn,
+        drawn.limit,
+        shown,
+    )

@@ -95,7 +95,9 @@ from phrasescore.moses.nbest import (
     NBestEntry,
     best_index,
     check_feature_name,
+    gap_ids,
     iter_nbest_groups,
+    missing_ids_message,
     parse_features,
     read_nbest,
     read_weights,
@@ -690,13 +692,15 @@ class _Writer:
         self.best_texts: list[str] | None = [""] * n_sources if options.one_best else None
         self.sentences = self.hypotheses = self.changed = 0
         self.last_id = -1
+        self.missing: list[int] = []
+        """Ids without a hypothesis before the last id seen (:meth:`finish` warns)."""
         self.check_weighed = weights is not None and not names
         """Warn of weights for a feature the list lacks (re-ranking without a model: a feature
         weighed but missing may be the ``-m`` forgotten)."""
 
     def write_chunk(self, groups: list[list[NBestEntry]], out) -> None:
         for group in groups:
-            self.last_id = max(self.last_id, group[0].id)
+            self._see(group[0].id)
             self.sentences += 1
             self.hypotheses += len(group)
             if self.weights is None:
@@ -725,7 +729,13 @@ class _Writer:
 
     def skip(self, groups: list[list[NBestEntry]]) -> None:
         """Groups another shard writes (only their ids count, for :meth:`finish`)."""
-        self.last_id = max(self.last_id, *(group[0].id for group in groups))
+        for group in groups:
+            self._see(group[0].id)
+
+    def _see(self, sentence_id: int) -> None:
+        """The next group's id: the ids skipped before it are missing."""
+        self.missing.extend(gap_ids(self.last_id, sentence_id))
+        self.last_id = max(self.last_id, sentence_id)
 
     def finish(self, out, nbest: str) -> None:
         """Refuse a list that ends before the source; write the 1-best texts."""
@@ -736,6 +746,12 @@ class _Writer:
                 f"{self.n_sources} lines: the list and the source do not match (give exactly "
                 "the source lines that were decoded)",
                 display_name(nbest),
+            )
+        if self.missing:  # an empty line keeps the 1-best aligned with the source
+            log.warning(
+                "%s%s",
+                missing_ids_message(nbest, self.missing, self.n_sources),
+                " --one-best writes an empty line for each" if self.best_texts is not None else "",
             )
         if self.best_texts is not None:
             out.writelines(text + "\n" for text in self.best_texts)

@@ -18,6 +18,7 @@ from phrasescore.runners.shards import (
     check_parts,
     manifest_path,
     merge_shards,
+    recorded_inputs,
 )
 
 
@@ -64,6 +65,7 @@ def run_merge(
         {
             "part": parts,
             "part's manifest": [manifest_path(part) for part in parts],
+            "input the parts were scored from": recorded_inputs(parts),
             "--moses-ini": moses_ini,
         },
         {"-o": output, "--ini-out": ini_out if moses_ini else None},

@@ -37,6 +37,7 @@ from phrasescore.errors import InputError, RunStopped
 from phrasescore.files import (
     DISK_ERRORS,
     AtomicOutput,
+    WholeWrites,
     disk_errors,
 )
 from phrasescore.runners.shards import (
@@ -392,7 +393,7 @@ class StdoutOutput:
         self.output = output
         self.compress = output != "-" and output.endswith(".gz")
         self.gzip_level = gzip_level if self.compress else None
-        self.stream = sys.stdout.buffer if output == "-" else None
+        self.stream = WholeWrites(sys.stdout.buffer, owned=False) if output == "-" else None
         self.written = False
 
     def open(self, resume: bool) -> int:
@@ -401,7 +402,7 @@ class StdoutOutput:
             raise InputError(f"--resume needs an output file, not {where}")
         if self.stream is None:
             try:  # appending: /dev/stdout of a shell's >> keeps what the file held
-                self.stream = open(self.output, "ab")
+                self.stream = WholeWrites(open(self.output, "ab"))
             except OSError as exc:
                 raise InputError(f"cannot write ({exc.strerror})", self.output) from None
         return 0

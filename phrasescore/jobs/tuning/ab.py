@@ -36,7 +36,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from phrasescore.errors import InputError
-from phrasescore.files import AtomicOutput, check_input_file, iter_lines
+from phrasescore.files import (
+    AtomicOutput,
+    check_input_file,
+    check_output_dir,
+    check_work_folder,
+    iter_lines,
+)
 from phrasescore.jobs.bleu import bleu_metric
 from phrasescore.jobs.feature_specs import FeatureModel
 from phrasescore.jobs.tuning.ab_rerank import RerankStep, rerank_models
@@ -433,6 +439,7 @@ def compare_systems(
     first, then with ``rerank`` each system's re-ranked runs (``NAME+rerank``).
     """
     options = options or ComparisonOptions()
+    check_output_dir(workdir, "--workdir")  # before Moses is looked for; what it holds: below
     if rerank or rerank_inverse:
         options.rerank = rerank_models(rerank or [], rerank_inverse or [])
     if not candidates and not options.rerank:
@@ -479,6 +486,15 @@ def compare_systems(
             + ", ".join(system.name for system in systems)
             + ")"
         )
+    check_work_folder(
+        workdir,
+        {
+            "moses.ini": [str(system.ini) for system in systems],
+            "source": [str(test.source) for test in [dev_set, *test_sets]],
+            "reference": [str(test.reference) for test in [dev_set, *test_sets]],
+            "re-ranking model": [path for model in options.rerank for path in model.paths],
+        },
+    )
     comparison = Comparison(moses, Path(workdir), systems, dev_set, test_sets, options)
     return comparison.run()
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from phrasescore.errors import InputError
+from phrasescore.files import disk_errors, disk_full_error
 from phrasescore.moses.tuning import (
     dense_feature_names,
     read_kbmira_weights,
@@ -107,7 +108,8 @@ class Programs:
         log_path = cwd / log_name
         log.debug("running in %s: %s", cwd, shlex.join(command))
         with contextlib.ExitStack() as files:
-            log_file = files.enter_context(open(log_path, "wb"))
+            with disk_errors(str(log_path)):
+                log_file = files.enter_context(open(log_path, "wb"))
             stdin_file = files.enter_context(open(stdin, "rb")) if stdin else subprocess.DEVNULL
             stdout_file = files.enter_context(open(stdout, "wb")) if stdout else log_file
             with self._lock:
@@ -127,6 +129,13 @@ class Programs:
             finally:
                 with self._lock:
                     self._running.discard(process)
+        full = disk_full_error(cwd)
+        if full is not None:  # the tools do not all check their writes (extractor exits 0)
+            full.message += (
+                f" (the disk filled up while {Path(command[0]).name} ran: its files here are "
+                "incomplete)"
+            )
+            raise full
         if returncode != 0:
             raise InputError(
                 f"{Path(command[0]).name} failed with exit code {returncode}; see {log_path}"

@@ -5,7 +5,8 @@ Re-ranking by hand (docs/moses.md) takes Moses' ``extractor``, ``mert`` or ``kbm
 lines that ``phrasescore nbest --weights W --one-best`` applies to the test lists:
 
 1. the list is checked first (:func:`check_tuning_list`: every line has the fields, the ids
-   increase and lie within the reference, every line carries the same dense features with the
+   increase and lie within the reference, the last one is the reference's last line (ids
+   missing before it: a warning), every line carries the same dense features with the
    same number of finite values), before any Moses tool runs;
 2. ``extractor`` once, then ``runs`` tunings (mert with ``restarts`` random restarts, or
    kbmira) seeded ``seed``, ``seed + 1``, ...: the part ``ab --rerank`` runs too
@@ -36,6 +37,7 @@ from phrasescore.files import (
     AtomicOutput,
     check_files_exist,
     check_output_path,
+    check_work_folder,
     display_name,
     iter_lines,
     output_lock,
@@ -52,7 +54,9 @@ from phrasescore.moses.nbest import (
     NBestEntry,
     best_index,
     first_non_finite,
+    gap_ids,
     iter_nbest_groups,
+    missing_ids_message,
     read_nbest,
     read_weights,
     weighted_totals,
@@ -94,6 +98,8 @@ class TuneResult:
     bleu_before: float
     runs: list[TuningRun] = field(default_factory=list)
     kept: int = 0
+    unweighed: list[str] = field(default_factory=list)
+    """The list's features ``--start`` gives no weight (the models' features, started at 0)."""
 
     def lines(self) -> list[str]:
         lines = [
@@ -108,20 +114,32 @@ class TuneResult:
                 )
             lines.append(f"  seed {run.seed}: dev BLEU {run.bleu:.2f}{kept}")
         lines.append(f"phrasescore: weights -> {self.output}")
+        kept = self.runs[self.kept].weights if self.runs else {}
+        new = [name for name in self.unweighed if name in kept]
+        if new and all(value == 0 for name in new for value in kept[name]):
+            lines.append(
+                f"phrasescore: the weights of {', '.join(new)} (not in --start) are all 0: the "
+                "dev BLEU gain is --start's own features retuned on this list, not theirs"
+            )
         return lines
 
 
 def check_tuning_list(nbest: str, sentences: int, reference: str) -> int:
     """Refuse a list the extractor would misread, at its line: a missing field (:func:`read_nbest`),
     ids that go back (Moses writes them in order; the tools pair id i with reference line i+1),
-    an id beyond the ``sentences`` lines of ``reference``, and a line whose dense features
-    (names without ``_``) or their numbers of values differ from the first line's, or whose
-    values are not finite. Returns the number of hypotheses."""
+    an id beyond the ``sentences`` lines of ``reference``, a list that ends before them (the
+    reference is longer: issue 47, item 10), a first line without dense features (nothing to
+    tune: item 9), and a line whose dense features (names without ``_``) or their numbers of
+    values differ from the first line's, or whose values are not finite. Ids missing in the
+    middle are a warning (:func:`~phrasescore.moses.nbest.missing_ids_message`). Returns the
+    number of hypotheses."""
     first: list[tuple[str, int]] | None = None
     last_id = -1
     count = 0
+    missing: list[int] = []
     for entry in read_nbest(nbest):
         count += 1
+        missing.extend(gap_ids(last_id, entry.id))
         if entry.id < last_id:
             raise InputError(
                 f"sentence id {entry.id} after id {last_id}: the ids of a Moses n-best list "
@@ -139,6 +157,13 @@ def check_tuning_list(nbest: str, sentences: int, reference: str) -> int:
             )
         dense = _dense_features(entry)
         if first is None:
+            if not dense:
+                raise InputError(
+                    "the hypothesis has no dense features (an empty feature field): there are "
+                    "no weights to tune (give the list Moses wrote, scored by nbest)",
+                    entry.path,
+                    entry.lineno,
+                )
             first = dense
         elif dense != first:
             raise InputError(
@@ -150,6 +175,18 @@ def check_tuning_list(nbest: str, sentences: int, reference: str) -> int:
             )
     if count == 0:
         raise InputError("the n-best list is empty", display_name(nbest))
+    if last_id + 1 < sentences:  # as an id beyond the reference: the files do not match
+        raise InputError(
+            f"the n-best list ends with sentence id {last_id} ({last_id + 1} sentences) but the "
+            f"reference {display_name(reference)} has {sentences} lines: the list and the "
+            "reference do not match",
+            display_name(nbest),
+        )
+    if missing:
+        log.warning(
+            "%s dev BLEU counts an empty hypothesis for each",
+            missing_ids_message(nbest, missing, sentences),
+        )
     return count
 
 
@@ -223,9 +260,9 @@ def rerank_tune(
     if "-" in (nbest, reference, start):
         raise InputError("rerank-tune reads its inputs as files (the tools read them too)")
     check_output_path(output)
-    refuse_outputs_onto_inputs(
-        {"n-best list": nbest, "--reference": reference, "--start": start}, {"-o": output}
-    )
+    inputs = {"n-best list": nbest, "--reference": reference, "--start": start}
+    refuse_outputs_onto_inputs(inputs, {"-o": output})
+    check_work_folder(options.workdir, inputs)
     references = list(iter_lines(reference))
     start_weights = read_weights(start) if start else {}
     hypotheses = check_tuning_list(nbest, len(references), reference)
@@ -277,6 +314,8 @@ def _tune(
         log.info("run %d of %d (seed %d): dev BLEU %.2f", k + 1, options.runs, seed, bleu)
         result.runs.append(TuningRun(seed, bleu, weights))
     result.kept = max(range(options.runs), key=lambda k: (result.runs[k].bleu, -k))
+    if start_weights:  # what --start does not weigh started at 0 (issue 47, item 22)
+        result.unweighed = [name for name in result.runs[0].weights if name not in start_weights]
     kept = result.runs[result.kept]
     if options.runs > 1:
         log.info(
