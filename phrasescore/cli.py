@@ -123,7 +123,7 @@ class FiniteFloat(click.FloatRange):
     """A finite number, within the range given: ``nan``, ``inf`` and ``1e999`` (which Python
     reads as inf) are usage errors at parse time, before any work (click's FloatRange lets nan
     through every bound, since no comparison with nan is true); so are what Python reads as
-    another number than the one written (issue 47, item 13): ``1_0`` (10), ``1e-400`` (0), and
+    another number than the one written: ``1_0`` (10), ``1e-400`` (0), and
     ``-0``, a negative zero that no option tells from 0 (a weight written to moses.ini as -0). Every float option of every
     command takes one of these types; ``tests/test_cli_checks.py`` enumerates them from the
     commands."""
@@ -1542,7 +1542,7 @@ def check_outputs(inputs, outputs, models, workdirs, prog):
 def main() -> None:
     """Console-script entry point. A disk's write error that no command caught (click writing
     ``--help`` or ``--version`` to a full disk: ``phrasescore --help > /dev/full``) is one line
-    and exit 1, as a command's (issue 47, item 14)."""
+    and exit 1, as a command's."""
     from phrasescore.files import write_error
 
     try:

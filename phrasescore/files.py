@@ -84,8 +84,7 @@ class WholeWrites(io.BufferedIOBase):
     """A binary stream (standard output, a named pipe) whose ``write`` writes all it is given or
     raises: :class:`io.BufferedWriter` returns a short count, *without an error*, when a pipe's
     reader goes away in the middle of a write larger than its buffer (the kernel's partial
-    write), so ``rescore -o - | head -1`` exited 0 saying it had written the table (issue 47,
-    item 8). Writing the rest meets the closed pipe: :class:`BrokenPipeError`, exit 141 as
+    write), so ``rescore -o - | head -1`` would exit 0 saying it had written the table. Writing the rest meets the closed pipe: :class:`BrokenPipeError`, exit 141 as
     copy-table and nbest. ``close`` closes the stream under it only when ``owned``."""
 
     def __init__(self, stream: BinaryIO, owned: bool = True):
@@ -590,9 +589,9 @@ def check_work_folder(folder: str | None, inputs: PathsByRole, option: str = "--
     (``features.dat``, ``scores.dat``, ``weights.txt``, logs, outputs): an existing file that is
     not a folder (:func:`check_output_dir`), and a folder that holds one of the ``inputs`` (as
     :func:`refuse_outputs_onto_inputs`: by path, through links, or a hard link of it among the
-    folder's files). A work folder holds only files the command made (issue 47, items 3, 4,
-    15, 16: ``rerank-tune --workdir wd --reference wd/scores.dat`` had the reference replaced
-    by the extractor's statistics, rc 0). A new folder, or one of an earlier run, passes."""
+    folder's files). A work folder holds only files the command made: otherwise
+    ``rerank-tune --workdir wd --reference wd/scores.dat`` would have the reference replaced by
+    the extractor's statistics. A new folder, or one of an earlier run, passes."""
     if not folder:
         return
     check_output_dir(folder, option)
@@ -629,7 +628,7 @@ def disk_full_error(folder: str | os.PathLike) -> RunStopped | None:
     """:func:`write_error`'s one line (``cannot write: No space left on device``) for
     ``folder`` when its file system has no block left for this user, else None: asked after a
     program that does not check its own writes (Moses' ``extractor`` exits 0 with its files cut
-    short), whose files then cannot be trusted (issue 47, item 18)."""
+    short), whose files then cannot be trusted ."""
     try:
         blocks = os.statvfs(folder).f_bavail
     except OSError:
@@ -647,7 +646,7 @@ removed beside it, so :func:`refuse_outputs_onto_inputs` checks that file too.""
 def with_locks(outputs: PathsByRole) -> dict[str, object]:
     """``outputs`` and the lock file (:func:`lock_path`) of the :data:`LOCKED_OUTPUT` among them
     (a file, not ``-`` or a stream), as ``-o's lock``: a command creates and deletes it, so an
-    input of that name would be lost (issue 47, item 2)."""
+    input of that name would be lost."""
     extended: dict[str, object] = dict(outputs)
     for role, path in _paths_by_role({LOCKED_OUTPUT: outputs.get(LOCKED_OUTPUT)}):
         if not is_stream_target(path):
@@ -858,8 +857,8 @@ class StagedFile:
     and its moses.ini) and must appear together, each only once all are written.
 
     A named pipe or a device (:func:`is_stream_target`) is written in place by :meth:`publish`,
-    as :class:`AtomicOutput` writes it: a file renamed onto it would replace it (issue 47,
-    item 7: ``rescore --ini-out FIFO``)."""
+    as :class:`AtomicOutput` writes it: a file renamed onto it would replace it
+    (``rescore --ini-out FIFO``)."""
 
     def __init__(self, path: str, text: str):
         self.path = path

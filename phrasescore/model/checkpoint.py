@@ -107,7 +107,7 @@ TORCH_ZIP_MAGIC = b"PK\x03\x04"
 
 def is_torch_checkpoint(path: str) -> bool:
     """Whether ``path`` starts as ``torch.save``'s files do (told by its first bytes, before any
-    library reads it: no pickle is opened to find out, issue 47, item 17)."""
+    library reads it: no pickle is opened to find out)."""
     try:
         with open(path, "rb") as fh:
             return fh.read(4) == TORCH_ZIP_MAGIC

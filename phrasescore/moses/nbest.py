@@ -282,7 +282,7 @@ def gap_ids(last_id: int, next_id: int) -> range:
 def missing_ids_message(path: str, missing: list[int], sentences: int) -> str:
     """The warning for sentence ids without a hypothesis in the middle of a list: Moses writes
     every id of its input (an empty hypothesis for a sentence it could not translate), so such
-    a list was filtered, cut or joined by hand (issue 47, item 12)."""
+    a list was filtered, cut or joined by hand."""
     shown = ", ".join(str(i) for i in missing[:10]) + (", ..." if len(missing) > 10 else "")
     return (
         f"{display_name(path)}: {len(missing)} of {sentences} sentence ids have no hypothesis "

@@ -109,7 +109,7 @@ def refuse_bare_carriage_return(text: str, name: str, first_lineno: int = 1) -> 
     ``text``, lines of a table the first of which is line ``first_lineno``, naming the file and
     the line that holds it. Moses reads up to ``\\n`` only, so a lone ``\\r`` (old Mac line
     endings, a broken conversion) joins two entries into one line: the second pair hides in
-    the first one's tail, and ``rescore`` gave it no column (issue 47, item 11). CRLF endings
+    the first one's tail, and ``rescore`` would give it no column. CRLF endings
     are accepted. The one check of it: every table reader calls this, whatever reads the
     lines."""
     if "\r" not in text:

@@ -1,5 +1,5 @@
 """The training checkpoint file ``MODEL.checkpoint``: written atomically with a checksum, read
-back only when the checksum holds (issue 41, item 4).
+back only when the checksum holds.
 
 The file is ``torch.save`` of a dict (tensors, the optimiser's state, random states and a JSON
 string ``meta``), read with ``weights_only=True`` (no code runs). ``checksum`` is SHA-256 over
@@ -105,7 +105,7 @@ def read_checkpoint(path: str) -> dict[str, Any]:
     )
     if os.path.isdir(path):
         raise InputError("is a directory, not a checkpoint", path)
-    if os.path.isfile(path) and not is_torch_checkpoint(path):  # torch is not asked (issue 47)
+    if os.path.isfile(path) and not is_torch_checkpoint(path):  # torch is not asked
         raise InputError(unreadable, path)
     try:
         with warnings.catch_warnings():  # torch's own words about a file it cannot read

@@ -1061,7 +1061,7 @@ class Trainer:
 def _quiet_handlers(logger: logging.Logger):
     """While the block runs, ``logger`` passes INFO records, and the handlers above it (standard
     error) keep the level they had: ``train -q`` (warnings only on stderr) still writes the
-    whole training log to ``MODEL.log`` (issue 47, item 20: it was made and left empty)."""
+    whole training log to ``MODEL.log`` (it is made at its first record)."""
     effective = logger.getEffectiveLevel()
     if effective <= logging.INFO:
         yield

@@ -183,7 +183,7 @@ def sample_phrases(
 def _warn_cut_off(phrase: str, drawn, shown: int) -> None:
     """Say why fewer targets than asked are shown: samples that had not drawn the end of the
     phrase by the length limit are not targets (a barely trained model rarely ends one), so
-    ``sample 'a man' -n 5`` printed nothing with rc 0 (issue 47, item 21)."""
+    ``sample 'a man' -n 5`` would print nothing and exit 0 without it."""
     log.warning(
         "%r: %d of %d samples ended within the length limit (%d tokens; the others were cut "
         "off there and are not targets), %d distinct shown: draw more (-n), raise "

@@ -128,8 +128,8 @@ def check_tuning_list(nbest: str, sentences: int, reference: str) -> int:
     """Refuse a list the extractor would misread, at its line: a missing field (:func:`read_nbest`),
     ids that go back (Moses writes them in order; the tools pair id i with reference line i+1),
     an id beyond the ``sentences`` lines of ``reference``, a list that ends before them (the
-    reference is longer: issue 47, item 10), a first line without dense features (nothing to
-    tune: item 9), and a line whose dense features (names without ``_``) or their numbers of
+    reference is longer), a first line without dense features (nothing to
+    tune), and a line whose dense features (names without ``_``) or their numbers of
     values differ from the first line's, or whose values are not finite. Ids missing in the
     middle are a warning (:func:`~phrasescore.moses.nbest.missing_ids_message`). Returns the
     number of hypotheses."""
@@ -314,7 +314,7 @@ def _tune(
         log.info("run %d of %d (seed %d): dev BLEU %.2f", k + 1, options.runs, seed, bleu)
         result.runs.append(TuningRun(seed, bleu, weights))
     result.kept = max(range(options.runs), key=lambda k: (result.runs[k].bleu, -k))
-    if start_weights:  # what --start does not weigh started at 0 (issue 47, item 22)
+    if start_weights:  # what --start does not weigh started at 0
         result.unweighed = [name for name in result.runs[0].weights if name not in start_weights]
     kept = result.runs[result.kept]
     if options.runs > 1:
