@@ -172,7 +172,7 @@ workers_option = click.option(
     type=POSITIVE,
     default=1,
     show_default=True,
-    help="Score in this many processes of one thread each (CPU; same bytes as one process). "
+    help="Score in this many processes of one thread each (CPU; same bytes as one process of one thread: --threads 1). "
     "One per core uses a multi-core CPU best (docs/scaling.md: Every core of one machine).",
 )
 

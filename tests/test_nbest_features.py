@@ -79,9 +79,12 @@ def test_one_pass_is_byte_identical_to_one_call_per_model_chained(tmp_path, four
     # the ensemble is neither of its members: a feature of its own
     values = {name: [v for n, v in e.parsed_features() if n == name][0][0] for e in entries[:1] for name in ("L2R", "Ens")}  # fmt: skip
     assert values["L2R"] != values["Ens"]
-    # forked workers (three blocks of 100-150 lines): the bytes of one process
+    # forked workers (three blocks of 100-150 lines, one thread each): the bytes of one
+    # process of one thread (float sums in another thread count round otherwise)
     blocks = ["--chunk-lines", "100"]
-    one = nbest(LIST, *one_pass_args(four), *blocks, out=tmp_path / "blocks.nbest")
+    one = nbest(
+        LIST, *one_pass_args(four), *blocks, "--threads", "1", out=tmp_path / "blocks.nbest"
+    )
     workers = nbest(LIST, *one_pass_args(four), *blocks, "--workers", "2",
                     out=tmp_path / "workers.nbest")  # fmt: skip
     assert workers.read_bytes() == one.read_bytes()
