@@ -430,14 +430,15 @@ class FifoReader(threading.Thread):
             if not block:
                 break
             self.data += block
-        os.close(self.fd)
 
     def release(self) -> None:
         """Open and close the pipe's write end (through this reader's descriptor, whatever its
-        name now points at): a reader still waiting sees its end."""
-        if self.is_alive():
-            os.close(os.open(f"/proc/self/fd/{self.fd}", os.O_WRONLY | os.O_NONBLOCK))
+        name now points at): a reader still waiting sees its end. The descriptor is closed
+        here, after the thread ends, never by the thread: it stays this pipe's until then
+        (the thread closing it between a check and this open raced)."""
+        os.close(os.open(f"/proc/self/fd/{self.fd}", os.O_WRONLY | os.O_NONBLOCK))
         self.join()
+        os.close(self.fd)
 
 
 STREAMS = {
