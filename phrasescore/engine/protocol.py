@@ -22,7 +22,6 @@ import numpy as np
 from phrasescore.bundle import TrainedModel
 from phrasescore.engine.batching import IdPairs
 from phrasescore.engine.scoring import (
-    EXACT,
     EncodedPairs,
     EnsembleScorer,
     PairScorer,
@@ -76,35 +75,15 @@ ENGINES: dict[str, Callable[..., IdScorer]] = {"cpu": PairScorer, "cuda": PairSc
 signature with :class:`PairScorer` (e.g. ``mps``)."""
 
 
-def build_scorer(
-    model: TrainedModel,
-    device="cpu",
-    dtype: str = "float32",
-    *,
-    batch_tokens: int = 8192,
-    chunk_rows: int | None = None,
-    include_eos: bool = True,
-    scoring: str = EXACT,
-    model_path: str | None = None,
-    buckets=None,
-) -> IdScorer:
+def build_scorer(model: TrainedModel, device="cpu", dtype: str = "float32", **options) -> IdScorer:
     """The scorer of ``model`` on ``device`` in ``dtype`` (the engine registered for the
-    device's type in :data:`ENGINES`; ``buckets``: its batch policy, default the device's)."""
+    device's type in :data:`ENGINES`); ``options`` are the engine's own, passed as they are
+    (:class:`PairScorer`'s: ``batch_tokens``, ``chunk_rows``, ``include_eos``, ``scoring``,
+    ``model_path``, ``buckets``: the batch policy, default the device's)."""
     import torch
 
-    kind = torch.device(device).type
-    engine = ENGINES.get(kind, PairScorer)
-    return engine(
-        model,
-        device=device,
-        dtype=dtype,
-        batch_tokens=batch_tokens,
-        chunk_rows=chunk_rows,
-        include_eos=include_eos,
-        scoring=scoring,
-        model_path=model_path,
-        buckets=buckets,
-    )
+    engine = ENGINES.get(torch.device(device).type, PairScorer)
+    return engine(model, device=device, dtype=dtype, **options)
 
 
 def build_ensemble(scorers: Sequence[IdScorer]) -> Scorer:
