@@ -83,8 +83,8 @@ def test_exact_buckets_cut_as_the_loop_did():
 def test_phrase_ids_equal_encode_phrases(tiny_model, lowercase, reverse):
     model = tiny_model
     src, tgt = table_pairs()
-    src += ["a\tb", "UPPER Case", "été  x", "<unk> x"]
-    tgt += ["c  d", "ÉTÉ", "x\ty", "<unk>"]
+    src += ["a\tb", "UPPER Case", "", "été  x", "<unk> x"]
+    tgt += ["c  d", "ÉTÉ", "", "x\ty", "<unk>"]
     saved = (model.src_text.lowercase, model.tgt_text.lowercase, model.config.reverse_target)
     model.src_text.lowercase = model.tgt_text.lowercase = lowercase
     model.config.reverse_target = reverse
@@ -94,11 +94,14 @@ def test_phrase_ids_equal_encode_phrases(tiny_model, lowercase, reverse):
         tgt_ids = PhraseIds(
             model.tgt_vocab, model.tgt_text, model.config.target_order if reverse else None
         )
-        s = src_ids.lookup([x.encode() for x in src])
-        t = tgt_ids.lookup([x.encode() for x in tgt])
-        t_again = tgt_ids.lookup([x.encode() for x in tgt])  # from the cache
-        assert t.tolist() == t_again.tolist()
-        pairs = IdPairs(*src_ids.gather(s), *tgt_ids.gather(t))
+        s = src_ids.encode_list([x.encode() for x in src])
+        t = tgt_ids.encode_list([x.encode() for x in tgt])
+        # the one-pass path alone (no phrase of the fallback's kind): the same ids
+        plain = [x.encode() for x in tgt[:-5]]
+        one_pass = tgt_ids.encode(b"".join(p + b"\n" for p in plain))
+        assert one_pass.offsets.tolist() == t.offsets[: len(plain) + 1].tolist()
+        assert one_pass.ids.tolist() == t.ids[: one_pass.offsets[-1]].tolist()
+        pairs = IdPairs(s.ids, s.offsets, t.ids, t.offsets)
         expected_pairs = IdPairs.from_lists(expected.src_ids, expected.tgt_ids)
         for a, b in zip(
             (pairs.src_ids, pairs.src_offsets, pairs.tgt_ids, pairs.tgt_offsets),
@@ -107,8 +110,8 @@ def test_phrase_ids_equal_encode_phrases(tiny_model, lowercase, reverse):
             strict=True,
         ):  # fmt: skip
             assert a.tolist() == b.tolist()
-        assert src_ids.unknown(s).tolist() == expected.src_unknown.tolist()
-        assert tgt_ids.unknown(t).tolist() == expected.tgt_unknown.tolist()
+        assert s.unknown.tolist() == expected.src_unknown.tolist()
+        assert t.unknown.tolist() == expected.tgt_unknown.tolist()
     finally:
         model.src_text.lowercase, model.tgt_text.lowercase, model.config.reverse_target = saved
 

@@ -91,21 +91,40 @@ class TableChunk:
         return self._targets
 
     def _phrases(self, start: np.ndarray, end: np.ndarray, which: str) -> list[bytes]:
-        """The bytes of ``[start, end)`` of every line, cut out of the chunk in one masked copy
-        and one ``bytes.split`` (a phrase holds no newline)."""
-        n = len(start)
-        if n == 0:
+        """The bytes of ``[start, end)`` of every line: :meth:`phrase_text`'s text, split."""
+        if len(start) == 0:
             return []
-        buf = np.frombuffer(self.data, dtype=np.uint8)
-        # each span and the byte after it (where a "\n" goes: a phrase holds none), gathered
-        length = end - start + 1
-        picked = buf[_spans_index(start, length, int(length.sum()))]
-        picked[np.cumsum(length) - 1] = _LF
-        phrases = picked.tobytes().split(b"\n")
+        phrases = self._span_text(start, end).split(b"\n")
         phrases.pop()
         for index, entry in self.entries.items():
             phrases[index] = getattr(entry, which).encode("utf-8")
         return phrases
+
+    def phrase_text(self, which: str, rows: np.ndarray | None = None) -> bytes:
+        """The ``which`` ("source" or "target") phrases of lines ``rows`` (all lines by
+        default), each followed by ``"\\n"``, as one text (what
+        :meth:`~phrasescore.text.phrase_ids.PhraseIds.encode` reads)."""
+        if self.entries:  # a line parsed one by one: its phrase is in its entry
+            phrases = self.sources() if which == "source" else self.targets()
+            if rows is not None:
+                phrases = [phrases[i] for i in rows.tolist()]
+            return b"".join(p + b"\n" for p in phrases)
+        start, end = (
+            (self.src_start, self.src_end) if which == "source" else (self.tgt_start, self.tgt_end)
+        )
+        if rows is not None:
+            start, end = start[rows], end[rows]
+        return self._span_text(start, end) if len(start) else b""
+
+    def _span_text(self, start: np.ndarray, end: np.ndarray) -> bytes:
+        """The bytes of ``[start, end)`` of each span, each followed by ``"\\n"``, cut out of
+        the chunk in one masked copy (a phrase holds no newline)."""
+        buf = np.frombuffer(self.data, dtype=np.uint8)
+        # each span and the byte after it (where a "\n" goes), gathered
+        length = end - start + 1
+        picked = buf[_spans_index(start, length, int(length.sum()))]
+        picked[np.cumsum(length) - 1] = _LF
+        return picked.tobytes()
 
     def source_strings(self) -> list[str]:
         return [s.decode("utf-8") for s in self.sources()]

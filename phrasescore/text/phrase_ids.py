@@ -1,158 +1,123 @@
-"""Ids of phrases as arrays, each distinct phrase looked up once.
+"""Ids of phrases as arrays, from the phrases' bytes in one pass.
 
-A phrase table repeats each source on consecutive lines (a sorted table) and each target across
-sources; the ids of a phrase depend only on its text and the model. :class:`PhraseIds` keeps the
-ids of the phrases it has seen (UTF-8 bytes, as the table holds them) in one flat array, so that
-the ids of a chunk's phrases are a dict lookup per phrase and one numpy gather, not a
-tokenisation and a vocabulary lookup per line and token.
+A chunk of a phrase table gives its phrases as one ``bytes``, each phrase followed by ``"\\n"``
+(:meth:`~phrasescore.moses.columnar.TableChunk.phrase_text`). :meth:`PhraseIds.encode` turns
+that text into the ids of every phrase laid end to end, their offsets and each phrase's
+unknown-word count (:class:`PhraseArrays`): for a word vocabulary, one decode, one split on
+spaces and one C loop of dict lookups for the whole chunk, the phrase boundaries found by numpy
+over the bytes (the separators before each ``"\\n"``), a right-to-left model's order by one
+gather; no Python object per phrase.
 
 The ids are those of :meth:`~phrasescore.engine.scoring.PhraseEncoder.encode_phrases`: the
 phrase's tokens (:func:`~phrasescore.engine.scoring.phrase_tokens`: spaces and tabs, the model's
 lowercasing), in the model's reading order for a target (``reverse_target``), then the
 vocabulary's ids (words or subword pieces); the unknown-word count is the vocabulary's
-``count_unknown`` of the tokens. At ``max_phrases`` phrases the cache starts again (memory stays
-bounded on any table).
+``count_unknown`` of the tokens. Phrases that the one-pass split would read differently (a tab
+or a run of spaces inside a phrase, an empty phrase, lowercasing beyond ASCII) and subword
+vocabularies go phrase by phrase, each distinct phrase of the chunk once.
+
+No cache across chunks: on the Multi30k table (839,351 lines, 654,232 distinct targets, 630,216
+runs of one source) a dict of the phrases seen cost 1.58 us per line for the targets against
+0.78 for encoding each chunk's targets in one pass (docs/benchmarks.md, "Ids as arrays"); a
+sorted table's source is encoded once per run of lines by the caller.
 """
 
 from __future__ import annotations
 
-import itertools
-import operator
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
 from phrasescore.text.tokenize import TextNormalizer
 from phrasescore.text.vocab import UNK_ID, WordVocabulary
 
+_LF, _SP = 10, 32
+
+
+class PhraseArrays(NamedTuple):
+    """The ids of ``n`` phrases laid end to end: phrase ``i`` is
+    ``ids[offsets[i]:offsets[i + 1]]``, with ``unknown[i]`` unknown words."""
+
+    ids: np.ndarray  # int32 [tokens]
+    offsets: np.ndarray  # int64 [n + 1], offsets[0] == 0
+    unknown: np.ndarray  # int64 [n]
+
+    def lengths(self) -> np.ndarray:
+        """The number of ids of each phrase."""
+        return np.diff(self.offsets)
+
 
 class PhraseIds:
-    """The ids and unknown-word counts of phrases in one vocabulary, cached."""
+    """The ids and unknown-word counts of phrases in one vocabulary (a model's side)."""
 
     def __init__(
         self,
         vocab,
         normalizer: TextNormalizer,
         order: Callable[[list[str]], list[str]] | None = None,
-        max_phrases: int = 1 << 20,
     ):
         self.vocab = vocab
         self.normalizer = normalizer
         self.order = order
-        self.max_phrases = max_phrases
-        self.clear()
 
-    def clear(self) -> None:
-        self._index: dict[bytes, int] = {}
-        self._ids = np.empty(1 << 16, dtype=np.int32)
-        self._used = 0
-        self._start = np.empty(1 << 12, dtype=np.int64)
-        self._length = np.empty(1 << 12, dtype=np.int64)
-        self._unknown = np.empty(1 << 12, dtype=np.int64)
+    def encode(self, text: bytes) -> PhraseArrays:
+        """The ids of the phrases of ``text`` (UTF-8, each phrase followed by ``"\\n"``)."""
+        if not text:
+            return PhraseArrays(
+                np.zeros(0, dtype=np.int32), np.zeros(1, dtype=np.int64), np.zeros(0, np.int64)
+            )
+        return self._encode_words(text) or self._encode_each(text)
 
-    def __len__(self) -> int:
-        return len(self._index)
+    def encode_list(self, phrases: list[bytes]) -> PhraseArrays:
+        """:meth:`encode` of phrases given one by one."""
+        return self.encode(b"".join(p + b"\n" for p in phrases))
 
-    def lookup(self, phrases: list[bytes]) -> np.ndarray:
-        """The index of each phrase in the cache (int64), the phrases not seen yet added."""
-        get = self._index.get
-        found = list(map(get, phrases))
-        if None in found:  # the phrases not seen yet, each once (C loops)
-            missing = map(operator.is_, found, itertools.repeat(None))
-            new = list(dict.fromkeys(itertools.compress(phrases, missing)))
-            if len(self._index) + len(new) > self.max_phrases:
-                self.clear()
-                new = list(dict.fromkeys(phrases))
-            self._add(new)
-            found = list(map(get, phrases))
-        return np.fromiter(found, dtype=np.int64, count=len(found))
-
-    def lookup_runs(self, phrases: list[bytes], runs: np.ndarray) -> np.ndarray:
-        """:meth:`lookup` of phrases that come in runs of equal ones (``runs``: the index of
-        each run's first phrase): one lookup per run."""
-        if not len(phrases):
-            return np.zeros(0, dtype=np.int64)
-        firsts = [phrases[i] for i in runs.tolist()]
-        index = self.lookup(firsts)
-        lengths = np.diff(np.concatenate((runs, [len(phrases)])))
-        return np.repeat(index, lengths)
-
-    def _add(self, phrases: list[bytes]) -> None:
-        if not self._add_words(phrases):
-            self._add_each(phrases)
-
-    def _add_words(self, phrases: list[bytes]) -> bool:
-        """:meth:`_add` for a word vocabulary read left to right, all phrases at once: one
-        text, one split on spaces, one C loop of dict lookups (False: not such phrases, where
-        a tab, a run of spaces or a lowercasing beyond ASCII needs the tokeniser per phrase)."""
-        if not isinstance(self.vocab, WordVocabulary) or self.order is not None or not phrases:
-            return False
-        joined = b"\n".join(phrases)
-        if b"\t" in joined or b"  " in joined or b"\n " in joined or b" \n" in joined:
-            return False
-        text = joined.decode("utf-8")
+    def _encode_words(self, text: bytes) -> PhraseArrays | None:
+        """:meth:`encode` for a word vocabulary, the whole text at once (None: phrases that
+        need the tokeniser one by one, or a subword vocabulary)."""
+        if not isinstance(self.vocab, WordVocabulary):
+            return None
+        if b"\t" in text or b"  " in text or b"\n " in text or b" \n" in text:
+            return None
+        if text[:1] in (b" ", b"\n") or b"\n\n" in text:
+            return None
+        string = text.decode("utf-8")
         if self.normalizer.lowercase:
-            if not text.isascii():
-                return False
-            text = text.lower()
-        if text[:1] == " " or text[-1:] == " ":
-            return False
-        ids = self.vocab.ids_array(text.replace("\n", " ").split(" "))
-        raw = np.frombuffer(joined, dtype=np.uint8)
-        ends = np.concatenate((np.flatnonzero(raw == 10), [len(raw)]))
-        spaces = np.concatenate(([0], np.cumsum(raw == 32)))
-        starts = np.concatenate(([0], ends[:-1] + 1))
-        lengths = spaces[ends] - spaces[starts] + 1
-        offsets = np.concatenate(([0], np.cumsum(lengths)))
+            if not string.isascii():
+                return None
+            string = string.lower()
+        ids = self.vocab.ids_array(string[:-1].replace("\n", " ").split(" "))
+        raw = np.frombuffer(text, dtype=np.uint8)
+        separator = (raw == _SP) | (raw == _LF)
+        # a phrase ends at its "\n": the tokens so far are the separators so far
+        offsets = np.zeros(np.count_nonzero(raw == _LF) + 1, dtype=np.int64)
+        offsets[1:] = np.cumsum(separator)[raw == _LF]
+        if self.order is not None:  # the model's reading order: each phrase reversed
+            lengths = np.diff(offsets)
+            last = np.repeat(offsets[:-1] + offsets[1:] - 1, lengths)  # s + e - 1 - position
+            ids = ids[last - np.arange(len(ids), dtype=np.int64)]
         unknown = np.add.reduceat((ids == UNK_ID).astype(np.int64), offsets[:-1])
-        self._append(phrases, ids, lengths, unknown)
-        return True
+        return PhraseArrays(ids, offsets, unknown)
 
-    def _append(self, phrases, ids: np.ndarray, lengths: np.ndarray, unknown) -> None:
-        first = len(self._index)
-        total = first + len(phrases)
-        needed = self._used + len(ids)
-        if needed > len(self._ids):
-            self._ids = np.resize(self._ids, max(needed, 2 * len(self._ids)))
-        if total > len(self._start):
-            size = max(total, 2 * len(self._start))
-            self._start = np.resize(self._start, size)
-            self._length = np.resize(self._length, size)
-            self._unknown = np.resize(self._unknown, size)
-        self._ids[self._used : needed] = ids
-        self._start[first:total] = self._used + np.cumsum(lengths) - lengths
-        self._length[first:total] = lengths
-        self._unknown[first:total] = unknown
-        self._used = needed
-        self._index.update(zip(phrases, range(first, total), strict=True))
-
-    def _add_each(self, phrases: list[bytes]) -> None:
-        texts = [p.decode("utf-8") for p in phrases]
+    def _encode_each(self, text: bytes) -> PhraseArrays:
+        """:meth:`encode` phrase by phrase: the tokeniser's split and lowercasing, the model's
+        order, the vocabulary's batch encoding; each distinct phrase once."""
+        phrases = text.split(b"\n")
+        phrases.pop()
+        distinct = list(dict.fromkeys(phrases))
         normalize = self.normalizer.normalize_tokenized
-        tokens = [normalize(t) for t in texts]
+        tokens = [normalize(p.decode("utf-8")) for p in distinct]
         order = self.order
-        ids = self.vocab.encode_batch(tokens if order is None else [order(t) for t in tokens])
+        encoded = self.vocab.encode_batch(tokens if order is None else [order(t) for t in tokens])
         count = self.vocab.count_unknown
-        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-        flat = np.fromiter(
-            itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum())
-        )
-        self._append(phrases, flat, lengths, [count(t) for t in tokens])
-
-    def gather(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The ids of phrases ``index`` laid end to end, and their offsets (``[n + 1]``)."""
-        lengths = self._length[index]
-        offsets = np.zeros(len(index) + 1, dtype=np.int64)
+        where = dict(zip(distinct, range(len(distinct)), strict=True))
+        index = np.fromiter(map(where.__getitem__, phrases), dtype=np.int64, count=len(phrases))
+        lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))[index]
+        offsets = np.zeros(len(phrases) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        positions = np.repeat(self._start[index] - offsets[:-1], lengths) + np.arange(
-            offsets[-1], dtype=np.int64
+        ids = np.fromiter(
+            (i for k in index.tolist() for i in encoded[k]), dtype=np.int32, count=int(offsets[-1])
         )
-        return self._ids[positions], offsets
-
-    def lengths(self, index: np.ndarray) -> np.ndarray:
-        """The number of ids of each phrase."""
-        return self._length[index]
-
-    def unknown(self, index: np.ndarray) -> np.ndarray:
-        """The unknown words of each phrase (``count_unknown`` of its tokens)."""
-        return self._unknown[index]
+        unknown = np.fromiter(map(count, tokens), dtype=np.int64, count=len(tokens))[index]
+        return PhraseArrays(ids, offsets, unknown)

@@ -22,7 +22,7 @@ import numpy as np
 
 from phrasescore.bundle import TrainedLM, load_lm, load_model
 from phrasescore.compression import TABLE_LEVEL
-from phrasescore.engine.batching import IdPairs
+from phrasescore.engine.batching import IdPairs, gather_sequences
 from phrasescore.engine.lm_scoring import LMScorer
 from phrasescore.engine.protocol import build_scorer
 from phrasescore.engine.scoring import (
@@ -354,8 +354,8 @@ class NewColumns:
         return job
 
     def phrase_ids(self) -> list[tuple[PhraseIds, PhraseIds]]:
-        """Per model: the ids of its source side's phrases and of its target side's, cached
-        (:class:`~phrasescore.text.phrase_ids.PhraseIds`; made in the process that uses them)."""
+        """Per model: the encoders of its source side's phrases and of its target side's
+        (:class:`~phrasescore.text.phrase_ids.PhraseIds`)."""
         if self._phrase_ids is None:
             self._phrase_ids = [
                 (
@@ -385,38 +385,50 @@ class NewColumns:
 
     def prepare(self, chunk: TableChunk) -> PreparedChunk:
         """The text half of a chunk's scoring (vocabularies, no network): which pairs are too
-        long, and the ids every column scores (:class:`PreparedChunk`), as arrays: each
-        distinct phrase looked up once (a run of one source: once), the ids gathered."""
-        sources, targets = chunk.sources(), chunk.targets()
+        long, and the ids every column scores (:class:`PreparedChunk`), as arrays: the
+        chunk's targets and the first source of each run of equal sources encoded in one pass
+        each (:meth:`~phrasescore.text.phrase_ids.PhraseIds.encode`), the pairs' ids gathered."""
         too_long = self.too_long(chunk)
         keep = np.flatnonzero(~too_long) if too_long.any() else None
         runs = chunk.source_runs()
+        run_of_line = np.repeat(
+            np.arange(len(runs), dtype=np.int64), np.diff(np.append(runs, len(chunk)))
+        )
+        source_text, target_text = chunk.phrase_text("source", runs), chunk.phrase_text("target")
+        lines = np.arange(len(chunk), dtype=np.int64)
         counts = self.options.unk_column  # the unknown-word column is their only use
         pairs, request_pairs = [], []
         for index, (scorer, inverse, (src_ids, tgt_ids)) in enumerate(
             zip(self.scorers, self.directions, self.phrase_ids(), strict=True)
         ):
-            if inverse:
-                src_index, tgt_index = src_ids.lookup(targets), tgt_ids.lookup_runs(sources, runs)
+            if inverse:  # the model reads the line's target and predicts its source
+                src, src_line = src_ids.encode(target_text), lines
+                tgt, tgt_line = tgt_ids.encode(source_text), run_of_line
             else:
-                src_index, tgt_index = src_ids.lookup_runs(sources, runs), tgt_ids.lookup(targets)
+                src, src_line = src_ids.encode(source_text), run_of_line
+                tgt, tgt_line = tgt_ids.encode(target_text), lines
             kept_src, kept_tgt = (
-                (src_index, tgt_index) if keep is None else (src_index[keep], tgt_index[keep])
+                (src_line, tgt_line) if keep is None else (src_line[keep], tgt_line[keep])
             )
-            request_pairs.append(IdPairs(*src_ids.gather(kept_src), *tgt_ids.gather(kept_tgt)))
+            request_pairs.append(
+                IdPairs(
+                    *gather_sequences(src.ids, src.offsets, kept_src),
+                    *gather_sequences(tgt.ids, tgt.offsets, kept_tgt),
+                )
+            )
             eos = 1 if scorer.include_eos else 0  # counted as the scorer counts
-            n_tokens = tgt_ids.lengths(tgt_index) + eos
+            n_tokens = tgt.lengths()[tgt_line] + eos
             if keep is not None:  # a pair not scored: its words (only --normalize uses it)
-                side = sources if inverse else targets
+                side = chunk.sources() if inverse else chunk.targets()
                 for i in np.flatnonzero(too_long).tolist():
                     n_tokens[i] = len(side[i].decode().split()) + eos
             src_unk = tgt_unk = None
             if counts and index == 0:
-                src_unk, tgt_unk = src_ids.unknown(src_index), tgt_ids.unknown(tgt_index)
+                src_unk, tgt_unk = src.unknown[src_line], tgt.unknown[tgt_line]
             pairs.append(EncodedPairs(None, None, src_unk, tgt_unk, n_tokens))
         lm_ids = []
         if self.lm_columns:
-            kept = [t.decode() for t in targets]
+            kept = [t.decode() for t in chunk.targets()]
             if keep is not None:
                 kept = [kept[i] for i in keep.tolist()]
             lm_ids = [column.encode(kept) for column in self.lm_columns]
