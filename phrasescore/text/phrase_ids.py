@@ -89,10 +89,10 @@ class PhraseIds:
             string = string.lower()
         ids = self.vocab.ids_array(string[:-1].replace("\n", " ").split(" "))
         raw = np.frombuffer(text, dtype=np.uint8)
-        separator = (raw == _SP) | (raw == _LF)
-        # a phrase ends at its "\n": the tokens so far are the separators so far
-        offsets = np.zeros(np.count_nonzero(raw == _LF) + 1, dtype=np.int64)
-        offsets[1:] = np.cumsum(separator)[raw == _LF]
+        # a token ends at each separator; a phrase at its "\n": the tokens up to it
+        separators = np.flatnonzero((raw == _SP) | (raw == _LF))
+        offsets = np.zeros(1, dtype=np.int64)
+        offsets = np.concatenate((offsets, np.flatnonzero(raw[separators] == _LF) + 1))
         if self.order is not None:  # the model's reading order: each phrase reversed
             lengths = np.diff(offsets)
             last = np.repeat(offsets[:-1] + offsets[1:] - 1, lengths)  # s + e - 1 - position
