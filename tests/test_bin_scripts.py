@@ -448,8 +448,14 @@ def test_train_recipe_trains_the_five_models_then_refuses_to_replace_them(tmp_pa
     assert done.returncode == 0, done.stderr
     nn = tmp_path / "nn"
     # issue 47, item 22: the message said "training l2r (25 min, ...)" of a 3-step training
-    assert "training l2r (25 min or 3 steps, whichever comes first, cpu slot 0)" in done.stderr
-    assert "training column (30 min or 3 steps, whichever comes first, cpu slot" in done.stderr
+    assert (
+        "training l2r (plateau (2 validations without a new best) or 60 min or 3 steps, "
+        "whichever comes first, cpu slot 0)" in done.stderr
+    )
+    assert (
+        "training column (plateau (2 validations without a new best) or 30 min or 3 steps, "
+        "whichever comes first, cpu slot" in done.stderr
+    )
     described = {}
     for name in RECIPE_MODELS:
         model = nn / f"{name}.safetensors"
@@ -465,11 +471,12 @@ def test_train_recipe_trains_the_five_models_then_refuses_to_replace_them(tmp_pa
     assert column["data"]["phrase_table"] == "model/phrase-table.gz"
     assert column["data"]["inverse"] is False
     assert column["train_config"]["max_minutes"] == 30.0
-    expected = {  # name: (arch, reverse_target, source language, minutes)
-        "l2r": ("attention", False, "en", 25.0),
-        "r2l": ("attention", True, "en", 25.0),
-        "inverse": ("attention", False, "fr", 25.0),
-        "lstm": ("lstm", False, "en", 30.0),
+    assert column["train_config"]["patience"] == 2
+    expected = {  # name: (arch, reverse_target, source language, minutes: a cap)
+        "l2r": ("attention", False, "en", 60.0),
+        "r2l": ("attention", True, "en", 60.0),
+        "inverse": ("attention", False, "fr", 60.0),
+        "lstm": ("lstm", False, "en", 60.0),
     }
     for name, (arch, reverse_target, src, minutes) in expected.items():
         fields = described[name]
@@ -480,6 +487,7 @@ def test_train_recipe_trains_the_five_models_then_refuses_to_replace_them(tmp_pa
         assert fields["data"]["tgt_path"] == f"corpus/train.{tgt}.gz", name
         assert fields["data"]["valid_src"] == f"corpus/dev.{src}", name
         assert fields["train_config"]["max_minutes"] == minutes, name
+        assert fields["train_config"]["patience"] == 2, name  # stops at the curve's plateau
     # the report: every model and the next steps' commands with them
     for name in RECIPE_MODELS:
         assert f"  {name}.safetensors " in done.stdout
@@ -508,6 +516,7 @@ def test_train_recipe_trains_the_five_models_then_refuses_to_replace_them(tmp_pa
         ("--table corpus/dev.en", 1, "corpus/dev.en:1: not a Moses phrase table line"),
         ("--table nope.gz", 1, "--table: no such phrase table: nope.gz"),
         ("--minutes 0", 2, "--minutes 0 is not a positive number"),
+        ("--patience 0", 2, "--patience 0 is not a positive whole number"),
         ("--device tpu", 2, "--device tpu: give cpu or cuda"),
         ("no --valid", 2, "missing --valid"),
     ],
