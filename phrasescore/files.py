@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 GZIP_MAGIC = b"\x1f\x8b"
 GZIP_LEVEL = ZLIB_LEVEL
 _READ_BUFFER = 1 << 20
+_LF = 10  # "\n"
 
 
 def display_name(path: str) -> str:
@@ -315,6 +316,7 @@ class LineBlocks:
         self.position = position
         self._read = getattr(self._handle, "read1", None) or self._handle.read
         self._buffer = b""
+        self._buffer_newlines = np.zeros(0, dtype=np.int64)  # positions of "\n" in it
         self._newlines = 0  # newlines read from the file so far (buffer included)
         self._end = False
 
@@ -331,7 +333,6 @@ class LineBlocks:
         if not block:
             self.close()
             return b""
-        self._newlines += block.count(b"\n")
         return block
 
     def take(self, count: int) -> bytes:
@@ -339,18 +340,22 @@ class LineBlocks:
         parts = []
         need = count
         while need > 0:
-            block = self._buffer or self._fill()
+            if self._buffer:  # the rest of a block, its newlines found already
+                block, newlines = self._buffer, self._buffer_newlines
+            else:
+                block = self._fill()
+                newlines = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == _LF)
+                self._newlines += len(newlines)
             self._buffer = b""
             if not block:
                 break
-            found = block.count(b"\n")
-            if found < need:
+            if len(newlines) < need:
                 parts.append(block)
-                need -= found
+                need -= len(newlines)
                 continue
-            end = int(np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10)[need - 1]) + 1
+            end = int(newlines[need - 1]) + 1
             parts.append(block[:end])
-            self._buffer = block[end:]
+            self._buffer, self._buffer_newlines = block[end:], newlines[need:] - end
             need = 0
         return parts[0] if len(parts) == 1 else b"".join(parts)
 

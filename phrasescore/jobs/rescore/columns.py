@@ -42,7 +42,7 @@ from phrasescore.moses.phrase_table import (
     format_probability,
     probability_from_logprob,
 )
-from phrasescore.text.phrase_ids import PhraseIds
+from phrasescore.text.phrase_ids import PhraseArrays, PhraseIds
 
 log = logging.getLogger(__name__)
 
@@ -395,36 +395,31 @@ class NewColumns:
             np.arange(len(runs), dtype=np.int64), np.diff(np.append(runs, len(chunk)))
         )
         source_text, target_text = chunk.phrase_text("source", runs), chunk.phrase_text("target")
-        lines = np.arange(len(chunk), dtype=np.int64)
         counts = self.options.unk_column  # the unknown-word column is their only use
         pairs, request_pairs = [], []
         for index, (scorer, inverse, (src_ids, tgt_ids)) in enumerate(
             zip(self.scorers, self.directions, self.phrase_ids(), strict=True)
         ):
+            # each side's phrases and the line each of them belongs to (None: one per line)
             if inverse:  # the model reads the line's target and predicts its source
-                src, src_line = src_ids.encode(target_text), lines
+                src, src_line = src_ids.encode(target_text), None
                 tgt, tgt_line = tgt_ids.encode(source_text), run_of_line
             else:
                 src, src_line = src_ids.encode(source_text), run_of_line
-                tgt, tgt_line = tgt_ids.encode(target_text), lines
-            kept_src, kept_tgt = (
-                (src_line, tgt_line) if keep is None else (src_line[keep], tgt_line[keep])
-            )
+                tgt, tgt_line = tgt_ids.encode(target_text), None
             request_pairs.append(
-                IdPairs(
-                    *gather_sequences(src.ids, src.offsets, kept_src),
-                    *gather_sequences(tgt.ids, tgt.offsets, kept_tgt),
-                )
+                IdPairs(*_lines_ids(src, src_line, keep), *_lines_ids(tgt, tgt_line, keep))
             )
             eos = 1 if scorer.include_eos else 0  # counted as the scorer counts
-            n_tokens = tgt.lengths()[tgt_line] + eos
+            n_tokens = _per_line(tgt.lengths(), tgt_line) + eos
             if keep is not None:  # a pair not scored: its words (only --normalize uses it)
                 side = chunk.sources() if inverse else chunk.targets()
                 for i in np.flatnonzero(too_long).tolist():
                     n_tokens[i] = len(side[i].decode().split()) + eos
             src_unk = tgt_unk = None
             if counts and index == 0:
-                src_unk, tgt_unk = src.unknown[src_line], tgt.unknown[tgt_line]
+                src_unk = _per_line(src.unknown, src_line)
+                tgt_unk = _per_line(tgt.unknown, tgt_line)
             pairs.append(EncodedPairs(None, None, src_unk, tgt_unk, n_tokens))
         lm_ids = []
         if self.lm_columns:
@@ -477,6 +472,22 @@ class NewColumns:
         scored = (score or self.score_request)(prepared.request)
         text = self.finish(chunk, prepared, scored)
         return text, int(prepared.too_long.sum()), scored.clamped
+
+
+def _per_line(values: np.ndarray, line: np.ndarray | None) -> np.ndarray:
+    """A phrase's value for each line (``line``: each line's phrase; None: one per line)."""
+    return values if line is None else values[line]
+
+
+def _lines_ids(
+    phrases: PhraseArrays, line: np.ndarray | None, keep: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The ids and offsets of each kept line's phrase (``keep``: the lines scored; None: all),
+    ``line`` as in :func:`_per_line`: one gather, none when they are the phrases as they are."""
+    if line is None and keep is None:
+        return phrases.ids, phrases.offsets
+    index = keep if line is None else (line if keep is None else line[keep])
+    return gather_sequences(phrases.ids, phrases.offsets, index)
 
 
 class ScoreRequest(NamedTuple):
