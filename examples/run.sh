@@ -20,9 +20,10 @@
 #   (default)      50 updates per model (a minute or less each; the same models on every
 #                  machine), the first 100 sentences of each list (130 s with Moses on a quiet
 #                  2-core machine, 313 s at load 3-5: docs/benchmarks.md, The example)
-#   --long         3 minutes of training per model and all 200 sentences (9 minutes of
-#                  training on 2 cores: three rounds of two)
-#   --minutes M    M minutes per model
+#   --long         at most 3 minutes of training per model and all 200 sentences (at most 9
+#                  minutes of training on 2 cores: three rounds of two; a model stops sooner
+#                  at its validation curve's plateau, as the recipe's do)
+#   --minutes M    at most M minutes per model
 #   --sentences N  re-rank the first N of the lists' 200 dev and 200 test sentences
 #   --quick        30 updates per model, 50 sentences (the tests)
 #   --out OUT      the output directory (default build/example).
