@@ -24,11 +24,12 @@ Bucket policies (:class:`ExactBuckets`, :class:`PaddedBuckets`), chosen per devi
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from phrasescore.text.corpus import flatten_ids, gather_sequences, offsets_from_lengths
 
 _HASH_WEIGHTS = np.random.default_rng(46).integers(1, 2**63, size=1024, dtype=np.uint64) | 1
 
@@ -53,9 +54,9 @@ class IdPairs:
         """Pairs given as id lists (what :meth:`PairScorer.score_ids` takes)."""
         if len(src_ids) != len(tgt_ids):
             raise ValueError("src_ids and tgt_ids differ in length")
-        src, src_off = flatten(src_ids)
-        tgt, tgt_off = flatten(tgt_ids)
-        return cls(src, src_off, tgt, tgt_off)
+        src, src_lengths = flatten_ids(src_ids, np.int64)
+        tgt, tgt_lengths = flatten_ids(tgt_ids, np.int64)
+        return cls(src, offsets_from_lengths(src_lengths), tgt, offsets_from_lengths(tgt_lengths))
 
     def src_lengths(self) -> np.ndarray:
         return np.diff(self.src_offsets)
@@ -68,31 +69,6 @@ class IdPairs:
         src, src_off = gather_sequences(self.src_ids, self.src_offsets, index)
         tgt, tgt_off = gather_sequences(self.tgt_ids, self.tgt_offsets, index)
         return IdPairs(src, src_off, tgt, tgt_off)
-
-
-def flatten(sequences: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """Id lists as (flat int64 ids, offsets)."""
-    lengths = np.fromiter(map(len, sequences), dtype=np.int64, count=len(sequences))
-    offsets = np.zeros(len(sequences) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    flat = np.fromiter(
-        itertools.chain.from_iterable(sequences), dtype=np.int64, count=int(offsets[-1])
-    )
-    return flat, offsets
-
-
-def gather_sequences(
-    flat: np.ndarray, offsets: np.ndarray, index: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Sequences ``index`` of ``(flat, offsets)``, laid end to end in that order."""
-    index = np.asarray(index, dtype=np.int64)
-    lengths = offsets[index + 1] - offsets[index]
-    new_offsets = np.zeros(len(index) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=new_offsets[1:])
-    positions = np.repeat(offsets[index] - new_offsets[:-1], lengths) + np.arange(
-        new_offsets[-1], dtype=np.int64
-    )
-    return flat[positions], new_offsets
 
 
 def id_matrix(flat: np.ndarray, offsets: np.ndarray, index: np.ndarray, width: int) -> np.ndarray:

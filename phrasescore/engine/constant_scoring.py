@@ -54,11 +54,8 @@ class ConstantScorer:
         tgt_ids: Sequence[Sequence[int]],
         per_token: bool = False,
     ) -> tuple[np.ndarray, list[np.ndarray] | None]:
-        if len(src_ids) != len(tgt_ids):
-            raise ValueError("src_ids and tgt_ids differ in length")
-        if per_token:
-            raise ValueError("a ConstantScorer has no per-token values")
-        return np.full(len(src_ids), self.logprob), None
+        """:meth:`score_arrays` of the lists laid end to end (as :class:`~phrasescore.engine.scoring.PairScorer` does)."""
+        return self.score_arrays(IdPairs.from_lists(src_ids, tgt_ids), per_token)
 
     def score_arrays(
         self, pairs: IdPairs, per_token: bool = False

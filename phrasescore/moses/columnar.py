@@ -73,6 +73,7 @@ class TableChunk:
     """The lines parsed one by one (index in the chunk -> entry)."""
     _sources: list[bytes] | None = None
     _targets: list[bytes] | None = None
+    _runs: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.line_start)
@@ -134,13 +135,13 @@ class TableChunk:
 
     def source_runs(self) -> np.ndarray:
         """Indices of the lines that start a run of equal sources (line 0 first)."""
-        sources = self.sources()
-        if not sources:
-            return np.zeros(0, dtype=np.int64)
-        keys = np.empty(len(sources), dtype=object)
-        keys[:] = sources
-        change = np.flatnonzero(keys[1:] != keys[:-1]) + 1
-        return np.concatenate(([0], change)).astype(np.int64)
+        if self._runs is None:
+            sources = self.sources()
+            keys = np.empty(len(sources), dtype=object)
+            keys[:] = sources
+            change = np.flatnonzero(keys[1:] != keys[:-1]) + 1
+            self._runs = np.concatenate(([0], change)).astype(np.int64) if sources else change
+        return self._runs
 
     def phrase_bytes(self) -> tuple[np.ndarray, np.ndarray]:
         """Bytes of each line's source and target phrase (for the length limit's quick test)."""

@@ -211,29 +211,32 @@ def read_phrase_pairs(
 # --------------------------------------------------------------------------------------------
 
 
-def _offsets_from_lengths(lengths: np.ndarray) -> np.ndarray:
+def offsets_from_lengths(lengths: np.ndarray) -> np.ndarray:
+    """The int64 offsets ``[n + 1]`` of sequences of ``lengths`` laid end to end."""
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     return offsets
 
 
-def _flatten(id_lists: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """(flat int32 ids, int64 lengths) of a list of id lists."""
+def flatten_ids(id_lists: Sequence[Sequence[int]], dtype=np.int32) -> tuple[np.ndarray, np.ndarray]:
+    """(flat ids, int64 lengths) of a list of id lists."""
     lengths = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
-    flat = np.fromiter(chain.from_iterable(id_lists), dtype=np.int32, count=int(lengths.sum()))
+    flat = np.fromiter(chain.from_iterable(id_lists), dtype=dtype, count=int(lengths.sum()))
     return flat, lengths
 
 
-def _gather(
-    flat: np.ndarray, offsets: np.ndarray, indices: np.ndarray
+def gather_sequences(
+    flat: np.ndarray, offsets: np.ndarray, index: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(flat ids, lengths) of the sequences ``indices`` of a flat/offsets store, in that order."""
-    starts = offsets[indices]
-    lengths = offsets[indices + 1] - starts
-    new_offsets = _offsets_from_lengths(lengths)
+    """Sequences ``index`` of a flat/offsets store, laid end to end in that order: (flat ids,
+    offsets)."""
+    index = np.asarray(index, dtype=np.int64)
+    starts = offsets[index]
+    lengths = offsets[index + 1] - starts
+    new_offsets = offsets_from_lengths(lengths)
     positions = np.arange(new_offsets[-1], dtype=np.int64)
     positions += np.repeat(starts - new_offsets[:-1], lengths)
-    return flat[positions], lengths
+    return flat[positions], new_offsets
 
 
 class ParallelDataset:
@@ -268,13 +271,13 @@ class ParallelDataset:
         """A dataset of already encoded pairs."""
         if len(src_id_lists) != len(tgt_id_lists):
             raise ValueError("as many source as target id lists are needed")
-        src_flat, src_lengths = _flatten(src_id_lists)
-        tgt_flat, tgt_lengths = _flatten(tgt_id_lists)
+        src_flat, src_lengths = flatten_ids(src_id_lists)
+        tgt_flat, tgt_lengths = flatten_ids(tgt_id_lists)
         return cls(
             src_flat,
-            _offsets_from_lengths(src_lengths),
+            offsets_from_lengths(src_lengths),
             tgt_flat,
-            _offsets_from_lengths(tgt_lengths),
+            offsets_from_lengths(tgt_lengths),
         )
 
     @classmethod
@@ -293,8 +296,8 @@ class ParallelDataset:
 
         def flush() -> None:
             if src_buffer:
-                src_blocks.append(_flatten(src_vocab.encode_batch(src_buffer)))
-                tgt_blocks.append(_flatten(tgt_vocab.encode_batch(tgt_buffer)))
+                src_blocks.append(flatten_ids(src_vocab.encode_batch(src_buffer)))
+                tgt_blocks.append(flatten_ids(tgt_vocab.encode_batch(tgt_buffer)))
                 src_buffer.clear()
                 tgt_buffer.clear()
 
@@ -328,14 +331,9 @@ class ParallelDataset:
     def subset(self, indices: Sequence[int] | np.ndarray) -> ParallelDataset:
         """A new dataset of the pairs ``indices``, in that order (copied)."""
         index_array = np.asarray(indices, dtype=np.int64)
-        src_flat, src_lengths = _gather(self.src_ids, self.src_offsets, index_array)
-        tgt_flat, tgt_lengths = _gather(self.tgt_ids, self.tgt_offsets, index_array)
-        return ParallelDataset(
-            src_flat,
-            _offsets_from_lengths(src_lengths),
-            tgt_flat,
-            _offsets_from_lengths(tgt_lengths),
-        )
+        src_flat, src_offsets = gather_sequences(self.src_ids, self.src_offsets, index_array)
+        tgt_flat, tgt_offsets = gather_sequences(self.tgt_ids, self.tgt_offsets, index_array)
+        return ParallelDataset(src_flat, src_offsets, tgt_flat, tgt_offsets)
 
     def split_off(self, n: int, seed: int) -> tuple[ParallelDataset, ParallelDataset]:
         """(the rest, ``n`` held-out pairs): a random slice chosen by ``seed``, same every time.
@@ -374,7 +372,7 @@ def _join_blocks(blocks: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarra
         return np.zeros(0, dtype=np.int32), np.zeros(1, dtype=np.int64)
     flat = np.concatenate([ids for ids, _ in blocks])
     lengths = np.concatenate([lengths for _, lengths in blocks])
-    return flat, _offsets_from_lengths(lengths)
+    return flat, offsets_from_lengths(lengths)
 
 
 # --------------------------------------------------------------------------------------------
@@ -526,7 +524,7 @@ def pad_ids(
     decoder's input. Batches (:func:`make_batch`), search and alignment all pad with it."""
     if not id_lists:
         raise ValueError("nothing to pad")
-    flat, lengths = _flatten(id_lists)
+    flat, lengths = flatten_ids(id_lists)
     return _pad(flat, lengths, first, last)
 
 
@@ -558,9 +556,9 @@ def collate(
 ) -> Batch:
     """The :class:`Batch` of the pairs ``indices`` of ``dataset``, in that order."""
     index_array = np.asarray(indices, dtype=np.int64)
-    src_flat, src_lengths = _gather(dataset.src_ids, dataset.src_offsets, index_array)
-    tgt_flat, tgt_lengths = _gather(dataset.tgt_ids, dataset.tgt_offsets, index_array)
-    return _batch_from_flat(src_flat, src_lengths, tgt_flat, tgt_lengths, device)
+    src_flat, src_offsets = gather_sequences(dataset.src_ids, dataset.src_offsets, index_array)
+    tgt_flat, tgt_offsets = gather_sequences(dataset.tgt_ids, dataset.tgt_offsets, index_array)
+    return _batch_from_flat(src_flat, np.diff(src_offsets), tgt_flat, np.diff(tgt_offsets), device)
 
 
 def make_batch(
@@ -571,6 +569,6 @@ def make_batch(
     """The :class:`Batch` of pairs given as lists of ids (no BOS/EOS), e.g. when scoring."""
     if len(src_id_lists) != len(tgt_id_lists):
         raise ValueError("as many source as target id lists are needed")
-    src_flat, src_lengths = _flatten(src_id_lists)
-    tgt_flat, tgt_lengths = _flatten(tgt_id_lists)
+    src_flat, src_lengths = flatten_ids(src_id_lists)
+    tgt_flat, tgt_lengths = flatten_ids(tgt_id_lists)
     return _batch_from_flat(src_flat, src_lengths, tgt_flat, tgt_lengths, device)

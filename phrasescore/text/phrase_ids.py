@@ -29,6 +29,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from phrasescore.text.corpus import offsets_from_lengths
 from phrasescore.text.tokenize import TextNormalizer
 from phrasescore.text.vocab import UNK_ID, WordVocabulary
 
@@ -114,8 +115,7 @@ class PhraseIds:
         where = dict(zip(distinct, range(len(distinct)), strict=True))
         index = np.fromiter(map(where.__getitem__, phrases), dtype=np.int64, count=len(phrases))
         lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))[index]
-        offsets = np.zeros(len(phrases) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
+        offsets = offsets_from_lengths(lengths)
         ids = np.fromiter(
             (i for k in index.tolist() for i in encoded[k]), dtype=np.int32, count=int(offsets[-1])
         )

@@ -22,7 +22,7 @@ import numpy as np
 
 from phrasescore.bundle import TrainedLM, load_lm, load_model
 from phrasescore.compression import TABLE_LEVEL
-from phrasescore.engine.batching import IdPairs, gather_sequences
+from phrasescore.engine.batching import IdPairs
 from phrasescore.engine.lm_scoring import LMScorer
 from phrasescore.engine.protocol import build_scorer
 from phrasescore.engine.scoring import (
@@ -30,7 +30,6 @@ from phrasescore.engine.scoring import (
     EncodedPairs,
     ScoredPairs,
     check_scoring,
-    phrase_tokens,
 )
 from phrasescore.errors import InputError
 from phrasescore.jobs.common import warn_if_reversed
@@ -42,6 +41,7 @@ from phrasescore.moses.phrase_table import (
     format_probability,
     probability_from_logprob,
 )
+from phrasescore.text.corpus import gather_sequences
 from phrasescore.text.phrase_ids import PhraseArrays, PhraseIds
 
 log = logging.getLogger(__name__)
@@ -74,49 +74,6 @@ class RescoreOptions:
 def is_too_long(source: str, target: str, limit: int) -> bool:
     """Whether a pair has a phrase of more than ``limit`` tokens (never given to a model)."""
     return len(source.split()) > limit or len(target.split()) > limit
-
-
-def too_long_pairs(sources, targets, limit: int) -> np.ndarray:
-    """:func:`is_too_long` for each pair of a block. A phrase of at most ``2 * limit``
-    characters cannot have more than ``limit`` tokens (each takes a character and a separator),
-    so only longer ones are split (splitting every phrase was most of this function's time)."""
-    short = 2 * limit
-    return np.array(
-        [
-            (len(s) > short or len(t) > short) and is_too_long(s, t, limit)
-            for s, t in zip(sources, targets, strict=True)
-        ],
-        dtype=bool,
-    )
-
-
-def encode_within_limit(
-    scorer, sources, targets, too_long: np.ndarray, counts: bool = True
-) -> EncodedPairs:
-    """The ids of the pairs that are not too long (what the scorer scores), and the token counts
-    of every pair (with ``counts`` the unknown-word counts too); the others will get log p =
-    LOGPROB_FLOOR (Moses' own floor, -100), so that time per line stays bounded and no line is
-    lost."""
-    if not too_long.any():
-        return scorer.encode_phrases(sources, targets, counts)
-    keep = np.flatnonzero(~too_long)
-    part = scorer.encode_phrases([sources[i] for i in keep], [targets[i] for i in keep], counts)
-    model = scorer.model
-    eos = 1 if scorer.include_eos else 0  # counted as the scorer counts (only --normalize uses it)
-    n_tokens = np.array([len(t.split()) + eos for t in targets], dtype=np.int64)
-    n_tokens[keep] = part.n_tokens
-    src_unk = tgt_unk = None
-    if counts:
-        src_unk = np.array(
-            [model.src_vocab.count_unknown(phrase_tokens(model.src_text, s)) for s in sources],
-            dtype=np.int64,
-        )
-        tgt_unk = np.array(
-            [model.tgt_vocab.count_unknown(phrase_tokens(model.tgt_text, t)) for t in targets],
-            dtype=np.int64,
-        )
-        src_unk[keep], tgt_unk[keep] = part.src_unknown, part.tgt_unknown
-    return EncodedPairs(part.src_ids, part.tgt_ids, src_unk, tgt_unk, n_tokens)
 
 
 def scored_within_limit(pairs: EncodedPairs, logprob: np.ndarray, too_long: np.ndarray):
@@ -371,8 +328,9 @@ class NewColumns:
         return self._phrase_ids
 
     def too_long(self, chunk: TableChunk) -> np.ndarray:
-        """Which lines have a phrase of more than ``max_phrase_length`` tokens: only phrases of
-        more than twice as many bytes can (:func:`too_long_pairs`), and only those are split."""
+        """Which lines have a phrase of more than ``max_phrase_length`` tokens: a phrase of at
+        most twice as many bytes cannot (each token takes a byte and a separator), so only
+        longer ones are split (:func:`is_too_long`)."""
         limit = self.options.max_phrase_length
         src_bytes, tgt_bytes = chunk.phrase_bytes()
         maybe = np.flatnonzero((src_bytes > 2 * limit) | (tgt_bytes > 2 * limit))
