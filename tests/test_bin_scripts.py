@@ -505,6 +505,46 @@ def test_train_recipe_trains_the_five_models_then_refuses_to_replace_them(tmp_pa
     assert {n: (nn / f"{n}.safetensors").stat().st_mtime_ns for n in RECIPE_MODELS} == stamps
 
 
+def test_train_recipe_models_trains_a_subset_and_replaces_only_it(tmp_path):
+    """--models: the re-ranking models without the column's (no --table needed), then one of
+    them again with --force, the other left as it was."""
+    args = recipe_inputs(tmp_path)
+    at = args.index("--table")
+    args = args[:at] + args[at + 2 :]  # no --table: the column's model is not asked for
+    tiny = ["--", "--preset", "tiny", "--max-steps", "3"]
+    done = run_script(
+        "phrasescore-train-recipe", *args, "--models", "lstm,l2r", "--jobs", "2", *tiny,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    nn = tmp_path / "nn"
+    assert sorted(p.name for p in nn.glob("*.safetensors")) == [
+        "l2r.safetensors",
+        "lstm.safetensors",
+    ]
+    # the recipe's order whatever the order given: l2r first
+    started = [line.split()[2] for line in done.stderr.splitlines() if " training " in line]
+    assert started == ["l2r", "lstm"]
+    assert describe_file(str(nn / "lstm.safetensors")).fields["architecture"] == "lstm"
+    assert "trained l2r lstm in" in done.stdout
+    assert "not in " in done.stdout and "--models column,r2l,inverse trains them" in done.stdout
+    assert "rescore" not in done.stdout and "rerank-tune" not in done.stdout  # models missing
+    # one model again: only it is replaced
+    l2r_stamp = (nn / "l2r.safetensors").stat().st_mtime_ns
+    lstm_bytes = (nn / "lstm.safetensors").read_bytes()
+    again = run_script("phrasescore-train-recipe", *args, "--models", "lstm", *tiny, cwd=tmp_path)
+    assert again.returncode == 1 and "--force" in again.stderr  # not without --force
+    assert (nn / "lstm.safetensors").read_bytes() == lstm_bytes
+    forced = run_script(
+        "phrasescore-train-recipe", *args, "--models", "lstm", "--force", *tiny, cwd=tmp_path
+    )
+    assert forced.returncode == 0, forced.stderr
+    assert (nn / "l2r.safetensors").stat().st_mtime_ns == l2r_stamp
+    assert (nn / "lstm.safetensors").read_bytes() == lstm_bytes  # same seed, same bytes
+    assert "trained lstm in" in forced.stdout
+    assert "l2r.safetensors      left to right (" in forced.stdout  # listed, trained before
+
+
 @pytest.mark.parametrize(
     "change, code, message",
     [
@@ -519,6 +559,10 @@ def test_train_recipe_trains_the_five_models_then_refuses_to_replace_them(tmp_pa
         ("--patience 0", 2, "--patience 0 is not a positive whole number"),
         ("--device tpu", 2, "--device tpu: give cpu or cuda"),
         ("no --valid", 2, "missing --valid"),
+        ("--models gru", 2, "--models: no model gru in the recipe (its models: column l2r"),
+        ("--models l2r;lstm", 2, "--models l2r;lstm: give names separated by commas"),
+        ("--models l2r,", 2, "--models l2r,: give names separated by commas"),
+        ("no --table", 2, "missing --table"),
     ],
 )
 def test_train_recipe_bad_input_fails_before_training(change, code, message, tmp_path):
@@ -531,6 +575,9 @@ def test_train_recipe_bad_input_fails_before_training(change, code, message, tmp
             pass
     elif change == "no --valid":
         args = args[:2] + args[4:]
+    elif change == "no --table":  # the column's model needs it
+        at = args.index("--table")
+        args = args[:at] + args[at + 2 :] + ["--models", "column,l2r"]
     else:
         flag, value = change.split()
         if flag in args:
