@@ -187,3 +187,46 @@ def test_compiled_bucketed_loss_on_cuda_equals_eager(arch):
         assert other == pytest.approx(loss, rel=1e-5)
         for name, grad in grads.items():
             torch.testing.assert_close(other_grads[name], grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("arch", ["cho", "attention", "lstm"])
+def test_the_gpu_engine_replays_its_graphs_as_the_cpu_scores(arch):
+    """The GPU engine (engine/device_scoring.py), what ``rescore`` and ``nbest`` get on CUDA:
+    each batch shape captured once in a CUDA graph; the table's pairs score as on the CPU
+    (fp32, TF32 off), as without graphs, the same bytes on a replay, and a block waits for the
+    device once (the scores' copy back), however many batches it has."""
+    import warnings
+
+    from phrasescore.engine.device_scoring import DeviceScorer
+    from phrasescore.engine.protocol import build_scorer
+
+    from .test_device_engine import table_model, table_pairs
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    src, tgt = table_pairs()
+    model = table_model(arch, "written")
+    expected = PairScorer(model).score_phrases(src, tgt).logprob
+    engine = build_scorer(table_model(arch, "written"), device=DEVICE)
+    if DEVICE == "cuda":
+        assert isinstance(engine, DeviceScorer)
+        engine.buckets.batch_pairs = 64  # many batches, several shapes
+    first = engine.score_phrases(src, tgt).logprob
+    np.testing.assert_allclose(first, expected, rtol=1e-4, atol=1e-4)
+    eager = DeviceScorer(table_model(arch, "written"), device=DEVICE, graphs=False)
+    np.testing.assert_allclose(eager.score_phrases(src, tgt).logprob, first, rtol=1e-5, atol=1e-5)
+    if DEVICE != "cuda":
+        return
+    assert len(engine.captured.graphs) >= 4
+    ids = engine.encode_phrases(src, tgt)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            again, _ = engine.score_ids(ids.src_ids, ids.tgt_ids)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    assert len(syncs) <= 1, [str(w.message) for w in syncs]
+    assert again.tobytes() == first.tobytes()

@@ -15,7 +15,11 @@ Bucket policies (:class:`ExactBuckets`, :class:`PaddedBuckets`), chosen per devi
   padding is ever computed (on the CPU a padded position costs as much as a real one). The
   batches, their order and the summation are those of the engine over id lists before it: the same
   scores to the bit.
-* **padded** (a GPU): a few length buckets (targets up to 4, 8, 16, 32, ... tokens) and batches
+* **fixed shapes** (the GPU engine, :mod:`phrasescore.engine.device_scoring`): the padded
+  policy with every batch padded to its bucket's width and its rows to a power of two
+  (:class:`FixedShapeBuckets`), so that the shapes repeat and each is captured once in a CUDA
+  graph.
+* **padded** (a GPU without the engine): a few length buckets (targets up to 4, 8, 16, 32, ... tokens) and batches
   of up to ``batch_pairs`` pairs (tens of thousands), the positions after a target's end masked;
   the results stay on the device and come back in one copy per block instead of one per batch.
   Scores equal the exact policy's within the engine's tolerance (float32 sums over other batch
@@ -175,9 +179,16 @@ class Batch:
     width: int
     exact: bool
     """Every row has ``width`` tokens (no padding, no mask)."""
+    real: int | None = None
+    """The first ``real`` rows of ``index`` are the batch's; the rest repeat its last row, to
+    fill a fixed row count (:class:`FixedShapeBuckets`). None: every row is its own."""
+
+    @property
+    def own_rows(self) -> int:
+        return len(self.index) if self.real is None else self.real
 
 
-def _runs(sorted_lengths: np.ndarray) -> Iterator[tuple[int, int, int]]:
+def equal_runs(sorted_lengths: np.ndarray) -> Iterator[tuple[int, int, int]]:
     """(start, end, length) of the runs of equal values of ``sorted_lengths``."""
     if not len(sorted_lengths):
         return
@@ -202,7 +213,7 @@ class ExactBuckets:
         engine cut them over id lists: from each start, up to ``batch_tokens // (length +
         extra)`` rows of that length."""
         out = []
-        for start, end, length in _runs(lengths[order]):
+        for start, end, length in equal_runs(lengths[order]):
             rows = max(1, self.batch_tokens // (length + extra))
             for s in range(start, end, rows):
                 out.append(Batch(order[s : min(end, s + rows)], length, True))
@@ -235,12 +246,66 @@ class PaddedBuckets:
     def batches(self, lengths: np.ndarray, order: np.ndarray, extra: int) -> list[Batch]:
         widths = self.width(lengths[order])
         out = []
-        for start, end, width in _runs(widths):
+        for start, end, width in equal_runs(widths):
             rows = max(1, min(self.batch_pairs, self.batch_tokens // (width + extra)))
             for s in range(start, end, rows):
                 index = order[s : min(end, s + rows)]
                 longest = int(lengths[index].max()) if len(index) else 0
                 out.append(Batch(index, longest, bool((lengths[index] == longest).all())))
+        return out
+
+
+MIN_ROWS = 16
+"""The smallest row count of a fixed-shape batch."""
+
+
+def power_of_two_floor(n: int) -> int:
+    return 1 << (max(1, int(n)).bit_length() - 1)
+
+
+def fixed_rows(n: int, cap: int) -> int:
+    """The row count a fixed-shape batch of ``n`` rows is padded to: the next power of two from
+    :data:`MIN_ROWS`, at most ``cap`` (a power of two >= ``n``)."""
+    return min(cap, max(MIN_ROWS, 1 << max(0, int(n - 1).bit_length())))
+
+
+def fill_rows(index: np.ndarray, rows: int) -> np.ndarray:
+    """``index`` followed by its last entry repeated up to ``rows`` entries."""
+    if rows <= len(index):
+        return index
+    return np.concatenate([index, np.full(rows - len(index), index[-1], dtype=index.dtype)])
+
+
+class FixedShapeBuckets(PaddedBuckets):
+    """The GPU engine's policy: batches of a few shapes only, so that each shape's work is
+    captured once (a CUDA graph) and replayed. Widths are the bucket bounds themselves (a length
+    above the last: itself), row counts powers of two (:func:`fixed_rows`, at most
+    ``batch_pairs`` and ``batch_tokens // (width + extra)``); a batch's last row is repeated to
+    fill its row count (:attr:`Batch.real`). Results stay on the device, as :class:`PaddedBuckets`'.
+    """
+
+    def __init__(
+        self,
+        batch_pairs: int = 32768,
+        batch_tokens: int = 1 << 19,
+        bounds: Sequence[int] = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256),
+    ):
+        super().__init__(batch_pairs, batch_tokens, bounds)
+
+    def row_cap(self, width: int, extra: int) -> int:
+        """The most rows of a batch of ``width`` (+ ``extra``) positions, a power of two."""
+        return power_of_two_floor(min(self.batch_pairs, self.batch_tokens // (width + extra)))
+
+    def batches(self, lengths: np.ndarray, order: np.ndarray, extra: int) -> list[Batch]:
+        widths = self.width(lengths[order])
+        out = []
+        for start, end, width in equal_runs(widths):
+            cap = self.row_cap(width, extra)
+            for s in range(start, end, cap):
+                own = order[s : min(end, s + cap)]
+                index = fill_rows(own, fixed_rows(len(own), cap))
+                exact = bool((lengths[own] == width).all())
+                out.append(Batch(index, width, exact, len(own)))
         return out
 
 

@@ -6,7 +6,9 @@ dtype, and uses it through :class:`Scorer` alone (:class:`IdScorer` where it han
 processes, as ``rescore --io-workers`` does). A new engine (a GPU engine, say) is registered in
 :data:`ENGINES` for its device type and every job gets it; nothing else changes.
 
-* :class:`~phrasescore.engine.scoring.PairScorer`: the engine, one resident model.
+* :class:`~phrasescore.engine.scoring.PairScorer`: the CPU's engine, one resident model.
+* :class:`~phrasescore.engine.device_scoring.DeviceScorer`: the GPU engine (fixed-shape batches
+  captured in CUDA graphs, no host sync inside a block).
 * :class:`~phrasescore.engine.scoring.EnsembleScorer`: several models averaged (phrase level).
 * :class:`~phrasescore.engine.constant_scoring.ConstantScorer`: the same log p for every pair,
   no network (``tools/bench-io``).
@@ -21,6 +23,7 @@ import numpy as np
 
 from phrasescore.bundle import TrainedModel
 from phrasescore.engine.batching import IdPairs
+from phrasescore.engine.device_scoring import DeviceScorer
 from phrasescore.engine.scoring import (
     EncodedPairs,
     EnsembleScorer,
@@ -70,7 +73,7 @@ class IdScorer(Scorer, Protocol):
     ) -> tuple[np.ndarray, list[np.ndarray] | None]: ...
 
 
-ENGINES: dict[str, Callable[..., IdScorer]] = {"cpu": PairScorer, "cuda": PairScorer}
+ENGINES: dict[str, Callable[..., IdScorer]] = {"cpu": PairScorer, "cuda": DeviceScorer}
 """The scorer class per device type (``torch.device.type``); other types take ``"cpu"``'s
 signature with :class:`PairScorer` (e.g. ``mps``)."""
 
@@ -79,7 +82,8 @@ def build_scorer(model: TrainedModel, device="cpu", dtype: str = "float32", **op
     """The scorer of ``model`` on ``device`` in ``dtype`` (the engine registered for the
     device's type in :data:`ENGINES`); ``options`` are the engine's own, passed as they are
     (:class:`PairScorer`'s: ``batch_tokens``, ``chunk_rows``, ``include_eos``, ``scoring``,
-    ``model_path``, ``buckets``: the batch policy, default the device's)."""
+    ``model_path``, ``buckets``: the batch policy, default the device's; :class:`DeviceScorer`
+    adds ``graphs`` and ``batch_pairs``)."""
     import torch
 
     engine = ENGINES.get(torch.device(device).type, PairScorer)

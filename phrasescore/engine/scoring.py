@@ -296,14 +296,20 @@ class PairScorer:
             ids = np.empty((len(idx), length + 1), dtype=np.int64)
             ids[:, :-1] = id_matrix(flat, offsets, first[idx], length)
             ids[:, -1] = EOS_ID
-            src = self._to_device(ids)
-            src_len = torch.full((len(idx),), length + 1, dtype=torch.long, device=self.device)
-            pieces.append((idx, self.network.encode(src, src_len)))
+            # one exact length: no lengths to look at (None)
+            pieces.append((idx, self.network.encode(self._to_device(ids), None)))
+        return self._merge_encodings(pieces)
+
+    def _merge_encodings(
+        self, pieces: list[tuple[np.ndarray, EncoderOutput]], width: int = 0
+    ) -> EncoderOutput:
+        """The encodings of ``pieces`` (each the rows ``index`` of the distinct sources) as one,
+        row k the distinct source k's; positional outputs padded to at least ``width``."""
         done = np.concatenate([p[0] for p in pieces])
         positions = np.empty(len(done), dtype=np.int64)
         positions[done] = np.arange(len(done))  # the inverse permutation, no sort
         positions = self._to_device(positions)
-        merged = self.network.concat_encodings([p[1] for p in pieces])
+        merged = self.network.concat_encodings([p[1] for p in pieces], width)
         return select_rows(merged, positions)
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:

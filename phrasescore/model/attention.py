@@ -54,7 +54,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from phrasescore.model.base import EncoderDecoder, EncoderOutput
+from phrasescore.model.base import EncoderDecoder, EncoderOutput, full_lengths, padded_lengths
 from phrasescore.model.config import ModelConfig
 from phrasescore.model.constants import PAD_ID
 from phrasescore.model.gru import (
@@ -66,6 +66,12 @@ from phrasescore.model.gru import (
 from phrasescore.model.initialization import init_attention
 from phrasescore.model.lstm import reverse_within
 from phrasescore.model.output_layer import maxout, summed_linear
+
+
+def source_mask(src: Tensor, lengths: Tensor | None) -> Tensor:
+    """[B, S] True at the real positions of rows of ``lengths`` (None: every row full)."""
+    positions = torch.arange(src.shape[1], device=src.device).unsqueeze(0)
+    return positions < full_lengths(src, lengths).unsqueeze(1)
 
 
 class AttentionEncoderDecoder(EncoderDecoder):
@@ -136,7 +142,7 @@ class AttentionEncoderDecoder(EncoderDecoder):
         init_attention(self, self.RECURRENT)
 
     # ------------------------------------------------------------------------ encoder
-    def encode(self, src: Tensor, src_lengths: Tensor) -> EncoderOutput:
+    def encode(self, src: Tensor, src_lengths: Tensor | None) -> EncoderOutput:
         """Annotations ``ann`` [B, S, 2H], their projections U_a h_j ``ann_proj`` [B, S, H],
         the source ``mask`` [B, S] (True at real positions) and ``←h_1`` ``first_back`` [B, H].
 
@@ -146,8 +152,8 @@ class AttentionEncoderDecoder(EncoderDecoder):
         steps = src.shape[1]
         x_proj = self.enc_input(self.dropout(self.src_embed(src)))
         h0 = x_proj.new_zeros(src.shape[0], hid)
-        padded = bool((src_lengths != steps).any())
-        lengths = src_lengths if padded else None
+        lengths = padded_lengths(src_lengths, steps)
+        padded = lengths is not None
         step = self._encoder_step_fn()
         forward, _ = run_gru_encoder(
             x_proj[..., : 3 * hid], h0, self.enc_fwd_u_rz, self.enc_fwd_u_h, lengths, step=step
@@ -172,7 +178,7 @@ class AttentionEncoderDecoder(EncoderDecoder):
                 step=step,
             )
             backward = backward.flip(1)
-        mask = torch.arange(steps, device=src.device).unsqueeze(0) < src_lengths.unsqueeze(1)
+        mask = source_mask(src, lengths)
         ann = torch.cat([forward, backward], dim=2)
         if padded:
             ann = ann * mask.unsqueeze(2).to(ann.dtype)
@@ -307,15 +313,15 @@ class FusedAttentionEncoderDecoder(AttentionEncoderDecoder):
         # torch.nn.GRU, both directions, cuDNN's formulation (gru.py)
         self.encoder = nn.GRU(emb, hid, batch_first=True, bidirectional=True)
 
-    def encode(self, src: Tensor, src_lengths: Tensor) -> EncoderOutput:
+    def encode(self, src: Tensor, src_lengths: Tensor | None) -> EncoderOutput:
         """:meth:`AttentionEncoderDecoder.encode` with the bidirectional :class:`torch.nn.GRU`:
         its outputs are the annotations [→h_j; ←h_j] (0 at padded positions), its backward final
         state ←h_1."""
-        ann, last = run_fused_gru(self.encoder, self.dropout(self.src_embed(src)), src_lengths)
-        positions = torch.arange(src.shape[1], device=src.device).unsqueeze(0)
+        lengths = padded_lengths(src_lengths, src.shape[1])
+        ann, last = run_fused_gru(self.encoder, self.dropout(self.src_embed(src)), lengths)
         return {
             "ann": ann,
             "ann_proj": self.att_annotation(ann),
-            "mask": positions < src_lengths.unsqueeze(1),
+            "mask": source_mask(src, lengths),
             "first_back": last[1],
         }

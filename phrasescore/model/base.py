@@ -7,7 +7,9 @@ on the output layer's kernels (the softmax's loss, log-sum-exp and maxout:
 
 ``encode(src, src_lengths) -> dict[str, Tensor]``
     The encoder's summary of each source, every tensor with the batch first, so that rows can be
-    selected or repeated for many targets of one source (:func:`select_rows`).
+    selected or repeated for many targets of one source (:func:`select_rows`). ``src_lengths``
+    None: every row is ``src.shape[1]`` positions long, taken without looking
+    (:func:`padded_lengths`).
 ``decode_features(enc, tgt_in) -> Tensor [B, T, R]``
     Teacher-forced decoding: the output-layer features for every target position, given the
     previous words ``tgt_in`` (BOS first).
@@ -91,7 +93,7 @@ class EncoderDecoder(nn.Module):
         ``--recurrence fused``'s GRUs: cuDNN's kernels already) keep those."""
         self.compiled = True
 
-    def encode(self, src: Tensor, src_lengths: Tensor) -> EncoderOutput:
+    def encode(self, src: Tensor, src_lengths: Tensor | None) -> EncoderOutput:
         raise NotImplementedError
 
     def decode_features(self, enc: EncoderOutput, tgt_in: Tensor) -> Tensor:
@@ -121,13 +123,15 @@ class EncoderDecoder(nn.Module):
         return {}
 
     # ------------------------------------------------------------------ written once for all
-    def concat_encodings(self, encodings: list[EncoderOutput]) -> EncoderOutput:
+    def concat_encodings(self, encodings: list[EncoderOutput], width: int = 0) -> EncoderOutput:
         """Encoder outputs joined along the batch; the :attr:`POSITIONAL_OUTPUTS` are padded to
-        the longest source first (0, or False for a mask), per-source vectors never are."""
-        if len(encodings) == 1:
-            return encodings[0]
+        the longest source (at least ``width`` positions) first (0, or False for a mask),
+        per-source vectors never are."""
         positional = self.POSITIONAL_OUTPUTS
         longest = max((e[k].shape[1] for e in encodings for k in positional), default=0)
+        longest = max(longest, width) if positional else 0
+        if len(encodings) == 1 and all(encodings[0][k].shape[1] == longest for k in positional):
+            return encodings[0]
         merged: dict[str, list[Tensor]] = {k: [] for k in encodings[0]}
         for enc in encodings:
             for key, value in enc.items():
@@ -237,6 +241,23 @@ class EncoderDecoder(nn.Module):
         else:
             out[tgt_mask] = values
         return out
+
+
+def padded_lengths(lengths: Tensor | None, steps: int) -> Tensor | None:
+    """``lengths`` when some row is shorter than ``steps`` positions, else None (no padding to
+    mask or pack). ``lengths`` None is the caller's word that every row is full, taken without
+    the check: the check reads a device value, a host sync on a GPU (the GPU engine encodes
+    sources of one exact length and says so)."""
+    if lengths is None or not bool((lengths != steps).any()):
+        return None
+    return lengths
+
+
+def full_lengths(src: Tensor, lengths: Tensor | None) -> Tensor:
+    """``lengths``, or (None: every row full) ``src.shape[1]`` for every row, made on the device."""
+    if lengths is not None:
+        return lengths
+    return torch.full((src.shape[0],), src.shape[1], dtype=torch.long, device=src.device)
 
 
 def select_rows(enc: EncoderOutput, index: Tensor) -> EncoderOutput:

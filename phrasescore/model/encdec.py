@@ -37,7 +37,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from phrasescore.model.base import EncoderDecoder, EncoderOutput
+from phrasescore.model.base import EncoderDecoder, EncoderOutput, padded_lengths
 from phrasescore.model.config import ModelConfig
 from phrasescore.model.constants import PAD_ID
 from phrasescore.model.gru import (
@@ -105,12 +105,12 @@ class ChoEncoderDecoder(EncoderDecoder):
         init_cho(self, self.RECURRENT)
 
     # ------------------------------------------------------------------------ encoder
-    def encode(self, src: Tensor, src_lengths: Tensor) -> EncoderOutput:
+    def encode(self, src: Tensor, src_lengths: Tensor | None) -> EncoderOutput:
         """c = tanh(V h_T) for each source (h_T: the GRU state after its last real token)."""
         last = self._last_state(self.dropout(self.src_embed(src)), src_lengths)
         return {"c": torch.tanh(self.summary(last))}
 
-    def _last_state(self, x: Tensor, src_lengths: Tensor) -> Tensor:
+    def _last_state(self, x: Tensor, src_lengths: Tensor | None) -> Tensor:
         """h_T [B, H] of the encoder GRU over the embedded sources ``x`` [B, S, E]."""
         raise NotImplementedError
 
@@ -200,17 +200,16 @@ class GRUEncoderDecoder(ChoEncoderDecoder):
         self.dec_u = nn.Parameter(torch.empty(hid, 3 * hid))
         self.dec_context = nn.Linear(hid, 3 * hid, bias=False)
 
-    def _last_state(self, x: Tensor, src_lengths: Tensor) -> Tensor:
+    def _last_state(self, x: Tensor, src_lengths: Tensor | None) -> Tensor:
         """Eq. 5-8 over the sources (:func:`run_gru_encoder`; lengths only for padded rows)."""
         x_proj = self.enc_input(x)
         h0 = x_proj.new_zeros(x.shape[0], self.config.hidden_dim)
-        padded = bool((src_lengths != x.shape[1]).any())
         _, last = run_gru_encoder(
             x_proj,
             h0,
             self.enc_u_rz,
             self.enc_u_h,
-            src_lengths if padded else None,
+            padded_lengths(src_lengths, x.shape[1]),
             keep_states=False,  # only h_T is used
             step=compiled_step(gru_encoder_step) if self.compiled else gru_encoder_step,
         )
@@ -252,9 +251,9 @@ class FusedGRUEncoderDecoder(ChoEncoderDecoder):
         # torch.nn.GRU over [e(y_{t-1}); c]: C c outside the reset gate
         self.decoder = nn.GRU(emb + hid, hid, batch_first=True)
 
-    def _last_state(self, x: Tensor, src_lengths: Tensor) -> Tensor:
+    def _last_state(self, x: Tensor, src_lengths: Tensor | None) -> Tensor:
         """cuDNN's GRU over the packed sources (:func:`run_fused_gru`)."""
-        _, last = run_fused_gru(self.encoder, x, src_lengths)
+        _, last = run_fused_gru(self.encoder, x, padded_lengths(src_lengths, x.shape[1]))
         return last[0]
 
     def start(self, enc: EncoderOutput) -> dict[str, Tensor]:

@@ -167,18 +167,18 @@ def compiled_step(fn):
     return lambda *args: compiled(owner, *args)
 
 
-def run_fused_gru(gru: nn.GRU, x: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+def run_fused_gru(gru: nn.GRU, x: Tensor, lengths: Tensor | None) -> tuple[Tensor, Tensor]:
     """``gru`` (a :class:`torch.nn.GRU` with ``batch_first``, one or two directions) over the
-    inputs ``x`` [B, S, E] of rows of ``lengths`` real positions: (outputs [B, S, D·H], 0 at
-    padded positions; final states [D, B, H], each after its row's last real position, the
-    backward direction's after the first).
+    inputs ``x`` [B, S, E] of rows of ``lengths`` real positions (None: every row full, no
+    padding): (outputs [B, S, D·H], 0 at padded positions; final states [D, B, H], each after
+    its row's last real position, the backward direction's after the first).
 
     A padded batch is packed (``pack_padded_sequence``, ``enforce_sorted=False``), so each row's
     result is what it is alone: the backward direction starts at its own last real token, and
     padding never enters a state. The cuDNN formulation (module docstring), not eq. 5-8.
     """
     steps = x.shape[1]
-    if not bool((lengths != steps).any()):
+    if lengths is None:
         return gru(x)
     packed = nn.utils.rnn.pack_padded_sequence(
         x, lengths.cpu(), batch_first=True, enforce_sorted=False

@@ -48,7 +48,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from phrasescore.model.base import EncoderDecoder, EncoderOutput
+from phrasescore.model.base import EncoderDecoder, EncoderOutput, full_lengths, padded_lengths
 from phrasescore.model.config import ModelConfig
 from phrasescore.model.constants import PAD_ID
 from phrasescore.model.initialization import init_lstm
@@ -99,18 +99,19 @@ class DeepLSTMEncoderDecoder(EncoderDecoder):
         init_lstm(self)
 
     # ------------------------------------------------------------------------ encoder
-    def prepare_source(self, src: Tensor, src_lengths: Tensor) -> Tensor:
+    def prepare_source(self, src: Tensor, src_lengths: Tensor | None) -> Tensor:
         """The order the encoder reads: words reversed, EOS kept last (``reverse_source``)."""
         if not self.config.reverse_source:
             return src
-        return reverse_within(src, src_lengths - 1)
+        return reverse_within(src, full_lengths(src, src_lengths) - 1)
 
-    def encode(self, src: Tensor, src_lengths: Tensor) -> EncoderOutput:
+    def encode(self, src: Tensor, src_lengths: Tensor | None) -> EncoderOutput:
         """h and c of every encoder layer after the last real token (EOS): ``[B, layers, H]``."""
         x = self.dropout(self.src_embed(self.prepare_source(src, src_lengths)))
-        if bool((src_lengths != src.shape[1]).any()):
+        lengths = padded_lengths(src_lengths, src.shape[1])
+        if lengths is not None:
             x = nn.utils.rnn.pack_padded_sequence(
-                x, src_lengths.cpu(), batch_first=True, enforce_sorted=False
+                x, lengths.cpu(), batch_first=True, enforce_sorted=False
             )
         _, (h, c) = self.encoder(x)
         return {"h": h.transpose(0, 1), "c": c.transpose(0, 1)}

@@ -10,6 +10,8 @@ The last layer of each network is a softmax over the target vocabulary,
 * scoring's log p(y_t | y_<t, x) = u_{y_t} - log Z (eq. 4's factors) over row chunks, the
   log-sum-exp and the reference word's logit in one pass (:func:`target_logprobs`,
   :func:`fused_logsumexp_gather`), compiled where torch.compile works (:func:`_run_kernel`);
+  over every position of a padded batch without a host sync for the GPU engine
+  (:func:`padded_target_logprobs`);
 * the layers under the softmax: maxout (Goodfellow et al. 2013; Cho et al. A.1.2, Bahdanau et
   al. A.2.2: :func:`maxout`) and its pre-activation, a sum of linear maps (:func:`summed_linear`).
 
@@ -124,6 +126,16 @@ def _lse_gather(logits: Tensor, gold: Tensor) -> Tensor:
     return x.gather(1, gold[:, None]).squeeze(1) - _log_z_rows(x)
 
 
+def _exact_lse_gather(logits: Tensor, gold: Tensor) -> Tensor:
+    """``logits[i, gold[i]] - logsumexp(logits[i])`` in float32, shifted by the row's maximum:
+    finite for any finite logits, so nothing is looked at afterwards (no host sync on a GPU;
+    :func:`padded_target_logprobs`). Two reductions over the row in one compiled kernel."""
+    x = logits.float()
+    shift = x.amax(1, keepdim=True)
+    log_z = shift.squeeze(1) + torch.exp(x - shift).sum(1).log()
+    return x.gather(1, gold[:, None]).squeeze(1) - log_z
+
+
 def _eager_lse_gather(logits: Tensor, gold: Tensor) -> Tensor:
     """The eager equivalent: PyTorch's log-softmax (float32 accumulation) and a gather."""
     logp = torch.log_softmax(logits, dim=1, dtype=torch.float32)
@@ -141,6 +153,7 @@ def _scaled_softmax_eager(logits: Tensor, log_z: Tensor, scale: Tensor) -> Tenso
 
 _EAGER = {
     _lse_gather: _eager_lse_gather,
+    _exact_lse_gather: _eager_lse_gather,
     _log_z_rows: _log_z_rows_eager,
     _scaled_softmax: _scaled_softmax_eager,
 }
@@ -209,6 +222,24 @@ def target_logprobs(
         end = min(begin + chunk, rows.shape[0])
         values[begin:end] = fused_logsumexp_gather(logits_of(rows[begin:end]), gold[begin:end])
     return values
+
+
+def padded_target_logprobs(
+    logits_of, features: Tensor, gold: Tensor, vocab: int, chunk_rows: int
+) -> Tensor:
+    """log p(gold[b, t] | features[b, t]) in float32 [B, T] for every position of a padded batch,
+    the padded ones included (the caller masks them): no boolean selection and no look at a
+    value, so that a GPU runs a batch without waiting on the host (and a CUDA graph can hold
+    it). Row chunks of ``chunk_rows`` positions, each one logit product and one log-sum-exp with
+    the gather (:func:`_exact_lse_gather`, compiled where torch.compile works)."""
+    rows = features.reshape(-1, features.shape[-1])
+    flat_gold = gold.reshape(-1)
+    values = torch.empty(rows.shape[0], dtype=torch.float32, device=rows.device)
+    for begin in range(0, rows.shape[0], chunk_rows):
+        end = min(begin + chunk_rows, rows.shape[0])
+        logits = logits_of(rows[begin:end])
+        values[begin:end] = _run_kernel(_exact_lse_gather, vocab, logits, flat_gold[begin:end])
+    return values.view(gold.shape)
 
 
 def maxout(x: Tensor, pool: int = 2) -> Tensor:

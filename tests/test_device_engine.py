@@ -1,0 +1,221 @@
+"""The GPU engine (engine/device_scoring.py) checked on the CPU: its fixed-shape batch plan, its
+scores against the CPU engine's for every architecture and recurrence, and that nothing in a
+block reads a value back from the device (no host sync: what lets a GPU run a block without
+waiting and a CUDA graph hold a batch). The captured graphs themselves are checked in
+tests/test_cuda.py on a GPU."""
+
+from __future__ import annotations
+
+import collections
+import gzip
+import traceback
+from itertools import islice
+
+import numpy as np
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from phrasescore.bundle import TrainedModel, load_model
+from phrasescore.engine.batching import MIN_ROWS, FixedShapeBuckets, IdPairs, fixed_rows
+from phrasescore.engine.device_scoring import CapturedShapes, DeviceScorer
+from phrasescore.engine.protocol import ENGINES, IdScorer
+from phrasescore.engine.scoring import PairScorer
+from phrasescore.model.builders import build_network
+from phrasescore.model.config import preset
+from phrasescore.model.output_layer import _eager_lse_gather, padded_target_logprobs
+from phrasescore.text.tokenize import TextNormalizer
+from phrasescore.text.vocab import WordVocabulary
+
+from .conftest import DATA
+
+TABLE = DATA / "moses" / "multi30k.head300.phrase-table.gz"
+NETWORKS = [
+    ("cho", "written"),
+    ("cho", "fused"),
+    ("attention", "written"),
+    ("attention", "fused"),
+    ("lstm", "written"),
+]
+
+
+def table_pairs(lines: int = 300) -> tuple[list[str], list[str]]:
+    src, tgt = [], []
+    for line in islice(gzip.open(TABLE, "rt", encoding="utf-8"), lines):
+        fields = line.split(" ||| ")
+        src.append(fields[0])
+        tgt.append(fields[1])
+    return src, tgt
+
+
+def table_model(arch: str, recurrence: str, self_normalize: float = 0.0) -> TrainedModel:
+    """A freshly initialised tiny network of ``arch`` with the table's vocabularies."""
+    src, tgt = table_pairs()
+    config, _ = preset("tiny", arch)
+    config.recurrence = recurrence
+    config.self_normalize = self_normalize
+    src_vocab = WordVocabulary.build((s.split() for s in src), 1000)
+    tgt_vocab = WordVocabulary.build((t.split() for t in tgt), 1000)
+    config.src_vocab_size, config.tgt_vocab_size = len(src_vocab), len(tgt_vocab)
+    torch.manual_seed(3)
+    network = build_network(config).eval()
+    return TrainedModel(network, src_vocab, tgt_vocab, TextNormalizer("en"), TextNormalizer("fr"))
+
+
+aten = torch.ops.aten
+READS_BACK = {
+    aten._local_scalar_dense.default,  # .item(), float(t)
+    aten.is_nonzero.default,  # bool(t) in inference mode
+    aten.item.default,
+    aten.nonzero.default,  # what a boolean selection runs
+    aten.masked_select.default,
+}
+
+
+class HostReads(TorchDispatchMode):
+    """Records the operators that need a value of the device on the host (on a GPU the host
+    waits there): scalar reads and boolean selections, with where they were called."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: collections.Counter = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        boolean_index = func in (aten.index.Tensor, aten.index_put_.default) and any(
+            i is not None and i.dtype == torch.bool for i in args[1]
+        )
+        if func in READS_BACK or boolean_index:
+            frames = [f for f in traceback.extract_stack() if "phrasescore" in f.filename]
+            where = " <- ".join(f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno}" for f in frames[-3:])
+            self.seen[f"{func} at {where}"] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_fixed_shape_plan_repeats_few_shapes_and_covers_every_row_once():
+    rng = np.random.default_rng(4)
+    lengths = rng.integers(1, 40, size=5000)
+    order = np.argsort(lengths, kind="stable")
+    plan = FixedShapeBuckets(batch_pairs=256, batch_tokens=4096)
+    batches = plan.batches(lengths, order, 1)
+    own = np.concatenate([b.index[: b.own_rows] for b in batches])
+    assert sorted(own.tolist()) == list(range(5000))
+    shapes = set()
+    for b in batches:
+        rows = len(b.index)
+        cap = plan.row_cap(b.width, 1)
+        assert rows & (rows - 1) == 0 and MIN_ROWS <= rows <= cap <= 256  # a power of two
+        assert rows * (b.width + 1) <= 4096
+        assert b.width in plan.bounds.tolist()
+        assert (lengths[b.index] <= b.width).all()
+        assert (b.index[b.own_rows :] == b.index[b.own_rows - 1]).all()  # filled: the last row
+        shapes.add((rows, b.width))
+    assert len(batches) > 40
+    # 2 sizes per width at most here: the cap and one remainder's power of two
+    assert len(shapes) <= 2 * len({b.width for b in batches})
+    assert [fixed_rows(n, 1024) for n in (1, 16, 17, 600, 1024)] == [16, 16, 32, 1024, 1024]
+
+
+@pytest.mark.parametrize(("arch", "recurrence"), NETWORKS)
+def test_the_gpu_engine_scores_as_the_cpu_engine_without_reading_back(arch, recurrence):
+    """Every architecture and recurrence on the CPU: the engine's fixed shapes (small batches
+    here, so that the 300 pairs make many, and several logit chunks a batch) give the CPU
+    engine's log p and per-token terms within 1e-5, and no operator of the block reads a
+    value back or selects by a boolean mask."""
+    model = table_model(arch, recurrence)
+    src, tgt = table_pairs()
+    expected = PairScorer(model).score_phrases(src, tgt, per_token=True)
+    engine = DeviceScorer(
+        model, device="cpu", buckets=FixedShapeBuckets(batch_pairs=64), chunk_rows=37
+    )
+    assert isinstance(engine, IdScorer)
+    ids = engine.encode_phrases(src, tgt)
+    pairs = IdPairs.from_lists(ids.src_ids, ids.tgt_ids)
+    with HostReads() as reads:
+        got, per_token = engine.score_arrays(pairs, per_token=True)
+    assert not reads.seen, reads.seen
+    assert np.abs(got - expected.logprob).max() < 1e-5
+    assert (got < 0).all()
+    for a, b in zip(per_token, expected.token_logprobs, strict=True):
+        assert a.shape == b.shape
+        assert np.abs(a - b).max() < 1e-5
+    # the same block again, twice (outside the detector, under which PyTorch may take another
+    # kernel: the LSTM's): the same bytes
+    again = engine.score_arrays(pairs)[0]
+    assert np.abs(again - got).max() < 1e-5
+    assert engine.score_arrays(pairs)[0].tobytes() == again.tobytes()
+
+
+def test_the_cpu_engine_reads_back_where_the_gpu_engine_does_not():
+    """The detector above is not blind: the CPU engine's padded policy selects rows by a mask
+    and looks at the output layer's values (what the GPU engine does without)."""
+    model = table_model("cho", "written")
+    src, tgt = table_pairs(50)
+    scorer = PairScorer(model, buckets=FixedShapeBuckets(batch_pairs=64))
+    ids = scorer.encode_phrases(src, tgt)
+    with HostReads() as reads:
+        scorer.score_ids(ids.src_ids, ids.tgt_ids)
+    assert any("aten.index.Tensor" in k for k in reads.seen)
+    assert any("is_nonzero" in k for k in reads.seen)
+
+
+@pytest.mark.parametrize("include_eos", [True, False])
+def test_the_gpu_engine_on_the_trained_model(tiny_model_path, include_eos):
+    """The trained tiny model (a real model file), with and without the end-of-sequence term,
+    in the default fixed shapes (one batch per width)."""
+    model = load_model(tiny_model_path)
+    src, tgt = table_pairs()
+    expected = PairScorer(model, include_eos=include_eos).score_phrases(src, tgt)
+    engine = DeviceScorer(model, device="cpu", include_eos=include_eos)
+    got = engine.score_phrases(src, tgt)
+    assert np.abs(got.logprob - expected.logprob).max() < 1e-5
+    assert got.n_tokens.tolist() == expected.n_tokens.tolist()
+    assert got.src_unknown.tolist() == expected.src_unknown.tolist()
+
+
+def test_the_gpu_engine_self_normalized():
+    model = table_model("cho", "written", self_normalize=0.5)
+    src, tgt = table_pairs()
+    expected = PairScorer(model, scoring="self-normalized")
+    engine = DeviceScorer(model, device="cpu", scoring="self-normalized")
+    a = expected.score_phrases(src, tgt).logprob
+    b = engine.score_phrases(src, tgt).logprob
+    assert np.abs(a - b).max() < 1e-5
+    assert engine.clamped == expected.clamped
+
+
+@pytest.mark.parametrize("arch", ["cho", "attention", "lstm"])
+def test_encoders_told_there_is_no_padding_encode_as_when_they_look(arch):
+    model = table_model(arch, "written")
+    src = torch.randint(4, 100, (6, 5))
+    full = torch.full((6,), 5)
+    told = model.network.encode(src, None)
+    looked = model.network.encode(src, full)
+    assert told.keys() == looked.keys()
+    for key in told:
+        assert torch.equal(told[key], looked[key]), key
+
+
+def test_padded_logprobs_equal_log_softmax_and_stay_finite_for_any_logits():
+    """The output layer of the engine (compiled from 1,024 words): PyTorch's log-softmax and
+    gather at every position, also where one logit outside the first 512 words is far above
+    the others (the CPU engine's one-pass shift would overflow and look again)."""
+    torch.manual_seed(0)
+    vocab, width = 3000, 16
+    layer = torch.nn.Linear(width, vocab)
+    features = torch.randn(5, 7, width)
+    gold = torch.randint(0, vocab, (5, 7))
+    with torch.no_grad():
+        layer.bias[2500] = 200.0
+        got = padded_target_logprobs(layer, features, gold, vocab, chunk_rows=6)
+        expected = _eager_lse_gather(layer(features.reshape(-1, width)), gold.reshape(-1))
+    assert got.shape == (5, 7)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.reshape(-1), expected, rtol=1e-5, atol=1e-4)
+
+
+def test_the_gpu_engine_is_the_cuda_engine_and_captures_only_on_cuda():
+    assert ENGINES["cuda"] is DeviceScorer
+    assert ENGINES["cpu"] is PairScorer
+    assert not CapturedShapes(torch.device("cpu")).enabled
+    with pytest.raises(TypeError):
+        DeviceScorer(table_model("cho", "written"), device="cpu", buckets=object())
