@@ -15,8 +15,8 @@ wait for the device several times a batch. Here, for a block of pairs:
    [tokens x vocabulary] matrix for the batch), the padded positions masked and each pair's sum
    taken: nothing in it reads a value back, so the GPU never waits on the host;
 3. on CUDA each shape's work (the source batch's encoder, the pair batch's decoder and output
-   layer) is captured once in a CUDA graph (:class:`CapturedShapes`) and replayed: one launch a
-   batch instead of a Python loop of small kernels per step. The recurrences are the models'
+   layer) is captured once in a CUDA graph (:class:`CapturedShapes`, at its second use) and
+   replayed: one launch a batch instead of a Python loop of small kernels per step. The recurrences are the models'
    own (the GRU of Cho et al. 2014, eq. 5-8, written out; the attention decoder; cuDNN's GRU
    or LSTM where the model has them), unchanged;
 4. the scores stay on the device and come back in one copy per block.
@@ -65,16 +65,18 @@ Tensors = tuple[torch.Tensor, ...]
 
 
 class CapturedShapes:
-    """Work of a few fixed shapes, each captured once in a CUDA graph (``torch.cuda.CUDAGraph``)
-    and replayed with its inputs copied into the graph's buffers; the graphs share one memory
-    pool (they run one after the other on one stream). Elsewhere (not CUDA, or ``enabled``
-    False) the function is called directly. If a capture fails, capture is switched off with a
-    warning and the work runs uncaptured: the same scores."""
+    """Work of a few fixed shapes, each captured in a CUDA graph (``torch.cuda.CUDAGraph``) the
+    second time it is asked for (a shape seen once, a block's last odd batch, costs no capture)
+    and replayed from then on with its inputs copied into the graph's buffers; the graphs share
+    one memory pool (they run one after the other on one stream). Elsewhere (not CUDA, or
+    ``enabled`` False) the function is called directly. If a capture fails, capture is switched
+    off with a warning and the work runs uncaptured: the same scores."""
 
     def __init__(self, device: torch.device, enabled: bool = True, max_graphs: int = MAX_GRAPHS):
         self.enabled = enabled and device.type == "cuda"
         self.max_graphs = max_graphs
         self.graphs: dict[tuple, tuple] = {}
+        self.seen: set[tuple] = set()
         self.pool = None
 
     def run(self, key: tuple, fn: Callable[..., Tensors], inputs: Tensors) -> Tensors:
@@ -84,7 +86,8 @@ class CapturedShapes:
             return fn(*inputs)
         entry = self.graphs.get(key)
         if entry is None:
-            if len(self.graphs) >= self.max_graphs:
+            if key not in self.seen or len(self.graphs) >= self.max_graphs:
+                self.seen.add(key)
                 return fn(*inputs)
             try:
                 entry = self._capture(fn, inputs)
