@@ -148,6 +148,11 @@ class DeviceScorer(PairScorer):
         self.positional = self.network.POSITIONAL_OUTPUTS
         self.enc_keys: list[str] | None = None
 
+    def warm_up(self) -> None:
+        """Nothing to build before worker processes fork: the ``--io-workers`` never touch the
+        device, and each shape is captured as it comes (the CPU engine's warm-up scores with
+        3-row logit chunks, which a graph captured then would keep)."""
+
     # ------------------------------------------------------------------ id level
     @torch.inference_mode()
     def score_arrays(
