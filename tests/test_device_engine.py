@@ -219,3 +219,54 @@ def test_the_gpu_engine_is_the_cuda_engine_and_captures_only_on_cuda():
     assert not CapturedShapes(torch.device("cpu")).enabled
     with pytest.raises(TypeError):
         DeviceScorer(table_model("cho", "written"), device="cpu", buckets=object())
+
+
+class ReplayOnTheCpu(CapturedShapes):
+    """:class:`CapturedShapes` with its CUDA graph stood in for by what a replay does: the work
+    run again on the graph's own input buffers, its results written into the same output
+    buffers each time (fixed addresses, as a graph's). What the engine does around a graph (the
+    inputs copied in, the outputs copied out before the next replay of the shape overwrites
+    them, the second-use capture) is then checked on the CPU."""
+
+    class Graph:
+        def __init__(self, fn, static_in, static_out):
+            self.fn, self.static_in, self.static_out = fn, static_in, static_out
+            self.replays = 0
+
+        def replay(self):
+            self.replays += 1
+            for buffer, value in zip(self.static_out, self.fn(*self.static_in), strict=True):
+                buffer.copy_(value)
+
+    def __init__(self):
+        super().__init__(torch.device("cpu"))
+        self.enabled = True
+
+    def _capture(self, fn, inputs):
+        static_in = tuple(x.clone() for x in inputs)
+        static_out = tuple(x.clone() for x in fn(*static_in))
+        return self.Graph(fn, static_in, static_out), static_in, static_out
+
+
+@pytest.mark.parametrize(("arch", "recurrence"), [("cho", "written"), ("attention", "fused")])
+def test_replayed_shapes_score_as_the_engine_without_capture(arch, recurrence):
+    model = table_model(arch, recurrence)
+    src, tgt = table_pairs()
+    plain = DeviceScorer(model, device="cpu", buckets=FixedShapeBuckets(batch_pairs=32))
+    expected = plain.score_phrases(src, tgt, per_token=True)
+    engine = DeviceScorer(model, device="cpu", buckets=FixedShapeBuckets(batch_pairs=32))
+    engine.captured = ReplayOnTheCpu()
+    # a shape is captured at its second use: within the first block where it repeats (the
+    # full batches of 32 rows of one width), else in the next block; replayed from then on
+    first = engine.score_phrases(src, tgt, per_token=True)
+    in_first = set(engine.captured.graphs)
+    assert any(key[0] == "score" and key[1][0][0] == 32 for key in in_first)
+    for _ in range(2):
+        again = engine.score_phrases(src, tgt, per_token=True)
+        assert again.logprob.tobytes() == expected.logprob.tobytes() == first.logprob.tobytes()
+        for a, b in zip(again.token_logprobs, expected.token_logprobs, strict=True):
+            assert a.tobytes() == b.tobytes()
+    graphs = engine.captured.graphs
+    assert len(graphs) > len(in_first) >= 1
+    assert set(graphs) == engine.captured.seen  # every shape of the block, once captured
+    assert all(graph.replays >= 2 for graph, _, _ in graphs.values())
