@@ -194,7 +194,8 @@ def test_the_gpu_engine_replays_its_graphs_as_the_cpu_scores(arch):
     """The GPU engine (engine/device_scoring.py), what ``rescore`` and ``nbest`` get on CUDA:
     each batch shape captured once in a CUDA graph; the table's pairs score as on the CPU
     (fp32, TF32 off), as without graphs, the same bytes on a replay, and a block waits for the
-    device once (the scores' copy back), however many batches it has."""
+    device once (the scores' copy back), however many batches it has; nothing is captured
+    again once the buffers have their size."""
     import warnings
 
     from phrasescore.engine.device_scoring import DeviceScorer
@@ -211,7 +212,7 @@ def test_the_gpu_engine_replays_its_graphs_as_the_cpu_scores(arch):
     if DEVICE == "cuda":
         assert isinstance(engine, DeviceScorer)
         engine.buckets.batch_pairs = 64  # many batches, several shapes
-    engine.score_phrases(src, tgt)  # every shape seen once: captured at the next use
+    engine.score_phrases(src, tgt)  # the shapes captured, the input buffers grown to size
     first = engine.score_phrases(src, tgt).logprob
     np.testing.assert_allclose(first, expected, rtol=1e-4, atol=1e-4)
     eager = DeviceScorer(table_model(arch, "written"), device=DEVICE, graphs=False)
@@ -231,3 +232,6 @@ def test_the_gpu_engine_replays_its_graphs_as_the_cpu_scores(arch):
     syncs = [w for w in caught if "synchroniz" in str(w.message)]
     assert len(syncs) <= 1, [str(w.message) for w in syncs]
     assert again.tobytes() == first.tobytes()
+    graphs = dict(engine.captured.graphs)
+    engine.score_ids(ids.src_ids, ids.tgt_ids)
+    assert engine.captured.graphs == graphs  # the same graph objects: none captured again

@@ -6,7 +6,7 @@ a GPU its loop of small kernels, its boolean selections and its checks of values
 wait for the device several times a batch. Here, for a block of pairs:
 
 1. each *distinct* source is encoded once, in batches of one exact length (the encoder is told
-   there is no padding: ``encode(src, None)``), their rows filled up to a power of two;
+   there is no padding: ``encode(src, None)``);
 2. the pairs go in batches of a few fixed shapes (:class:`~phrasescore.engine.batching.
    FixedShapeBuckets`: target widths of a few bounds, rows a power of two; the attention
    model's annotations padded to a bound too); a batch is the decoder over every position,
@@ -14,11 +14,11 @@ wait for the device several times a batch. Here, for a block of pairs:
    in one kernel (:func:`~phrasescore.model.output_layer.padded_target_logprobs`: never a
    [tokens x vocabulary] matrix for the batch), the padded positions masked and each pair's sum
    taken: nothing in it reads a value back, so the GPU never waits on the host;
-3. on CUDA each shape's work (the source batch's encoder, the pair batch's decoder and output
-   layer) is captured once in a CUDA graph (:class:`CapturedShapes`, at its second use) and
-   replayed: one launch a batch instead of a Python loop of small kernels per step. The recurrences are the models'
-   own (the GRU of Cho et al. 2014, eq. 5-8, written out; the attention decoder; cuDNN's GRU
-   or LSTM where the model has them), unchanged;
+3. on CUDA each batch shape's work (the decoder and the output layer; the sources' encoder,
+   large batches, runs as it is) is captured once in a CUDA graph (:class:`CapturedShapes`) and
+   replayed: one launch a batch instead of a Python loop of small kernels per step. The
+   recurrences are the models' own (the GRU of Cho et al. 2014, eq. 5-8, written out; the
+   attention decoder; cuDNN's GRU or LSTM where the model has them), unchanged;
 4. the scores stay on the device and come back in one copy per block.
 
 The same function runs without capture on the CPU (how the tests check it) and where capture
@@ -43,8 +43,6 @@ from phrasescore.engine.batching import (
     IdPairs,
     distinct_sequences,
     equal_runs,
-    fill_rows,
-    fixed_rows,
     id_matrix,
     sorted_runs,
 )
@@ -58,52 +56,71 @@ log = logging.getLogger(__name__)
 LOGITS_PER_CHUNK = 1 << 27
 """Logits per row chunk of the output layer (9,000 rows of a 15,000-word vocabulary: 256 MB in
 bf16): large products, few launches."""
-MAX_GRAPHS = 256
-"""Shapes captured at most; a further shape runs without capture."""
-
 Tensors = tuple[torch.Tensor, ...]
 
 
 class CapturedShapes:
-    """Work of a few fixed shapes, each captured in a CUDA graph (``torch.cuda.CUDAGraph``) the
-    second time it is asked for (a shape seen once, a block's last odd batch, costs no capture)
-    and replayed from then on with its inputs copied into the graph's buffers; the graphs share
-    one memory pool (they run one after the other on one stream). Elsewhere (not CUDA, or
-    ``enabled`` False) the function is called directly. If a capture fails, capture is switched
-    off with a warning and the work runs uncaptured: the same scores."""
+    """The work of a few fixed shapes, each captured in a CUDA graph (``torch.cuda.CUDAGraph``)
+    the first time it is asked for and replayed every time, its inputs copied into the graph's
+    buffers before and its outputs copied out after: every batch of a shape is computed by the
+    same replayed kernels, whatever the order of the blocks (``--io-workers`` hand them over in
+    any order), so the same input gives the same bytes.
 
-    def __init__(self, device: torch.device, enabled: bool = True, max_graphs: int = MAX_GRAPHS):
+    Memory stays bounded however many shapes come: the graphs share one memory pool for what
+    they compute (they run one after the other on one stream), and their inputs are views of
+    one buffer per input (:attr:`arenas`, by kind, position and dtype), as large as the largest
+    batch's input; a larger one replaces the buffer and drops the graphs (captured again as
+    their shapes come back). Only small outputs are kept per graph (a batch's scores).
+
+    Elsewhere (not CUDA, or ``enabled`` False) the function is called directly. If a capture
+    fails, capture is switched off with a warning and the work runs uncaptured from then on."""
+
+    def __init__(self, device: torch.device, enabled: bool = True):
         self.enabled = enabled and device.type == "cuda"
-        self.max_graphs = max_graphs
         self.graphs: dict[tuple, tuple] = {}
-        self.seen: set[tuple] = set()
+        self.arenas: dict[tuple, torch.Tensor] = {}
         self.pool = None
 
     def run(self, key: tuple, fn: Callable[..., Tensors], inputs: Tensors) -> Tensors:
-        """``fn(*inputs)``, a tuple of tensors: from the graph of ``key`` (the inputs' shapes
-        and dtypes are part of it) where one is or can be captured, copies of its outputs."""
+        """``fn(*inputs)``, a tuple of tensors, from the graph of ``key`` (a kind and the inputs'
+        shapes and dtypes), captured now if it is new: copies of its outputs."""
         if not self.enabled:
             return fn(*inputs)
         entry = self.graphs.get(key)
         if entry is None:
-            if key not in self.seen or len(self.graphs) >= self.max_graphs:
-                self.seen.add(key)
-                return fn(*inputs)
+            static_in = self._buffers(key[0], inputs)
+            for buffer, value in zip(static_in, inputs, strict=True):
+                buffer.copy_(value)  # the warm-up and the capture read real ids, not garbage
             try:
-                entry = self._capture(fn, inputs)
+                graph, static_out = self._capture(fn, static_in)
             except RuntimeError as exc:
                 log.warning("CUDA graph capture failed (%s); scoring without graphs", exc)
                 self.enabled = False
                 return fn(*inputs)
-            self.graphs[key] = entry
+            entry = self.graphs[key] = (graph, static_in, static_out)
         graph, static_in, static_out = entry
         for buffer, value in zip(static_in, inputs, strict=True):
             buffer.copy_(value, non_blocking=True)
         graph.replay()
         return tuple(out.clone() for out in static_out)
 
-    def _capture(self, fn, inputs: Tensors):
-        static_in = tuple(x.clone() for x in inputs)
+    def _buffers(self, kind, inputs: Tensors) -> Tensors:
+        """The graph's input buffers: views of the arena of each input (grown, and every graph
+        dropped, where this input is larger than it)."""
+        views = []
+        for position, value in enumerate(inputs):
+            name = (kind, position, value.dtype)
+            arena = self.arenas.get(name)
+            if arena is None or arena.numel() < value.numel():
+                size = max(value.numel(), 2 * arena.numel() if arena is not None else 0)
+                self.graphs.clear()  # their buffers were views of the arena replaced here
+                arena = torch.empty(size, dtype=value.dtype, device=value.device)
+                self.arenas[name] = arena
+            views.append(arena[: value.numel()].view(value.shape))
+        return tuple(views)
+
+    def _capture(self, fn, static_in: Tensors):
+        """(the graph of ``fn`` over ``static_in``, its outputs' buffers)."""
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up outside the capture: lazy set-up, compiled kernels
@@ -114,7 +131,7 @@ class CapturedShapes:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             static_out = fn(*static_in)
-        return graph, static_in, static_out
+        return graph, static_out
 
 
 class DeviceScorer(PairScorer):
@@ -146,7 +163,6 @@ class DeviceScorer(PairScorer):
         )  # fmt: skip
         self.captured = CapturedShapes(self.device, graphs)
         self.positional = self.network.POSITIONAL_OUTPUTS
-        self.enc_keys: list[str] | None = None
 
     def warm_up(self) -> None:
         """Nothing to build before worker processes fork: the ``--io-workers`` never touch the
@@ -194,8 +210,9 @@ class DeviceScorer(PairScorer):
         self, flat: np.ndarray, offsets: np.ndarray, first: np.ndarray
     ) -> tuple[EncoderOutput, int]:
         """The distinct sources ``first`` encoded (rows in their order) in batches of one exact
-        length and a power-of-two row count, each shape captured; and the width their
-        positional outputs are padded to (a bucket bound, 0 without positional outputs)."""
+        length, uncaptured (large batches, whose outputs, the largest tensors here, a graph
+        would keep); and the width their positional outputs are padded to (a bucket bound, 0
+        without positional outputs)."""
         lengths = offsets[first + 1] - offsets[first]
         order = np.argsort(lengths, kind="stable")
         pieces: list[tuple[np.ndarray, EncoderOutput]] = []
@@ -203,29 +220,14 @@ class DeviceScorer(PairScorer):
             cap = self.buckets.row_cap(length, 1)
             for s in range(start, end, cap):
                 own = order[s : min(end, s + cap)]
-                index = fill_rows(own, fixed_rows(len(own), cap))
-                ids = np.empty((len(index), length + 1), dtype=np.int64)
-                ids[:, :-1] = id_matrix(flat, offsets, first[index], length)
+                ids = np.empty((len(own), length + 1), dtype=np.int64)
+                ids[:, :-1] = id_matrix(flat, offsets, first[own], length)
                 ids[:, -1] = EOS_ID
-                src = self._to_device(ids)
-                keys = self._encoding_keys(src)
-                out = self.captured.run(
-                    ("encode", *src.shape), partial(self._encode_batch, keys), (src,)
-                )
-                pieces.append((own, {k: v[: len(own)] for k, v in zip(keys, out, strict=True)}))
+                # one exact length: no lengths to look at (None)
+                pieces.append((own, self.network.encode(self._to_device(ids), None)))
         longest = int(lengths.max()) + 1
         width = int(self.buckets.width(np.array([longest]))[0]) if self.positional else 0
         return self._merge_encodings(pieces, width), width
-
-    def _encoding_keys(self, src: torch.Tensor) -> list[str]:
-        """The names of the network's encoder outputs (from one row's encoding, once)."""
-        if self.enc_keys is None:
-            self.enc_keys = sorted(self.network.encode(src[:1], None))
-        return self.enc_keys
-
-    def _encode_batch(self, keys: Sequence[str], src: torch.Tensor) -> Tensors:
-        enc = self.network.encode(src, None)  # one exact length: nothing to look at
-        return tuple(enc[k] for k in keys)
 
     def _score_batch(
         self,
