@@ -2,18 +2,51 @@
 
 from __future__ import annotations
 
+import collections
 import gzip
 import os
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 DATA = Path(__file__).parent / "data"
 TEXT = DATA / "text"
+
+READS_BACK = {
+    "aten._local_scalar_dense.default",  # .item(), float(t)
+    "aten.is_nonzero.default",  # bool(t) in inference mode
+    "aten.item.default",
+    "aten.nonzero.default",  # what a boolean selection runs
+    "aten.nonzero_numpy.default",  # nonzero(as_tuple=True)
+    "aten.masked_select.default",
+}
+
+
+class HostReads(TorchDispatchMode):
+    """Records the operators that need a value of the device on the host (on a GPU the host
+    waits there): scalar reads and boolean selections, with where they were called."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: collections.Counter = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func)
+        boolean_index = name in ("aten.index.Tensor", "aten.index_put_.default") and any(
+            i is not None and i.dtype == torch.bool for i in args[1]
+        )
+        if name in READS_BACK or boolean_index:
+            frames = [f for f in traceback.extract_stack() if "phrasescore" in f.filename]
+            where = " <- ".join(f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno}" for f in frames[-3:])
+            self.seen[f"{name} at {where}"] += 1
+        return func(*args, **(kwargs or {}))
 
 
 @pytest.fixture(autouse=True)

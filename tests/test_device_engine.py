@@ -6,15 +6,12 @@ tests/test_cuda.py on a GPU."""
 
 from __future__ import annotations
 
-import collections
 import gzip
-import traceback
 from itertools import islice
 
 import numpy as np
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from phrasescore.bundle import TrainedModel, load_model
 from phrasescore.engine.batching import MIN_ROWS, FixedShapeBuckets, IdPairs, fixed_rows
@@ -27,7 +24,7 @@ from phrasescore.model.output_layer import _eager_lse_gather, padded_target_logp
 from phrasescore.text.tokenize import TextNormalizer
 from phrasescore.text.vocab import WordVocabulary
 
-from .conftest import DATA
+from .conftest import DATA, HostReads
 
 TABLE = DATA / "moses" / "multi30k.head300.phrase-table.gz"
 NETWORKS = [
@@ -60,35 +57,6 @@ def table_model(arch: str, recurrence: str, self_normalize: float = 0.0) -> Trai
     torch.manual_seed(3)
     network = build_network(config).eval()
     return TrainedModel(network, src_vocab, tgt_vocab, TextNormalizer("en"), TextNormalizer("fr"))
-
-
-aten = torch.ops.aten
-READS_BACK = {
-    aten._local_scalar_dense.default,  # .item(), float(t)
-    aten.is_nonzero.default,  # bool(t) in inference mode
-    aten.item.default,
-    aten.nonzero.default,  # what a boolean selection runs
-    aten.masked_select.default,
-}
-
-
-class HostReads(TorchDispatchMode):
-    """Records the operators that need a value of the device on the host (on a GPU the host
-    waits there): scalar reads and boolean selections, with where they were called."""
-
-    def __init__(self):
-        super().__init__()
-        self.seen: collections.Counter = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        boolean_index = func in (aten.index.Tensor, aten.index_put_.default) and any(
-            i is not None and i.dtype == torch.bool for i in args[1]
-        )
-        if func in READS_BACK or boolean_index:
-            frames = [f for f in traceback.extract_stack() if "phrasescore" in f.filename]
-            where = " <- ".join(f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno}" for f in frames[-3:])
-            self.seen[f"{func} at {where}"] += 1
-        return func(*args, **(kwargs or {}))
 
 
 def test_fixed_shape_plan_repeats_few_shapes_and_covers_every_row_once():

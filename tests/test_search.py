@@ -208,3 +208,19 @@ def test_merge_candidates_keeps_distinct_best():
     b = [Hypothesis((4,), -1.0, -1.0), Hypothesis((6,), -2.0, -2.0)]
     merged = merge_candidates(a, b, top=2)
     assert [h.ids for h in merged] == [(4,), (6,)]
+
+
+def test_a_search_step_waits_for_the_device_once(trained):
+    """Batched beam search on a GPU: per step one read of a device value (which sources are
+    done, the step's ``nonzero``), none for the length limit; per search, the longest limit and
+    the encoder's look at the padding."""
+    from .conftest import HostReads
+
+    model, ids = trained
+    with HostReads() as reads:
+        found = beam_search(model.network, ids, SearchOptions(beam=3, nbest=2, max_length=6))
+    assert len(found) == len(ids)
+    per_step = {k: n for k, n in reads.seen.items() if k.startswith("aten.nonzero_numpy")}
+    once = {k: n for k, n in reads.seen.items() if k not in per_step}
+    assert len(per_step) == 1 and 1 <= sum(per_step.values()) <= 7  # <= max_length + 1 steps
+    assert sum(once.values()) <= 2, once

@@ -183,11 +183,12 @@ def beam_search(
     while True:
         logp, state = _next_logprobs(network, state, prev)
         logp[:, banned] = NEG_INF
+        # rows at their length limit may only end: every word but EOS masked (a select over
+        # all rows, not a look at whether any row is there: no wait for the device)
         at_limit = (limits <= step).repeat_interleave(beam)
-        if bool(at_limit.any()):
-            eos_lp = logp[at_limit, EOS_ID]
-            logp[at_limit] = NEG_INF
-            logp[at_limit, EOS_ID] = eos_lp
+        only_eos = torch.full_like(logp, NEG_INF)
+        only_eos[:, EOS_ID] = logp[:, EOS_ID]
+        logp = torch.where(at_limit[:, None], only_eos, logp)
         n_act = active.shape[0]
         cand = (alive_lp.unsqueeze(2) + logp.view(n_act, beam, vocab)).view(n_act, beam * vocab)
         top_lp, top_idx = cand.topk(min(2 * beam, beam * vocab), dim=1)
