@@ -44,7 +44,9 @@ class HostReads(TorchDispatchMode):
         )
         if name in READS_BACK or boolean_index:
             frames = [f for f in traceback.extract_stack() if "phrasescore" in f.filename]
-            where = " <- ".join(f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno}" for f in frames[-3:])
+            where = " <- ".join(
+                f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno}({f.name})" for f in frames[-3:]
+            )
             self.seen[f"{name} at {where}"] += 1
         return func(*args, **(kwargs or {}))
 

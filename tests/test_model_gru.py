@@ -191,6 +191,29 @@ def test_fused_output_layer_rows_whose_maximum_is_far_outside_the_shift_columns(
     assert got[1] == pytest.approx(0.0, abs=1e-5) and got[4] < -55.0
 
 
+def test_the_gpus_log_z_kernel_is_finite_without_a_second_look():
+    """On a GPU the training loss's log Z is shifted by each row's maximum
+    (``_exact_log_z_rows``, compiled from 1,024 words): finite where the CPU's head shift
+    overflows (a logit 200 above the head), and logsumexp's value, in fp32 and bf16."""
+    from phrasescore.model.output_layer import (
+        FUSED_MIN_VOCAB,
+        SHIFT_COLUMNS,
+        _exact_log_z_rows,
+        _log_z_rows,
+        _run_kernel,
+    )
+
+    torch.manual_seed(2)
+    logits = torch.randn(6, FUSED_MIN_VOCAB + 100)
+    logits[1, SHIFT_COLUMNS + 7] = 200.0
+    assert not torch.isfinite(_run_kernel(_log_z_rows, logits.shape[1], logits)).all()
+    for dtype in (torch.float32, torch.bfloat16):
+        x = logits.to(dtype)
+        got = _run_kernel(_exact_log_z_rows, x.shape[1], x)
+        assert got.dtype == torch.float32 and torch.isfinite(got).all()
+        torch.testing.assert_close(got, torch.logsumexp(x.float(), 1), rtol=1e-6, atol=1e-5)
+
+
 def test_token_nll_gives_cross_entropys_loss_and_gradient_also_through_log_z():
     """The training loss (output_layer.token_nll, its own backward) against PyTorch's cross_entropy and
     logsumexp: the summed NLL, log Z and the gradient of NLL / N + α Σ (log Z)² (Devlin et al.'s

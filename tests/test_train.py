@@ -16,7 +16,7 @@ from phrasescore.errors import ModelFileError
 from phrasescore.model.config import TrainConfig
 from phrasescore.training.trainer import Trainer, TrainingData, prepare_data
 
-from .conftest import TEXT, run_cli, sample_pairs, train_tiny, write_lines
+from .conftest import TEXT, HostReads, run_cli, sample_pairs, train_tiny, write_lines
 
 
 def _train(tmp_path, src, tgt, resume=False, **overrides):
@@ -488,3 +488,17 @@ def test_amp_on_the_cpu_learns_and_writes_the_same_bytes_twice(tmp_path):
     assert open(bf16, "rb").read() != open(fp32, "rb").read()
     model = load_model(bf16)
     assert all(p.dtype == torch.float32 for p in model.network.parameters())
+
+
+def test_a_training_step_does_not_wait_for_its_loss(tmp_path):
+    """The step adds its loss to the window on the device and the window is read at a log or
+    a validation: no scalar read in the step itself (on a GPU the host would wait there for the
+    step's kernels before launching the next step's), and the train perplexity of the window is
+    what adding each step's loss as it came gives (test_checkpoints: byte-identical resumes)."""
+    src, tgt = sample_pairs(60)
+    s, t = write_lines(tmp_path / "a.en", src), write_lines(tmp_path / "a.fr", tgt)
+    with HostReads() as reads:
+        result = train_tiny(tmp_path / "m.st", s, t, valid=(s, t), max_steps=6, seed=3)
+    in_step = [k for k in reads.seen if "_local_scalar_dense" in k and k.endswith("(_step)")]
+    assert not in_step, in_step
+    assert result.history and math.isfinite(result.history[-1]["train_ppl"])

@@ -42,16 +42,13 @@ class _TokenNLL(torch.autograd.Function):
     gold words' entries then written again with -g: the [N x V] tensors that
     ``cross_entropy`` makes (the log-softmax output, the one-hot gradient, the log-softmax
     backward's) are never written. Vocabularies from :data:`FUSED_MIN_VOCAB` words take two
-    compiled one-pass kernels (:func:`_log_z_rows`, :func:`_scaled_softmax`), else the same
+    compiled kernels (:func:`log_z_rows`, :func:`_scaled_softmax`), else the same
     formulas eagerly. Same values as ``cross_entropy``'s (fp32: within 1e-6).
     """
 
     @staticmethod
     def forward(ctx, logits: Tensor, gold: Tensor) -> tuple[Tensor, Tensor]:
-        log_z = _run_kernel(_log_z_rows, logits.shape[1], logits)
-        missed = ~torch.isfinite(log_z)
-        if missed.any():  # a logit far above the head's maximum (see _log_z_rows): two passes
-            log_z[missed] = _log_z_rows_eager(logits[missed])
+        log_z = log_z_rows(logits)
         nll = log_z.sum() - _widened(logits.gather(1, gold[:, None])).sum()
         ctx.save_for_backward(logits, log_z, gold)
         return nll, log_z
@@ -105,6 +102,29 @@ def _log_z_rows(logits: Tensor) -> Tensor:
     return shift.squeeze(1) + torch.exp(x - shift).sum(1).log()
 
 
+def _exact_log_z_rows(logits: Tensor) -> Tensor:
+    """log Z_i in float32 shifted by the row's maximum: finite for any finite logits (two
+    reductions over the row in one compiled kernel; nothing to look at afterwards)."""
+    x = _widened(logits)
+    shift = x.amax(1, keepdim=True)
+    return shift.squeeze(1) + torch.exp(x - shift).sum(1).log()
+
+
+def log_z_rows(logits: Tensor) -> Tensor:
+    """log Z_i = log Σ_v exp(u_iv) in float32 of logit rows [N, V], the training loss's
+    normaliser. On the CPU one pass shifted by the head's maximum (:func:`_log_z_rows`; the rare
+    rows where that overflows computed again); on a GPU the row's maximum
+    (:func:`_exact_log_z_rows`): there a look at which rows overflowed would make the host wait
+    for the device every step, and the second pass over a row costs less than the wait."""
+    if logits.device.type != "cpu":
+        return _run_kernel(_exact_log_z_rows, logits.shape[1], logits)
+    log_z = _run_kernel(_log_z_rows, logits.shape[1], logits)
+    missed = ~torch.isfinite(log_z)
+    if missed.any():  # a logit far above the head's maximum (see _log_z_rows): two passes
+        log_z[missed] = _log_z_rows_eager(logits[missed])
+    return log_z
+
+
 def _scaled_softmax(logits: Tensor, log_z: Tensor, scale: Tensor) -> Tensor:
     """softmax(u_i)_v scale_i = exp(u_iv - log Z_i) scale_i in float32, written in the logits'
     dtype: the gradient of :class:`_TokenNLL` before its gold-word term."""
@@ -155,6 +175,7 @@ _EAGER = {
     _lse_gather: _eager_lse_gather,
     _exact_lse_gather: _eager_lse_gather,
     _log_z_rows: _log_z_rows_eager,
+    _exact_log_z_rows: _log_z_rows_eager,
     _scaled_softmax: _scaled_softmax_eager,
 }
 """The eager kernel that computes what each compiled one computes (PyTorch's own two-pass
@@ -296,11 +317,7 @@ class _ChunkedOutputNLL(torch.autograd.Function):
             end = min(n, begin + chunk_rows)
             logits = torch.nn.functional.linear(features[begin:end], weight, bias)
             dtype = logits.dtype
-            lz = _run_kernel(_log_z_rows, logits.shape[1], logits)
-            missed = ~torch.isfinite(lz)
-            if missed.any():
-                lz[missed] = _log_z_rows_eager(logits[missed])
-            log_z[begin:end] = lz
+            log_z[begin:end] = log_z_rows(logits)
             gold_logit[begin:end] = _widened(logits.gather(1, gold[begin:end, None])).squeeze(1)
         ctx.save_for_backward(features, weight, bias, gold, log_z)
         ctx.chunk_rows, ctx.dtype = chunk_rows, dtype or features.dtype

@@ -862,7 +862,7 @@ class Trainer:
         self._prefetch(run, upcoming)
         position.batch += 1
         position.step += 1
-        run.window_nll += float(nll.detach())
+        run.pending_nll.append(nll.detach())  # read at a log or a validation: no wait a step
         run.window_tokens += n_tok
         position.tokens += n_tok
         run.tokens_since += n_tok
@@ -870,7 +870,7 @@ class Trainer:
         if now - run.tick >= 1.0:
             bar.set_postfix(
                 epoch=position.epoch + 1,
-                loss=f"{run.window_nll / max(run.window_tokens, 1):.3f}",
+                loss=f"{window_nll(run) / max(run.window_tokens, 1):.3f}",
                 tok_s=f"{run.tokens_since / (now - run.tick):.0f}",
                 refresh=False,  # drawn by the bar's own clock: a line per 30 s into a log
             )
@@ -961,7 +961,7 @@ class Trainer:
         then all take rank 0's position (best, patience count, history)."""
         if self.launch is None:
             return self._validate_here(run, scheduled)
-        window = distributed.sum_floats([run.window_nll, float(run.window_tokens)])
+        window = distributed.sum_floats([window_nll(run), float(run.window_tokens)])
         run.window_nll, run.window_tokens = window[0], int(window[1])
         signature = self._validate_here(run, scheduled) if self.is_main else ""
         run.window_nll, run.window_tokens = 0.0, 0
@@ -977,9 +977,9 @@ class Trainer:
         )
         position.valid_seconds = position.valid_seconds + time.monotonic() - began
         ppl = validation.perplexity
-        window_nll, window_tokens = run.window_nll, run.window_tokens
+        window, window_tokens = window_nll(run), run.window_tokens
         run.window_nll, run.window_tokens = 0.0, 0
-        train_ppl = perplexity(window_nll / window_tokens) if window_tokens else float("nan")
+        train_ppl = perplexity(window / window_tokens) if window_tokens else float("nan")
         position.history.append(
             {
                 "step": position.step,
@@ -1113,12 +1113,28 @@ class _Run:
     started: float
     tick: float
     window_nll: float = 0.0
+    """The summed training NLL since the last validation, of the steps read already
+    (:func:`window_nll` adds the others)."""
+    pending_nll: list = field(default_factory=list)
+    """Each later step's summed NLL, a tensor still on the device: a step does not wait for its
+    loss (on a GPU the host launches the next step while this one runs)."""
     window_tokens: int = 0
     tokens_since: int = 0
     current_lr: float | None = None
     signature: str = ""
     prefetched: tuple | None = None
     """(indices, batch on the device) of the next step, made ahead (:meth:`Trainer._prefetch`)."""
+
+
+def window_nll(run: _Run) -> float:
+    """``run.window_nll`` with the pending steps' NLLs added in their order: one wait for the
+    device here instead of one per step, the same float as adding each step's value as it came
+    (float32 values widened exactly, summed in float64 one by one)."""
+    if run.pending_nll:
+        for value in torch.stack(run.pending_nll).double().tolist():
+            run.window_nll += value
+        run.pending_nll.clear()
+    return run.window_nll
 
 
 def training_outputs(model_path: str) -> dict[str, str]:
