@@ -185,6 +185,7 @@ class Batch:
 
     @property
     def own_rows(self) -> int:
+        """The rows that are the batch's own (the first of ``index``)."""
         return len(self.index) if self.real is None else self.real
 
 
