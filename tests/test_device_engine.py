@@ -250,3 +250,20 @@ def test_replayed_shapes_score_as_the_engine_without_capture(arch, recurrence):
             largest[name] = max(largest.get(name, 0), buffer.numel())
             assert buffer.untyped_storage().data_ptr() == captured.arenas[name].data_ptr()
     assert all(captured.arenas[name].numel() <= 2 * n for name, n in largest.items())
+
+
+@pytest.mark.parametrize("arch", ["cho", "attention"])
+def test_empty_and_very_long_phrases_score_as_the_cpu_engine(arch):
+    """An n-best list can hold an empty hypothesis, and a sentence can be longer than the last
+    bucket bound (256): the engine's widths for them (the first bound; the length itself)."""
+    model = table_model(arch, "written")
+    src, tgt = table_pairs(200)
+    long_target = " ".join(tgt[:120])  # past the last bound
+    assert len(long_target.split()) > 256
+    sources = [*src[:10], "", src[0], src[1] + " " + src[2]]
+    targets = [*tgt[:10], tgt[3], "", long_target]
+    expected = PairScorer(model).score_phrases(sources, targets, per_token=True)
+    got = DeviceScorer(model, device="cpu").score_phrases(sources, targets, per_token=True)
+    assert np.abs(got.logprob - expected.logprob).max() < 1e-4
+    assert [len(t) for t in got.token_logprobs] == [len(t) for t in expected.token_logprobs]
+    assert len(got.token_logprobs[11]) == 1  # the empty target: EOS alone
