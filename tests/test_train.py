@@ -502,3 +502,39 @@ def test_a_training_step_does_not_wait_for_its_loss(tmp_path):
     in_step = [k for k in reads.seen if "_local_scalar_dense" in k and k.endswith("(_step)")]
     assert not in_step, in_step
     assert result.history and math.isfinite(result.history[-1]["train_ppl"])
+
+
+@pytest.mark.parametrize("arch", ["cho", "attention"])
+def test_the_loss_over_positions_made_on_the_host_is_the_masks_to_the_bit(arch):
+    """On a GPU the trainer selects the real target positions by their flat indices, made with
+    the batch on the host (Batch.with_positions), instead of a boolean mask on the device: the
+    same rows in the same order, so the same loss and gradients to the bit, and no boolean
+    selection (which would make the host wait for the mask)."""
+    from phrasescore.model import build_network
+    from phrasescore.model.config import preset
+    from phrasescore.text.corpus import make_batch
+
+    config, _ = preset("tiny", arch)
+    config.src_vocab_size = config.tgt_vocab_size = 60
+    torch.manual_seed(0)
+    network = build_network(config)
+    pairs = [([4, 5, 6, 7], [9, 10, 11]), ([8, 9], [12]), ([10], [13, 14, 40, 41]), ([5], [9])]
+    batch = make_batch([s for s, _ in pairs], [t for _, t in pairs]).with_positions()
+    assert (
+        batch.tgt_positions.tolist() == torch.nonzero(batch.tgt_out.reshape(-1)).squeeze(1).tolist()
+    )
+
+    def run(where):
+        network.zero_grad(set_to_none=True)
+        torch.manual_seed(1)  # the same dropout masks
+        terms = network.loss_terms(batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out, where)
+        terms.objective.backward()
+        return terms.objective.detach(), {n: p.grad.clone() for n, p in network.named_parameters()}
+
+    loss, grads = run(batch.tgt_out != 0)
+    with HostReads() as reads:
+        loss_p, grads_p = run(batch.tgt_positions)
+    assert not [k for k in reads.seen if "index" in k], reads.seen
+    assert torch.equal(loss, loss_p)
+    for name, grad in grads.items():
+        assert torch.equal(grad, grads_p[name]), name

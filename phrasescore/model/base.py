@@ -160,7 +160,9 @@ class EncoderDecoder(nn.Module):
         bf16_output: bool = False,
     ) -> LossTerms:
         """The objective, the NLL alone and (``log_z`` or α > 0) Σ_t |log Z_t|, summed over the
-        real target tokens.
+        real target tokens: ``tgt_mask`` True at them, or their flat positions (row-major, made
+        on the host: :meth:`~phrasescore.text.corpus.Batch.with_positions`), which select the
+        same rows in the same order without the host waiting for a mask on a GPU.
 
         NLL: -Σ_t log p(y_t | y_<t, x) (Cho et al. 2014, eq. 3, summed). Self-normalisation
         (Devlin et al. 2014, §2.1): objective = NLL + α Σ_t (log Z_t)², log Z_t = logsumexp of
@@ -172,14 +174,15 @@ class EncoderDecoder(nn.Module):
         """
         enc = self.encode(src, src_lengths)
         features = self.decode_features(enc, tgt_in)
-        flat = features[tgt_mask]
+        flat = real_positions(features, tgt_mask)
+        gold = real_positions(tgt_out, tgt_mask)
         if self.chunked_output:
             with bf16_autocast(flat.device, bf16_output):
-                nll, lz = chunked_output_nll(flat, self.out_vocab, tgt_out[tgt_mask])
+                nll, lz = chunked_output_nll(flat, self.out_vocab, gold)
         else:
             with bf16_autocast(flat.device, bf16_output):
                 logits = self.logits(flat)
-            nll, lz = token_nll(logits, tgt_out[tgt_mask])
+            nll, lz = token_nll(logits, gold)
         alpha = float(self.config.self_normalize)
         if not (alpha or log_z):
             return LossTerms(nll, nll.detach(), None)
@@ -241,6 +244,15 @@ class EncoderDecoder(nn.Module):
         else:
             out[tgt_mask] = values
         return out
+
+
+def real_positions(x: Tensor, where: Tensor) -> Tensor:
+    """The entries of ``x`` [B, T, ...] at the real target positions, in row-major order:
+    ``where`` a boolean mask [B, T], or the flat positions of its True entries (the same rows,
+    gathered without a look at the mask)."""
+    if where.dtype == torch.bool:
+        return x[where]
+    return x.reshape(-1, *x.shape[2:]).index_select(0, where)
 
 
 def padded_lengths(lengths: Tensor | None, steps: int) -> Tensor | None:

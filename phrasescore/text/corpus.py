@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -483,6 +484,15 @@ class Batch:
     tgt_out: torch.Tensor
     tgt_lengths: torch.Tensor
     n_tgt_tokens: int
+    tgt_positions: torch.Tensor | None = None
+    """The flat positions (row-major) of ``tgt_out``'s real tokens, made where the batch was
+    made (:meth:`with_positions`): on a device, selecting by them waits for nothing, where a
+    boolean mask's selection makes the host wait for the mask. None: not made."""
+
+    def with_positions(self) -> Batch:
+        """This batch with :attr:`tgt_positions` (of a batch still on the host)."""
+        positions = torch.nonzero(self.tgt_out.reshape(-1) != PAD_ID).squeeze(1)
+        return dataclasses.replace(self, tgt_positions=positions)
 
     def __len__(self) -> int:
         return int(self.src.shape[0])
@@ -496,6 +506,7 @@ class Batch:
             tgt_out=self.tgt_out.to(device),
             tgt_lengths=self.tgt_lengths.to(device),
             n_tgt_tokens=self.n_tgt_tokens,
+            tgt_positions=None if self.tgt_positions is None else self.tgt_positions.to(device),
         )
 
 

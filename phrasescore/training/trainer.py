@@ -817,15 +817,19 @@ class Trainer:
             batch = bucketed(batch, self.tcfg.bucket)
         if self.device.type != "cuda":
             return batch.to(self.device)
+        # the loss's real target positions made here, on the host: selected by them, the
+        # step does not wait for a mask (Batch.tgt_positions)
+        batch = batch.with_positions()
         pinned = Batch(
             *(t.pin_memory() for t in (batch.src, batch.src_lengths, batch.tgt_in,
                                        batch.tgt_out, batch.tgt_lengths)),
-            n_tgt_tokens=batch.n_tgt_tokens,
+            n_tgt_tokens=batch.n_tgt_tokens, tgt_positions=batch.tgt_positions.pin_memory(),
         )  # fmt: skip
         return Batch(
             *(t.to(self.device, non_blocking=non_blocking) for t in (pinned.src,
               pinned.src_lengths, pinned.tgt_in, pinned.tgt_out, pinned.tgt_lengths)),
             n_tgt_tokens=batch.n_tgt_tokens,
+            tgt_positions=pinned.tgt_positions.to(self.device, non_blocking=non_blocking),
         )  # fmt: skip
 
     def _prefetch(self, run: _Run, upcoming) -> None:
@@ -839,7 +843,7 @@ class Trainer:
         ``upcoming``: the next step's indices, prefetched on a GPU."""
         tcfg, network, position = self.tcfg, run.network, run.position
         batch = self._batch(run, idx)
-        mask = batch.tgt_out != 0
+        mask = batch.tgt_out != 0 if batch.tgt_positions is None else batch.tgt_positions
         terms = batch_loss(run.loss, batch, mask, self.device, self.amp)
         objective, nll = terms.objective, terms.nll  # nll: for the perplexity (no penalty)
         n_tok = int(batch.n_tgt_tokens)
