@@ -267,3 +267,27 @@ def test_empty_and_very_long_phrases_score_as_the_cpu_engine(arch):
     assert np.abs(got.logprob - expected.logprob).max() < 1e-4
     assert [len(t) for t in got.token_logprobs] == [len(t) for t in expected.token_logprobs]
     assert len(got.token_logprobs[11]) == 1  # the empty target: EOS alone
+
+
+@pytest.mark.parametrize(("arch", "recurrence"), NETWORKS)
+def test_full_rows_taken_as_padded_encode_as_unpadded(monkeypatch, arch, recurrence):
+    """On a GPU an encoder takes the lengths it is given without looking whether any row is
+    padded (the look would make the host wait): full rows then go through the padded path
+    (masked or packed), which gives them their unpadded values: the same floats for the
+    written recurrences, cuDNN's within rounding."""
+    import phrasescore.model.attention as attention
+    import phrasescore.model.encdec as encdec
+    import phrasescore.model.lstm as lstm
+
+    model = table_model(arch, recurrence)
+    src = torch.randint(4, 100, (6, 5))
+    full = torch.full((6,), 5)
+    unpadded = model.network.encode(src, full)
+    for module in (attention, encdec, lstm):  # what padded_lengths does on a GPU
+        monkeypatch.setattr(module, "padded_lengths", lambda lengths, steps: lengths)
+    as_padded = model.network.encode(src, full)
+    for key, value in unpadded.items():
+        if recurrence == "written" and arch != "lstm":
+            assert torch.equal(value, as_padded[key]), key
+        else:
+            torch.testing.assert_close(value, as_padded[key], rtol=1e-5, atol=1e-6)

@@ -258,11 +258,16 @@ def real_positions(x: Tensor, where: Tensor) -> Tensor:
 def padded_lengths(lengths: Tensor | None, steps: int) -> Tensor | None:
     """``lengths`` when some row is shorter than ``steps`` positions, else None (no padding to
     mask or pack). ``lengths`` None is the caller's word that every row is full, taken without
-    the check: the check reads a device value, a host sync on a GPU (the GPU engine encodes
-    sources of one exact length and says so)."""
-    if lengths is None or not bool((lengths != steps).any()):
+    the check (the GPU engine encodes sources of one exact length and says so). On a GPU the
+    lengths are taken as they are, without the check, which would make the host wait for the
+    device: the rows are then masked (or packed) as if padded, which gives full rows the values
+    they have unpadded (masked: the same floats; packed: up to cuDNN's rounding;
+    tests/test_device_engine.py)."""
+    if lengths is None:
         return None
-    return lengths
+    if lengths.device.type != "cpu":
+        return lengths
+    return lengths if bool((lengths != steps).any()) else None
 
 
 def full_lengths(src: Tensor, lengths: Tensor | None) -> Tensor:
