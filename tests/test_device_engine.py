@@ -291,3 +291,21 @@ def test_full_rows_taken_as_padded_encode_as_unpadded(monkeypatch, arch, recurre
             assert torch.equal(value, as_padded[key]), key
         else:
             torch.testing.assert_close(value, as_padded[key], rtol=1e-5, atol=1e-6)
+
+
+def test_an_ensemble_of_gpu_engines_scores_as_one_of_cpu_engines(
+    tiny_model_path, tiny_second_seed_model_path
+):
+    """``nbest -m A -m B`` on a GPU averages two GPU engines' per-token terms: on 40 real
+    Multi30k sentence pairs (tests/data/text), as two CPU engines'."""
+    from phrasescore.engine.scoring import EnsembleScorer
+
+    from .conftest import sample_pairs
+
+    src, tgt = sample_pairs(40)
+    models = [load_model(tiny_model_path), load_model(tiny_second_seed_model_path)]
+    cpu = EnsembleScorer([PairScorer(m) for m in models]).score_phrases(src, tgt)
+    gpu_engines = [DeviceScorer(m, device="cpu", buckets=FixedShapeBuckets(16)) for m in models]
+    gpu = EnsembleScorer(gpu_engines).score_phrases(src, tgt, per_token=True)
+    assert np.abs(gpu.logprob - cpu.logprob).max() < 1e-5
+    assert [len(t) for t in gpu.token_logprobs] == [len(t.split()) + 1 for t in tgt]
