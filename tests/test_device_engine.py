@@ -6,9 +6,6 @@ tests/test_cuda.py on a GPU."""
 
 from __future__ import annotations
 
-import gzip
-from itertools import islice
-
 import numpy as np
 import pytest
 import torch
@@ -24,9 +21,9 @@ from phrasescore.model.output_layer import _eager_lse_gather, padded_target_logp
 from phrasescore.text.tokenize import TextNormalizer
 from phrasescore.text.vocab import WordVocabulary
 
-from .conftest import DATA, HostReads
+from .conftest import HostReads
+from .test_engine_arrays import table_pairs
 
-TABLE = DATA / "moses" / "multi30k.head300.phrase-table.gz"
 NETWORKS = [
     ("cho", "written"),
     ("cho", "fused"),
@@ -34,15 +31,6 @@ NETWORKS = [
     ("attention", "fused"),
     ("lstm", "written"),
 ]
-
-
-def table_pairs(lines: int = 300) -> tuple[list[str], list[str]]:
-    src, tgt = [], []
-    for line in islice(gzip.open(TABLE, "rt", encoding="utf-8"), lines):
-        fields = line.split(" ||| ")
-        src.append(fields[0])
-        tgt.append(fields[1])
-    return src, tgt
 
 
 def table_model(arch: str, recurrence: str, self_normalize: float = 0.0) -> TrainedModel:

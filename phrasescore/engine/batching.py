@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from phrasescore.text.corpus import flatten_ids, gather_sequences, offsets_from_lengths
+from phrasescore.text.vocab import BOS_ID, EOS_ID
 
 _HASH_WEIGHTS = np.random.default_rng(46).integers(1, 2**63, size=1024, dtype=np.uint64) | 1
 
@@ -90,6 +91,33 @@ def id_matrix(flat: np.ndarray, offsets: np.ndarray, index: np.ndarray, width: i
     out = out.astype(np.int64, copy=False)
     out[~inside] = 0
     return out
+
+
+def source_matrix(
+    flat: np.ndarray, offsets: np.ndarray, index: np.ndarray, length: int
+) -> np.ndarray:
+    """The encoder's input [len(index), length + 1] of sequences ``index``, all of ``length``
+    ids: the ids, then EOS."""
+    ids = np.empty((len(index), length + 1), dtype=np.int64)
+    ids[:, :-1] = id_matrix(flat, offsets, index, length)
+    ids[:, -1] = EOS_ID
+    return ids
+
+
+def teacher_forcing(
+    flat: np.ndarray, offsets: np.ndarray, index: np.ndarray, width: int, lengths: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The decoder's input and output ids [len(index), width + 1] of target sequences ``index``
+    (of ``lengths`` ids, at most ``width``): ``BOS y_1 .. y_n PAD..`` and ``y_1 .. y_n EOS PAD..``."""
+    body = id_matrix(flat, offsets, index, width)
+    rows = len(index)
+    tgt_in = np.empty((rows, width + 1), dtype=np.int64)
+    tgt_in[:, 0] = BOS_ID
+    tgt_in[:, 1:] = body
+    tgt_out = np.zeros((rows, width + 1), dtype=np.int64)
+    tgt_out[:, :-1] = body
+    tgt_out[np.arange(rows), lengths] = EOS_ID
+    return tgt_in, tgt_out
 
 
 def sequence_hashes(flat: np.ndarray, offsets: np.ndarray) -> np.ndarray:

@@ -43,13 +43,12 @@ from phrasescore.engine.batching import (
     IdPairs,
     distinct_sequences,
     equal_runs,
-    id_matrix,
-    sorted_runs,
+    source_matrix,
+    teacher_forcing,
 )
 from phrasescore.engine.scoring import EXACT, PairScorer
-from phrasescore.model.base import EncoderOutput, select_rows
+from phrasescore.model.base import EncoderOutput
 from phrasescore.model.output_layer import padded_target_logprobs
-from phrasescore.text.vocab import BOS_ID, EOS_ID
 
 log = logging.getLogger(__name__)
 
@@ -220,9 +219,7 @@ class DeviceScorer(PairScorer):
             cap = self.buckets.row_cap(length, 1)
             for s in range(start, end, cap):
                 own = order[s : min(end, s + cap)]
-                ids = np.empty((len(own), length + 1), dtype=np.int64)
-                ids[:, :-1] = id_matrix(flat, offsets, first[own], length)
-                ids[:, -1] = EOS_ID
+                ids = source_matrix(flat, offsets, first[own], length)
                 # one exact length: no lengths to look at (None)
                 pieces.append((own, self.network.encode(self._to_device(ids), None)))
         longest = int(lengths.max()) + 1
@@ -241,19 +238,9 @@ class DeviceScorer(PairScorer):
         of one fixed-shape batch: the source rows selected (their source-only decoder terms once
         per source), then the captured work (:meth:`_batch_logprobs`)."""
         idx, width = batch.index, batch.width
-        sources, inverse = sorted_runs(pair_source[idx])
-        enc = select_rows(enc_all, self._to_device(sources))
-        enc.update(self.network.source_terms(enc))
-        enc = select_rows(enc, self._to_device(inverse))
-        rows = len(idx)
-        body = id_matrix(pairs.tgt_ids, pairs.tgt_offsets, idx, width)
-        tgt_in = np.empty((rows, width + 1), dtype=np.int64)
-        tgt_in[:, 0] = BOS_ID
-        tgt_in[:, 1:] = body
-        tgt_out = np.zeros((rows, width + 1), dtype=np.int64)
-        tgt_out[:, :-1] = body
+        enc = self._pair_encodings(enc_all, idx, pair_source)
         lengths = tgt_len[idx]
-        tgt_out[np.arange(rows), lengths] = EOS_ID
+        tgt_in, tgt_out = teacher_forcing(pairs.tgt_ids, pairs.tgt_offsets, idx, width, lengths)
         positions = np.arange(width + 1)[None, :]
         real = positions <= lengths[:, None]  # the words and EOS
         summed = real if self.include_eos else positions < lengths[:, None]

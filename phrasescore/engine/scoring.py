@@ -51,13 +51,13 @@ from phrasescore.engine.batching import (
     IdPairs,
     bucket_policy,
     distinct_sequences,
-    id_matrix,
     sorted_runs,
+    source_matrix,
+    teacher_forcing,
 )
 from phrasescore.errors import InputError
 from phrasescore.hardware import resolve_dtype
 from phrasescore.model.base import EncoderDecoder, EncoderOutput, select_rows
-from phrasescore.text.vocab import BOS_ID, EOS_ID
 
 log = logging.getLogger(__name__)
 
@@ -293,9 +293,7 @@ class PairScorer:
         pieces: list[tuple[np.ndarray, EncoderOutput]] = []
         for batch in ExactBuckets(self.buckets.batch_tokens).batches(lengths, order, 1):
             idx, length = batch.index, batch.width
-            ids = np.empty((len(idx), length + 1), dtype=np.int64)
-            ids[:, :-1] = id_matrix(flat, offsets, first[idx], length)
-            ids[:, -1] = EOS_ID
+            ids = source_matrix(flat, offsets, first[idx], length)
             # one exact length: no lengths to look at (None)
             pieces.append((idx, self.network.encode(self._to_device(ids), None)))
         return self._merge_encodings(pieces)
@@ -319,6 +317,19 @@ class PairScorer:
             return tensor.pin_memory().to(self.device, non_blocking=True)
         return tensor
 
+    def _pair_encodings(
+        self, enc_all: EncoderOutput, idx: np.ndarray, pair_source: np.ndarray
+    ) -> EncoderOutput:
+        """The encodings of pairs ``idx`` (one row each): their distinct sources' rows of
+        ``enc_all`` with the source-only decoder terms (V'c, C c, O_c c for the Cho model)
+        computed once per source, then repeated per pair. A batch's pairs are in source order
+        within each length (the plan sorts them by length, then source), so its sources are
+        runs."""
+        sources, inverse = sorted_runs(pair_source[idx])
+        enc = select_rows(enc_all, self._to_device(sources))
+        enc.update(self.network.source_terms(enc))
+        return select_rows(enc, self._to_device(inverse))
+
     def _score_batch(
         self,
         enc_all,
@@ -330,24 +341,12 @@ class PairScorer:
         per_tok,
         on_device: torch.Tensor | None,
     ) -> None:
-        # the batch's distinct sources, and their source-only decoder terms (V'c, C c, O_c c for
-        # the Cho model) once each; then one row per pair
         idx, length = batch.index, batch.width
-        # a batch's pairs are in source order (the plan sorts them by length, then source)
-        sources, inverse = sorted_runs(pair_source[idx])
-        enc = select_rows(enc_all, self._to_device(sources))
-        enc.update(self.network.source_terms(enc))
-        enc = select_rows(enc, self._to_device(inverse))
+        enc = self._pair_encodings(enc_all, idx, pair_source)
         n = len(idx)
-        body = id_matrix(pairs.tgt_ids, pairs.tgt_offsets, idx, length)
-        tgt_in = np.empty((n, length + 1), dtype=np.int64)
-        tgt_in[:, 0] = BOS_ID
-        tgt_in[:, 1:] = body
-        tgt_out = np.zeros((n, length + 1), dtype=np.int64)
-        tgt_out[:, :-1] = body
         lengths = tgt_len[idx]
         rows = np.arange(n)
-        tgt_out[rows, lengths] = EOS_ID
+        tgt_in, tgt_out = teacher_forcing(pairs.tgt_ids, pairs.tgt_offsets, idx, length, lengths)
         mask = None
         if not batch.exact:  # padded: the positions after each target's EOS are masked
             mask = self._to_device(np.arange(length + 1)[None, :] <= lengths[:, None])

@@ -151,9 +151,7 @@ def _exact_lse_gather(logits: Tensor, gold: Tensor) -> Tensor:
     finite for any finite logits, so nothing is looked at afterwards (no host sync on a GPU;
     :func:`padded_target_logprobs`). Two reductions over the row in one compiled kernel."""
     x = logits.float()
-    shift = x.amax(1, keepdim=True)
-    log_z = shift.squeeze(1) + torch.exp(x - shift).sum(1).log()
-    return x.gather(1, gold[:, None]).squeeze(1) - log_z
+    return x.gather(1, gold[:, None]).squeeze(1) - _exact_log_z_rows(x)
 
 
 def _eager_lse_gather(logits: Tensor, gold: Tensor) -> Tensor:
