@@ -222,7 +222,7 @@ def test_every_float_option_refuses_what_python_reads_as_another_number(
 
 
 def test_zero_and_small_numbers_are_still_numbers():
-    from phrasescore.cli import FINITE_FLOAT, NON_NEGATIVE_FLOAT
+    from phrasescore.cli.options import FINITE_FLOAT, NON_NEGATIVE_FLOAT
 
     assert FINITE_FLOAT.convert("0", None, None) == 0.0
     assert FINITE_FLOAT.convert("0e-400", None, None) == 0.0
