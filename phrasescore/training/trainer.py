@@ -245,8 +245,8 @@ def make_optimizer(network: torch.nn.Module, tcfg: TrainConfig) -> torch.optim.O
             eps=tcfg.adadelta_eps,
         )
     if tcfg.optimizer == "adam":
-        # the fused kernel (one pass over all parameters; on the CPU from PyTorch 2.4): 9.5 ms a
-        # step instead of 41-44 ms for the 7.4M parameters of the attention default (1 thread)
+        # the fused kernel (one pass over all parameters; on the CPU from PyTorch 2.4): a fraction
+        # of the default's time a step (docs/benchmarks.md, "bf16 output layer on the CPU")
         params = list(network.parameters())
         try:
             return torch.optim.Adam(params, lr=tcfg.learning_rate, fused=True)
