@@ -192,8 +192,8 @@ def test_a_checkpoint_given_as_a_model_and_a_model_as_a_checkpoint_are_one_line(
 
 # ---------------------------------------------------------------------------- train -q
 def test_train_quiet_keeps_stderr_quiet_and_still_writes_the_log(corpus_files, tmp_path):
-    """``train -q`` writes nothing on standard error and the whole MODEL.log all the same: -q is
-    about standard error."""
+    """``train -q`` writes nothing on standard error and still writes its lines to MODEL.log: -q
+    is about standard error."""
     model = tmp_path / "m.st"
     args = ["train", *corpus_files, "--preset", "tiny", "--max-steps", "2", "--no-progress"]
     proc = run_cli("-q", *args, "-o", model)
