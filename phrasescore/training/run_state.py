@@ -74,6 +74,8 @@ class RunState:
 
     loss: Any  # network.loss_terms, or its DistributedDataParallel wrapper under torchrun
     network: torch.nn.Module
+    params: list
+    """The network's parameters, listed once (each step clips their gradients)."""
     optimizer: torch.optim.Optimizer
     train: ParallelDataset
     valid: ParallelDataset

@@ -396,6 +396,7 @@ class Trainer(TrainingLoop, Validating):
         return RunState(
             loss=loss,
             network=network,
+            params=list(network.parameters()),
             optimizer=optimizer,
             train=train,
             valid=valid,
