@@ -158,7 +158,7 @@ def test_compiled_bucketed_loss_on_cuda_equals_eager(arch):
     from phrasescore.model import build_network
     from phrasescore.model.config import ModelConfig
     from phrasescore.text.corpus import make_batch
-    from phrasescore.training.trainer import bucketed
+    from phrasescore.training.loop import bucketed
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False

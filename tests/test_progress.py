@@ -86,7 +86,7 @@ def test_train_into_a_log_writes_a_line_per_log_interval_not_per_second(
 
     from .conftest import train_tiny
 
-    trainer = sys.modules[train.Trainer.__module__]  # the training loop's module, wherever it is
+    trainer = sys.modules[train.Trainer._step.__module__]  # the step's module, wherever it is
 
     log = io.StringIO()  # not a terminal
     monkeypatch.setattr(progress.sys, "stderr", log)

@@ -27,7 +27,7 @@ from phrasescore.runners.shards import Shard
 from phrasescore.text.corpus import ParallelDataset
 from phrasescore.text.tokenize import TextNormalizer
 from phrasescore.text.vocab import BOS_ID, EOS_ID, WordVocabulary
-from phrasescore.training.trainer import evaluate
+from phrasescore.training.validation import evaluate
 
 from .conftest import DATA, TEXT, train_tiny
 

@@ -14,7 +14,8 @@ from phrasescore.bundle import load_model, save_model
 from phrasescore.engine.scoring import PairScorer
 from phrasescore.errors import ModelFileError
 from phrasescore.model.config import TrainConfig
-from phrasescore.training.trainer import Trainer, TrainingData, prepare_data
+from phrasescore.training.data import TrainingData, prepare_data
+from phrasescore.training.trainer import Trainer
 
 from .conftest import TEXT, HostReads, run_cli, sample_pairs, train_tiny, write_lines
 
