@@ -1,14 +1,12 @@
 """gzip for tables: Intel ISA-L (python-isal) where it is installed, zlib where it is not.
 
-Compression is the slowest step of a table's path: on one core of the 2-core machine,
-the 104 MB Multi30k table takes 2.2-2.4 s with zlib level 6 (what ``gzip`` writes by default),
-0.14-0.15 s with ISA-L level 1 or 2 (output 27-28% larger), 0.28 s with ISA-L level 3 (19%
-larger); decompression 0.18 s with ISA-L against 0.42 s with zlib (docs/benchmarks.md "Table
-I/O").
+Compression is the slowest step of a table's path, and ISA-L's low levels compress many times
+faster than zlib's level 6 (what ``gzip`` writes by default) for somewhat larger output, and
+decompress faster too (the figures: docs/benchmarks.md, "Table I/O").
 
 * **Levels** (:func:`check_level`): 0-3 are ISA-L's (``isal.igzip``; 0 is Huffman coding
-  alone, not "stored"), 4-9 zlib's (6 is gzip's default, what every ``.gz`` output of
-  phrasescore was before). :data:`TABLE_LEVEL` (1) is what ``rescore`` writes by default.
+  alone, not "stored"), 4-9 zlib's (6 is gzip's default, what every ``.gz`` output other than
+  a table is written with). :data:`TABLE_LEVEL` (1) is what ``rescore`` writes by default.
   Without python-isal, levels 0-3 fall back to zlib at the same level (with a warning once):
   the content is the same, the bytes are not, so :func:`compressor` names the library in the
   resume key of a partial output.
@@ -43,8 +41,8 @@ except ImportError:  # pragma: no cover - exercised only without python-isal
 ZLIB_LEVEL = 6
 """gzip's default level: every ``.gz`` output other than a table's (n-best lists, corpora)."""
 TABLE_LEVEL = 1
-"""``rescore --gzip-level``'s default: ISA-L's level 1, 15x faster than zlib's 6 for 27% more
-bytes (docs/benchmarks.md "Table I/O")."""
+"""``rescore --gzip-level``'s default: ISA-L's level 1, its fastest real compression, many
+times zlib's 6 for somewhat more bytes (docs/benchmarks.md, "Table I/O")."""
 ISAL_LEVELS = range(0, 4)
 LEVELS = range(0, 10)
 

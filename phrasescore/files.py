@@ -545,7 +545,7 @@ def refuse_outputs_onto_inputs(inputs: PathsByRole, outputs: PathsByRole) -> Non
     input or output; an input that does not exist is :func:`check_files_exist`'s to report.
     ``inputs`` and ``outputs`` map what a file is (``input corpus``, ``-o``) to its path or paths.
     (Without this check ``train -o`` onto its corpus, ``copy-table t -o t``, ``rescore --ini-out``
-    onto ``--moses-ini`` and 20 more destroyed their input and exited 0.)
+    onto ``--moses-ini`` and the like would destroy their input and exit 0.)
     """
     known = []
     outputs = with_locks(outputs)

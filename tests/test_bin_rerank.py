@@ -1,4 +1,4 @@
-"""bin/phrasescore-rerank, run as a user would (issue 40, item 2): the chain n-best lists ->
+"""bin/phrasescore-rerank, run as a user would: the chain n-best lists ->
 one ``nbest`` with every model -> ``rerank-tune`` on dev -> applied on test, with BLEU before and
 after. The runs with Moses skip without MOSES_HOME."""
 
@@ -85,8 +85,9 @@ def test_without_moses_one_line_before_any_work(tmp_path):
     ],
 )
 def test_an_input_where_the_chain_writes_is_refused_before_any_work(tmp_path, where, message):
-    """Issue 47, item 4: TEST_REF at WORKDIR/test.reranked.out was overwritten by the re-ranked
-    output and the report said test BLEU 100.00, exit 0."""
+    """An input where the chain writes (TEST_REF at WORKDIR/test.reranked.out, or inside a
+    folder the chain fills) gets one error line and exit 1 before any work: the re-ranked output
+    would replace the reference and the report would score it against itself (BLEU 100.00)."""
     files = [tmp_path / name for name in ("moses.ini", "d.en", "d.fr", "t.en")]
     for path in files:
         path.write_text("x\n")

@@ -194,8 +194,9 @@ def test_moses_model_several_tables_unk_column_and_out_dir(tiny_model_path, tmp_
 
 
 def test_moses_model_refuses_a_table_that_another_step_writes(tiny_model_path, tmp_path):
-    """Issue 47 (bin/ scripts): TranslationModel1's table at phrase-table.rescored.gz, the file
-    the step of TranslationModel0 writes, was overwritten before its own step read it."""
+    """TranslationModel1's table at phrase-table.rescored.gz, the file the step of
+    TranslationModel0 writes, is refused with one error line before any step runs: that step
+    would replace it before TranslationModel1's own step read it."""
     model_dir = example_model_dir(tmp_path / "model", lines=300)
     shutil.copyfile(model_dir / "phrase-table.gz", model_dir / "phrase-table.rescored.gz")
     ini = (model_dir / "moses.ini").read_text()
@@ -447,7 +448,7 @@ def test_train_recipe_trains_the_five_models_then_refuses_to_replace_them(tmp_pa
     done = run_script("phrasescore-train-recipe", *args, *tiny, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     nn = tmp_path / "nn"
-    # issue 47, item 22: the message said "training l2r (25 min, ...)" of a 3-step training
+    # each model's line gives every limit its training stops at, --max-steps included
     assert (
         "training l2r (plateau (2 validations without a new best) or 60 min or 3 steps, "
         "whichever comes first, cpu slot 0)" in done.stderr
@@ -596,9 +597,9 @@ def test_train_recipe_bad_input_fails_before_training(change, code, message, tmp
     ["l2r.stderr", "column.safetensors.best", ".r2l.safetensors.lock"],
 )  # fmt: skip  (.result and .log: the same check)
 def test_train_recipe_refuses_an_input_named_like_a_file_it_writes(written, tmp_path):
-    """Issue 47, item 6: the shell's redirections truncated an input named OUT/<model>.stderr
-    or .result, and train's own files beside a model (.best, .lock, .log) were checked only
-    when that model's training started, after the others had trained."""
+    """An input named like a file the recipe writes (OUT/<model>.stderr or .result, which the
+    shell's redirections would truncate, or train's own .best, .lock, .log beside a model) is
+    refused before any model trains, and left as it was."""
     args = recipe_inputs(tmp_path)
     (tmp_path / "nn").mkdir()
     table = tmp_path / "nn" / written

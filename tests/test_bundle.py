@@ -66,10 +66,11 @@ def test_save_and_load_round_trip(tmp_path, tiny_model_path):
         bundle.load_lm(copy)
 
 
-# ---------------------------------------------------------------------------- issue 30, item 10
+# ---------------------------------------------------------------------------- same bytes
 def test_two_identical_trainings_write_byte_identical_model_files(tmp_path, corpus_files):
-    """Before: safetensors wrote the metadata in hash-map order, a new order each time, so the
-    files differed in bytes and ``ab``'s cache keyed on a model file's hash missed."""
+    """The metadata is written in sorted order: safetensors' own writer uses hash-map order, a
+    new order each time, so the files would differ in bytes and ``ab``'s cache, keyed on a model
+    file's hash, would miss."""
     import hashlib
 
     from .conftest import train_tiny
@@ -92,7 +93,8 @@ def test_two_identical_trainings_write_byte_identical_model_files(tmp_path, corp
 
 
 def test_a_model_file_written_by_safetensors_itself_still_loads(tmp_path, tiny_model_path):
-    """Files written before (by safetensors' own writer) load as before, same signature."""
+    """A file written by safetensors' own writer (metadata in hash-map order) loads, with the
+    same signature."""
     model = bundle.load_model(tiny_model_path)
     with safe_open(tiny_model_path, framework="pt") as handle:
         metadata = dict(handle.metadata())

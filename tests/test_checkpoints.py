@@ -1,4 +1,4 @@
-"""Training checkpoints that know their run (issue 41): ``--resume`` refuses other data or flags
+"""Training checkpoints that know their run: ``--resume`` refuses other data or flags
 in one line, a damaged checkpoint is refused by its checksum, a resume says what it resumes,
 and a failed run leaves nothing under the model's name."""
 
@@ -155,7 +155,7 @@ def test_a_failed_run_leaves_nothing_beside_the_model(tmp_path):
 
 
 def test_a_directory_given_as_a_model_is_named_a_directory(tmp_path):
-    """Issue 41, item 10: it was "no such model file"."""
+    """``info`` and ``sample`` name a directory given as ``-m`` a directory, not a missing file."""
     folder = tmp_path / "models"
     folder.mkdir()
     for args in (["info", folder], ["sample", "a dog", "-m", folder]):
@@ -167,9 +167,9 @@ def test_a_directory_given_as_a_model_is_named_a_directory(tmp_path):
 
 
 def test_a_diverging_run_is_one_line_its_log_lines_whole_and_nothing_left(tmp_path, corpus_files):
-    """Issue 41: the last validation line printed "(; 69 s"; a run whose validation perplexity
-    was never finite ended "no such model file" (``--lr inf``; now refused at parse time, but a
-    huge finite rate diverges as well)."""
+    """A run whose validation perplexity is never finite (a huge finite --lr; ``--lr inf`` is
+    refused at parse time) writes whole validation lines (inf, its seconds and rate), ends with
+    one error line saying it diverged, and leaves no file behind."""
     import re
 
     args = ["train", *corpus_files, "-o", tmp_path / "m.st", "--preset", "tiny", "--max-steps"]

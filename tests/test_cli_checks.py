@@ -1,5 +1,5 @@
 """Every command's arguments are checked before any work: numeric ranges, output locations and
-devices give one line and an exit code, never a traceback (issue 14)."""
+devices give one line and an exit code, never a traceback."""
 
 from __future__ import annotations
 
@@ -185,8 +185,9 @@ def test_the_float_options_are_found():
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e999"])
 @pytest.mark.parametrize("command, option", FLOAT_OPTIONS, ids=lambda x: x)
 def test_every_float_option_refuses_non_finite_values_at_parse_time(command, option, value):
-    """Issue 41, item 8: ``train --lr nan`` gave a traceback, ``--epochs nan`` a 0-step model,
-    ``--lr inf`` "no such model file"; click's FloatRange lets nan through every bound."""
+    """nan, inf and overflowing values are usage errors (exit 2) for every float option: click's
+    FloatRange lets nan through every bound, and a non-finite --lr or --epochs would reach the
+    training."""
     from click.testing import CliRunner
 
     from phrasescore.cli import cli
@@ -210,8 +211,8 @@ def test_every_float_option_refuses_non_finite_values_at_parse_time(command, opt
 def test_every_float_option_refuses_what_python_reads_as_another_number(
     command, option, value, reason
 ):
-    """Issue 47, item 13: ``--weight -0`` was written into moses.ini as a weight -0, ``1_0``
-    read as 10 and ``1e-400`` as 0."""
+    """-0, ``1_0`` and ``1e-400`` are usage errors naming the reason: Python reads them as -0
+    (a weight -0 in moses.ini), 10 and 0."""
     from click.testing import CliRunner
 
     from phrasescore.cli import cli
@@ -240,7 +241,7 @@ def test_zero_and_small_numbers_are_still_numbers():
     ids=["translate", "evaluate", "ab"],
 )
 def test_an_unknown_bleu_tokenizer_is_a_usage_error_before_any_work(args, option):
-    """Issue 41, item 10: ``translate --bleu-tokenize bogus`` was refused after decoding."""
+    """An unknown BLEU tokenizer is refused at parse time (exit 2), not after decoding."""
     from click.testing import CliRunner
 
     from phrasescore.cli import cli
@@ -252,8 +253,8 @@ def test_an_unknown_bleu_tokenizer_is_a_usage_error_before_any_work(args, option
 
 
 def test_sample_with_nothing_to_do_is_a_usage_error(tmp_path):
-    """Issue 41, item 10: ``sample -n 0`` (no --beam) exited 1, the docs say usage errors
-    exit 2."""
+    """``sample -n 0`` without --beam is a usage error: exit 2, as the docs say of usage
+    errors."""
     proc = run_cli("sample", "a dog", "-m", "M", "-n", "0", cwd=tmp_path)
     assert one_line_error(proc, 2).strip().splitlines()[-1] == (
         "Error: nothing to do: -n 0 without --beam"
@@ -266,7 +267,8 @@ def test_sample_with_nothing_to_do_is_a_usage_error(tmp_path):
     ids=["bzip2", "xz"],
 )
 def test_bzip2_and_xz_data_named_gz_are_named_for_what_they_are(tmp_path, compress, name, tool):
-    """Issue 41, item 10: they were read as text and reported as invalid UTF-8."""
+    """bzip2 or xz data under a .gz name (or on stdin) is named for what it is, with the tool
+    that decompresses it, instead of being read as text and reported as invalid UTF-8."""
     import importlib
 
     data = importlib.import_module(compress).compress(b"a ||| b ||| 0.5\n")

@@ -11,7 +11,7 @@ import torch
 from phrasescore.model import build_network
 from phrasescore.model.config import ModelConfig
 from phrasescore.text.corpus import make_batch
-from phrasescore.training.trainer import bucketed
+from phrasescore.training.loop import bucketed
 
 PAIRS = [([4, 5, 6, 7], [9, 10, 11]), ([8, 9], [12]), ([10], [13, 14]), ([5, 6, 7], [9, 9, 15])]
 

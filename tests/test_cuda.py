@@ -1,4 +1,4 @@
-"""The CUDA code paths (issue 29, item 6): training with bf16 autocast, its reproducibility and
+"""The CUDA code paths: training with bf16 autocast, its reproducibility and
 resume, and scoring, re-ranking and translating on the GPU against the same model on the CPU.
 
 Skipped where PyTorch sees no CUDA device. ``PHRASESCORE_TEST_DEVICE=cpu`` runs the same checks
@@ -153,12 +153,12 @@ def test_translate_on_the_gpu_gives_hypotheses_whose_scores_the_cpu_confirms(
 
 @pytest.mark.parametrize("arch", ["attention", "cho"])
 def test_compiled_bucketed_loss_on_cuda_equals_eager(arch):
-    """``train --compile --bucket 8`` on the GPU (issue 50): the compiled steps' loss and
+    """``train --compile --bucket 8`` on the GPU: the compiled steps' loss and
     gradients equal the eager ones (fp32, TF32 off), and ``--chunked-output``'s too."""
     from phrasescore.model import build_network
     from phrasescore.model.config import ModelConfig
     from phrasescore.text.corpus import make_batch
-    from phrasescore.training.trainer import bucketed
+    from phrasescore.training.loop import bucketed
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False

@@ -1,4 +1,4 @@
-"""Re-ranking models of the other directions (issue 31): right to left (``train
+"""Re-ranking models of the other directions: right to left (``train
 --reverse-target``) and target->source (``nbest --inverse``, ``ab --rerank-inverse``)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A full disk (issue 23, item 3): one line naming the file, exit 1, nothing under the final
+"""A full disk: one line naming the file, exit 1, nothing under the final
 name, and ``--resume`` once there is space again.
 
 Standard output redirected to /dev/full (every write fails with ENOSPC) runs everywhere; the
@@ -151,9 +151,9 @@ def test_merge_on_a_full_disk_is_one_line_and_leaves_nothing(tiny_model_path, tm
 
 
 def test_a_full_disk_during_train_is_one_line_and_leaves_nothing(corpus_files, small_disk):
-    """Issue 41, item 9: the model (600 KB) fits, its checkpoint (1.8 MB) does not: before, a
-    traceback, ``.checkpoint.tmp`` left and the model of an earlier validation under the final
-    name."""
+    """A disk where the model (600 KB) fits but its checkpoint (1.8 MB) does not: one line
+    naming the checkpoint, no traceback, and nothing left on the disk (no ``.checkpoint.tmp``, no
+    model of an earlier validation under the final name)."""
     assert _mount(small_disk, "1500k", remount=True).returncode == 0
     model = small_disk / "m.safetensors"
     args = ["train", *corpus_files, "-o", model, "--preset", "tiny", "--max-steps", "4"]
@@ -177,8 +177,8 @@ STDOUT_COMMANDS = {
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
 @pytest.mark.parametrize("command", sorted(STDOUT_COMMANDS))
 def test_every_report_to_a_full_standard_output_is_one_line(tiny_model_path, tmp_path, command):
-    """Issue 41, item 9: ``sample`` exited 0 with its output lost, the others printed
-    tracebacks."""
+    """Every command that reports on standard output, given a full one, exits 1 with one line
+    naming <stdout>: no exit 0 with the output lost, no traceback."""
     proc = _to_dev_full(*STDOUT_COMMANDS[command](tiny_model_path, tmp_path))
     _one_error_line(proc, f"<stdout>: cannot write: {FULL}")
 
@@ -186,7 +186,7 @@ def test_every_report_to_a_full_standard_output_is_one_line(tiny_model_path, tmp
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
 @pytest.mark.parametrize("args", [["--help"], ["--version"], ["rescore", "--help"]], ids=" ".join)
 def test_help_and_version_to_a_full_standard_output_are_one_line(args):
-    """Issue 47, item 14: click's own output (help, version) to a full disk was a traceback."""
+    """click's own output (help, version) to a full standard output is one line, no traceback."""
     _one_error_line(_to_dev_full(*args), f"<stdout>: cannot write: {FULL}")
 
 
@@ -198,9 +198,9 @@ def test_help_and_version_to_a_full_standard_output_are_one_line(args):
     reason="needs a Moses build: set MOSES_HOME (bin/extractor, bin/mert)",
 )
 def test_a_full_disk_under_rerank_tunes_workdir_is_reported_as_one(tmp_path, small_disk):
-    """Issue 47, item 18: the extractor exits 0 with its files cut short by a full disk; the
-    run then failed on "features.dat: no feature header" or on mert's start point, or went on
-    with features that were not all there."""
+    """The Moses extractor exits 0 with its files cut short by a full disk: the run reports the
+    full disk in one line naming the workdir and writes no weights, instead of failing later on
+    the cut files or tuning on features that are not all there."""
     nbest = tmp_path / "list.nbest"
     nbest.write_bytes(gzip.decompress(NBEST_LIST.read_bytes()))  # plain: read in place
     reference = DATA / "nbest" / "multi30k.test2016.head5.tok.lc.fr"

@@ -1,4 +1,4 @@
-"""Scaling out (issue 17): rescore --shard + merge-shards, and torchrun rescoring and training.
+"""Scaling out: rescore --shard + merge-shards, and torchrun rescoring and training.
 
 Distributed runs use 2 CPU processes with the gloo backend, launched with
 ``python -m torch.distributed.run --standalone`` (a free port on localhost).

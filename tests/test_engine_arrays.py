@@ -1,5 +1,5 @@
-"""Issue 46: the engine over arrays. Phrase ids from the cache equal encode_phrases'; the batch
-plan's pieces (distinct sources, id matrices, exact buckets) equal what the loops gave; scores
+"""The engine over arrays. Phrase ids from the cache equal encode_phrases'; the batch plan's
+pieces (distinct sources, id matrices, exact buckets) equal plain Python loops over lists; scores
 of the padded policy equal the exact policy's within the engine's tolerance; every scorer
 implements the protocol."""
 
@@ -61,13 +61,13 @@ def test_id_matrix_pads_after_each_sequence():
     assert m.tolist() == [[0, 0, 0], [5, 6, 7], [8, 0, 0]]
 
 
-def test_exact_buckets_cut_as_the_loop_did():
+def test_exact_buckets_equal_a_loop_over_runs_of_one_length():
     rng = np.random.default_rng(1)
     lengths = rng.integers(1, 9, size=2000)
     order = np.argsort(lengths, kind="stable")
     got = [b.index.tolist() for b in ExactBuckets(64).batches(lengths, order, 1)]
     expected, start = [], 0
-    while start < len(order):  # the engine's loop before issue 46
+    while start < len(order):  # each batch: one length, at most 64 // (length + 1) rows
         length = int(lengths[order[start]])
         rows = max(1, 64 // (length + 1))
         end, limit = start + 1, min(len(order), start + rows)

@@ -1,4 +1,4 @@
-"""Ensembles as one re-ranking feature (issue 31): ``nbest -m A -m B`` and ``ab --rerank
+"""Ensembles as one re-ranking feature: ``nbest -m A -m B`` and ``ab --rerank
 NAME=A,B`` average the models' next-token probabilities (:class:`EnsembleScorer`)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""SIGTERM, SIGKILL and dead workers (issue 23, items 2, 4, 8): workers die with their parent,
+"""SIGTERM, SIGKILL and dead workers: workers die with their parent,
 SIGTERM is Ctrl-C, a killed worker is one line, nothing is left behind but the partial output.
 
 Every run reads standard input from a pipe that the test keeps open, so it cannot finish before
@@ -98,7 +98,7 @@ def _resume_gives_one_process_bytes(model, part, workers: int) -> None:
     assert gzip.decompress(part.read_bytes()).decode() == alone.stdout
 
 
-# ---------------------------------------------------------------------------- item 2
+# ---------------------------------------------------------------- SIGTERM and SIGKILL of the parent
 @pytest.mark.parametrize("workers", [1, 2])
 def test_sigterm_is_ctrl_c_partial_kept_exit_143(tiny_model_path, tmp_path, workers):
     part = tmp_path / "part.gz"
@@ -133,7 +133,7 @@ def test_workers_die_with_a_parent_killed_by_sigkill(tiny_model_path, tmp_path):
     _resume_gives_one_process_bytes(tiny_model_path, part, 2)
 
 
-# ---------------------------------------------------------------------------- item 4
+# ---------------------------------------------------------------------------- a worker killed
 WORKER_DIED = re.compile(
     r"phrasescore: error: worker [12] died \(signal 9; out of memory\?\)"
     r"( at chunk \d+ \(lines \d+-\d+\))?; rerun with --resume"
@@ -176,7 +176,7 @@ def test_the_pool_names_the_dead_worker_and_its_chunk():
     )
 
 
-# ---------------------------------------------------------------------------- item 8
+# ---------------------------------------------------------------------------- n-best stopped
 @pytest.mark.parametrize("workers", [1, 2])
 def test_nbest_stopped_by_sigterm_leaves_nothing_behind(tiny_model_path, tmp_path, workers):
     listing = gzip.open(NBEST_LIST, "rt", encoding="utf-8").read().splitlines(True)
@@ -197,7 +197,7 @@ def test_nbest_stopped_by_sigterm_leaves_nothing_behind(tiny_model_path, tmp_pat
     assert os.listdir(tmp_path) == []
 
 
-# ---------------------------------------------------------------------------- issue 30, item 12
+# ------------------------------------------------------------------ a worker's death wakes the pool
 _WAIT_FOR_A_DEATH = """
 import os, signal, sys
 from phrasescore.runners import chunk_pool
@@ -218,10 +218,9 @@ except chunk_pool.WorkerDied as exc:
 
 
 def test_the_pool_is_woken_by_a_workers_death_not_by_a_timer():
-    """Before: the parent looked at its workers only after POLL_SECONDS without a result (a
-    dead worker stopped the run in 2.8 s); with that timer set to an hour it would wait an
-    hour. Now a worker's end wakes it at once (the deadline only keeps a broken run from
-    hanging the suite)."""
+    """A worker's end wakes the parent at once, even with POLL_SECONDS set to an hour: a parent
+    that looked at its workers only after POLL_SECONDS without a result would wait that long
+    (the deadline only keeps a broken run from hanging the suite)."""
     proc = subprocess.run(
         [sys.executable, "-c", _WAIT_FOR_A_DEATH], capture_output=True, text=True, timeout=DEADLINE
     )
@@ -231,7 +230,7 @@ def test_the_pool_is_woken_by_a_workers_death_not_by_a_timer():
     ), proc.stdout
 
 
-# ---------------------------------------------------------------------------- issue 30, item 11
+# ------------------------------------------------------------- a signal as a temporary file is made
 class _Stop(BaseException):
     pass
 
@@ -243,8 +242,8 @@ def _raise_stop(signum, frame):
 @pytest.mark.parametrize("writer", ["AtomicOutput", "atomic_path", "StagedFile"])
 def test_a_sigterm_as_the_temporary_file_is_made_leaves_nothing(tmp_path, monkeypatch, writer):
     """SIGTERM (every command's Ctrl-C) landing between the creation of a temporary file and
-    the recording of its name left the file behind for ever: on a loaded machine that is how
-    'nothing is left behind' failed now and then. It is held back until the name is known."""
+    the recording of its name would leave the file behind for ever, unknown to the clean-up:
+    the signal is held back until the name is known."""
     from phrasescore import files
 
     made = files._temporary_beside

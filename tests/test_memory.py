@@ -1,4 +1,4 @@
-"""Memory does not grow with the table: oneDNN's per-shape caches are bounded (issue 14)."""
+"""Memory does not grow with the table: oneDNN's per-shape caches are bounded."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ def _run(env: dict) -> list[str]:
 
 
 def test_importing_phrasescore_bounds_the_onednn_shape_caches():
-    # A new batch shape per batch made RSS grow ~110 MB per 100,000 lines in bf16 with oneDNN's
-    # default of 1,024 cached shapes (tools/bench-rss); phrasescore sets a small bound.
+    # A new batch shape per batch makes RSS grow with the table under oneDNN's default of 1,024
+    # cached shapes (docs/benchmarks.md, "Engine of commit 41fe511"; tools/bench-rss), so
+    # phrasescore sets a small bound.
     env = {k: v for k, v in os.environ.items() if k not in CACHES}
     values = _run(env)
     assert values != ["None", "None"]

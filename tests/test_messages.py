@@ -1,4 +1,4 @@
-"""Errors that name their file (issue 23, items 6 and 9): a manifest without its fields, a
+"""Errors that name their file: a manifest without its fields, a
 moses.ini that cannot be read or lacks the table."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def _one_line(proc) -> str:
     return lines[0]
 
 
-# ---------------------------------------------------------------------------- item 6
+# ---------------------------------------------------------------------------- shard manifests
 @pytest.mark.parametrize(
     "edit, problem",
     [
@@ -68,7 +68,7 @@ def test_merge_refuses_a_manifest_without_its_fields_in_one_line(parts, tmp_path
     assert not (tmp_path / "all.gz").exists()
 
 
-# ---------------------------------------------------------------------------- item 9
+# ---------------------------------------------------------------------------- moses.ini
 MODERN = """[feature]
 UnknownWordPenalty
 PhraseDictionaryMemory name=TranslationModel0 num-features={n} path=phrase-table.gz input-factor=0 output-factor=0
@@ -114,7 +114,7 @@ def test_merge_with_an_ini_that_lacks_the_table_names_the_ini(parts, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["moses.ini"]
 
 
-# ---------------------------------------------------------------------------- issue 47, item 11
+# ---------------------------------------------------------------------------- line endings
 def _table_with_endings(tmp_path, bare_cr_at: int | None):
     """The 300-line table with CRLF endings on every 7th line and, on line ``bare_cr_at``, a
     lone CR where its newline was (two entries joined), gzip."""
@@ -148,8 +148,9 @@ TABLE_READERS = {
 def test_a_lone_carriage_return_in_a_table_is_refused_naming_its_line(
     command, tmp_path, tiny_model_path
 ):
-    """A lone CR ending line 151 joined it with line 152: rescore said "rescored 299 lines"
-    (the second pair got no column), check-table OK. CRLF endings stay accepted."""
+    """A lone CR ending line 151 is refused with one error naming the line: Moses would read
+    lines 151 and 152 as one entry (the second pair without its column). CRLF endings stay
+    accepted."""
     args = TABLE_READERS[command](tiny_model_path)
     out = ["-o", tmp_path / "out.gz"] if args[0] != "check-table" else []
     table = _table_with_endings(tmp_path, bare_cr_at=151)
@@ -167,12 +168,12 @@ def test_a_lone_carriage_return_in_a_table_is_refused_naming_its_line(
         assert "rescored 300 lines" in proc.stderr
 
 
-# ---------------------------------------------------------------------------- issue 47, item 17
+# --------------------------------------------------------------------------- checkpoints and models
 def test_a_checkpoint_given_as_a_model_and_a_model_as_a_checkpoint_are_one_line(
     tiny_model_path, corpus_files, tmp_path
 ):
-    """Before: "header too large" from safetensors, and PyTorch's pickle warning (two lines)
-    before the error where torch was asked to read a file that is not its own."""
+    """Each is named for what it is in one line, without safetensors' "header too large" or
+    PyTorch's pickle warning from reading a file that is not its own."""
     checkpoint = tiny_model_path + ".checkpoint"
     assert os.path.isfile(checkpoint)
     line = _one_line(run_cli("-q", "sample", "a man", "-m", checkpoint))
@@ -189,9 +190,10 @@ def test_a_checkpoint_given_as_a_model_and_a_model_as_a_checkpoint_are_one_line(
     )
 
 
-# ---------------------------------------------------------------------------- issue 47, item 20
+# ---------------------------------------------------------------------------- train -q
 def test_train_quiet_keeps_stderr_quiet_and_still_writes_the_log(corpus_files, tmp_path):
-    """``train -q`` made MODEL.log and left it empty (0 bytes): -q is about standard error."""
+    """``train -q`` writes nothing on standard error and still writes its lines to MODEL.log: -q
+    is about standard error."""
     model = tmp_path / "m.st"
     args = ["train", *corpus_files, "--preset", "tiny", "--max-steps", "2", "--no-progress"]
     proc = run_cli("-q", *args, "-o", model)
@@ -201,10 +203,11 @@ def test_train_quiet_keeps_stderr_quiet_and_still_writes_the_log(corpus_files, t
     assert "word vocabulary" in log_text and "stopped (" in log_text
 
 
-# ---------------------------------------------------------------------------- issue 47, item 21
+# ---------------------------------------------------------------------------- sample
 def test_sample_says_why_it_shows_fewer_targets_than_asked(tiny_model_path):
-    """``sample 'a man' -n 5`` printed nothing, rc 0: every draw was cut off by the length
-    limit before the model drew the end of the phrase, and such a draw is no target."""
+    """Draws cut off by the length limit before the model drew the end of the phrase are no
+    targets: ``sample`` warns how many ended within the limit and what to do, rather than show
+    fewer (or no) targets without a word."""
     import re
 
     proc = run_cli("sample", "a man", "-m", tiny_model_path, "-n", "5", "--max-length", "1")
@@ -221,10 +224,10 @@ def test_sample_says_why_it_shows_fewer_targets_than_asked(tiny_model_path):
     assert int(warning.group(1)) < 5
 
 
-# ---------------------------------------------------------------------------- issue 47, item 19
+# ---------------------------------------------------------------------------- resume after pipes
 def test_a_resume_with_files_after_a_run_on_pipes_names_the_pipe_not_the_file(caplog):
-    """The warning said "source corpus r.en is a pipe" of the regular file r.en, when the
-    checkpoint's run was the one that read a pipe."""
+    """The warning names the pipe the checkpoint's run read (/dev/fd/63), not the regular file
+    r.en given now."""
     from phrasescore.training.run_identity import identity_difference
 
     saved = {"files": {"source corpus": {"name": "/dev/fd/63", "pipe": True}}}

@@ -123,7 +123,7 @@ def test_stepwise_decoding_gives_the_teacher_forced_scores():
 
 
 def test_default_preset_starts_adam_at_2e_3_and_another_optimizer_at_its_own_rate():
-    """Issue 29: the attention default trains at 2e-3 (docs/benchmarks.md); cho and lstm keep
+    """The attention default trains at 2e-3 (docs/benchmarks.md); cho and lstm keep
     Adam's 1e-3; --optimizer without --lr takes that optimiser's own default."""
     from phrasescore.jobs.training.train import _configure
 

@@ -1,4 +1,4 @@
-"""``recurrence="fused"`` (issue 39): the torch.nn.GRU encoders of cho and attention against a
+"""``recurrence="fused"``: the torch.nn.GRU encoders of cho and attention against a
 written-out reference of cuDNN's GRU, padding, gradients, learning, model files, refusals, and
 (with a GPU) the same on CUDA."""
 
@@ -247,7 +247,7 @@ def test_fused_model_learns_like_the_written_one(trained, arch):
     path, fused = trained[arch, "fused"]
     _, written = trained[arch, "written"]
     assert fused.unigram_valid_ppl > 100
-    # measured: attention 57.7 (written 52.9), cho 59.9 (written 59.5), unigram 173.6
+    # margins around the perplexities in docs/benchmarks.md, "Fused recurrences"
     assert fused.best_valid_ppl < fused.unigram_valid_ppl / 2.5
     assert fused.best_valid_ppl < 1.3 * written.best_valid_ppl
     model = load_model(path)

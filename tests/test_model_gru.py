@@ -129,8 +129,10 @@ def test_token_logprobs_equal_log_softmax_and_stepwise_decoding():
 
 
 def test_fan_in_init_gives_unit_embeddings_and_cho_keeps_the_paper_scale():
-    """Issue 15: with Adam, N(0, 0.01²) weights left phrase-table training at the unigram
-    perplexity for ~100 steps; ``init="fan_in"`` uses PyTorch's scales instead."""
+    """``init="fan_in"`` uses PyTorch's scales (unit embeddings, zero PAD, output weights within
+    1/sqrt(rank), an orthogonal U) and the default keeps the paper's N(0, 0.01²): with Adam the
+    paper's scale holds phrase-table training at the unigram perplexity for its first updates
+    (docs/benchmarks.md, "Which model to train for the column (history)")."""
     sizes = dict(src_vocab_size=300, tgt_vocab_size=400)
     torch.manual_seed(0)
     cho = build_network(ModelConfig(**sizes))

@@ -15,7 +15,8 @@ from phrasescore.engine.scoring import PairScorer
 from phrasescore.model import build_network
 from phrasescore.model.config import ModelConfig, TrainConfig, preset
 from phrasescore.model.lstm import DeepLSTMEncoderDecoder, reverse_within
-from phrasescore.training.trainer import Trainer, learning_rate_at
+from phrasescore.training.loop import learning_rate_at
+from phrasescore.training.trainer import Trainer
 
 from .conftest import DATA, sample_pairs, train_tiny, write_lines
 

@@ -234,9 +234,9 @@ def test_bad_input_is_one_line_and_no_output(tmp_path, tiny_model_path, case, me
         source = write_lines(tmp_path / "source.en", src[:2] + [""] + src[3:5])
     elif case == "source too long":
         source = write_lines(tmp_path / "source.en", src[:8])
-    elif case == "empty list":  # issue 41: "ends with sentence id -1"
+    elif case == "empty list":  # named empty, not a list "ending with sentence id -1"
         nbest = write_lines(tmp_path / "empty.nbest", [])
-    elif case == "empty source":  # issue 41: "(ids 0--1)"
+    elif case == "empty source":  # named as having no line, not "(ids 0--1)"
         source = write_lines(tmp_path / "source.en", [])
         message += f"{source} has no line; the list and the source do not match"
     elif case == "no weight for the feature":
@@ -261,10 +261,10 @@ def test_bad_input_is_one_line_and_no_output(tmp_path, tiny_model_path, case, me
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.nbest")]
 
 
-# ---------------------------------------------------------------------------- issue 30, item 6
+# ---------------------------------------------------------------------- temporaries of a killed run
 def test_a_later_run_removes_the_temporaries_a_killed_run_left(tmp_path, tiny_model_path, caplog):
-    """After a SIGKILL, nbest's ``.out.gz.XXXXXXXX.tmp`` stayed for ever: the next run on the
-    same output removes it (its own naming pattern only), unless a live run holds the lock."""
+    """nbest's ``.out.gz.XXXXXXXX.tmp``, left by a SIGKILL, is removed by the next run on the same
+    output (its own naming pattern only, logged), unless a live run holds the lock."""
     import os
     import subprocess
     import sys
@@ -309,7 +309,8 @@ def test_a_later_run_removes_the_temporaries_a_killed_run_left(tmp_path, tiny_mo
 def test_a_model_of_the_other_direction_is_warned_about(
     tiny_model_path, tiny_inverse_model_path, tmp_path
 ):
-    """Issue 41, item 10: rescore warned, nbest did not (the same check now)."""
+    """nbest warns once of a model trained in the other direction, as rescore does, and not when
+    the direction fits (a forward model, or the inverse one with --inverse)."""
     from .conftest import run_cli
 
     nbest = NBEST / "multi30k.test2016.ids0-4.100best.nbest.gz"

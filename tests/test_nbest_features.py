@@ -1,4 +1,4 @@
-"""``nbest`` with several features in one pass (issue 40, item 1): ``-m NAME=MODEL``,
+"""``nbest`` with several features in one pass: ``-m NAME=MODEL``,
 ``--inverse-model NAME=MODEL`` and ``NAME=A,B`` ensembles, on the real Moses list of
 tests/data/nbest, byte-identical to one call per feature chained."""
 

@@ -1,4 +1,4 @@
-"""``nbest --shard K/N`` + ``merge-shards`` (issue 17): parts cut at sentence-id groups, merged
+"""``nbest --shard K/N`` + ``merge-shards``: parts cut at sentence-id groups, merged
 byte-identical to one process; incomplete, foreign and mixed parts refused in one line.
 
 The list is the real Multi30k 100-best list of test2016 ids 0-4 (324 hypotheses: 100, 100, 66,
@@ -228,7 +228,8 @@ def test_torchrun_nbest_is_byte_identical_to_one_process(tiny_model_path, tmp_pa
 
 
 def test_merge_refuses_an_output_onto_a_parts_manifest(parts, tmp_path):
-    """Before issue 30: exit 0, and the part's manifest overwritten by the merged list."""
+    """A part's manifest as -o or --ini-out is refused in one line and left as it was: the
+    merged list would overwrite an input."""
     manifest = f"{parts[1]}.manifest.json"
     before = Path(manifest).read_bytes()
     for flag in ("-o", "--ini-out"):

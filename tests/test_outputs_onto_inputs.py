@@ -1,4 +1,4 @@
-"""No command destroys its own input (issue 41, items 1, 2, 5 and 6).
+"""No command destroys its own input.
 
 * An output (``-o``, ``--ini-out``, ``--map``, ``--scatter``, the files a training or rescore
   writes beside ``-o``) naming an input is refused in one line before any work, whether it names
@@ -108,7 +108,7 @@ def invoke(*args):
     return CliRunner().invoke(cli, ["-q", *map(str, args)])
 
 
-# ---------------------------------------------------------------------------- item 1
+# ---------------------------------------------------------------------------- outputs naming inputs
 TRAIN = ("train", "train.en", "train.fr", "--preset", "tiny", "--max-steps", "2", "--no-progress")
 TRAIN_LM = ("train-lm", "train.fr", "--preset", "tiny", "--max-steps", "2", "--no-progress")
 RESCORE = ("rescore", "phrase-table.gz", "-m", "model.st", "--no-progress")
@@ -268,7 +268,7 @@ CASES = [
         ],
         "--ini-out moses.ini is the --moses-ini",
     ),
-    # issue 47, items 1, 2 and 5: the files a command writes, renames or deletes beside -o
+    # the files a command writes, renames or deletes beside -o
     (
         "train -o's best onto SOURCE",
         [TRAIN[0], "oo.best", *TRAIN[2:], "-o", "oo"],
@@ -409,7 +409,7 @@ def test_every_command_that_writes_has_a_case():
     assert set(cli.commands) == writers | readers_only
 
 
-# ---------------------------------------------------------------------------- item 2
+# --------------------------------------------------------------------- pipes and devices as outputs
 class FifoReader(threading.Thread):
     """Read a named pipe to its end in a thread. The read end is opened here (non-blocking,
     so no writer is needed yet), then each read waits for the writer with select(): a run that
@@ -468,7 +468,8 @@ def test_a_named_pipe_is_written_as_a_stream(command, workspace, request):
 
 
 def test_ini_out_onto_a_named_pipe_is_written_as_a_stream(workspace):
-    """Issue 47, item 7: ``rescore --ini-out FIFO`` replaced the pipe with a file, rc 0."""
+    """``rescore --ini-out FIFO`` writes the moses.ini through the pipe (its reader gets the
+    file's bytes) and leaves it a pipe, not a file in its place."""
     args = [*RESCORE, "-o", "new.gz", "--moses-ini", "moses.ini", "--ini-out"]
     assert invoke(*args, "file.ini").exit_code == 0
     fifo = workspace / "pipe.ini"
@@ -519,7 +520,7 @@ def test_a_model_onto_a_pipe_or_device_is_refused(command, workspace):
     assert stat.S_ISCHR(os.lstat("/dev/null").st_mode)
 
 
-# ---------------------------------------------------------------------------- item 6
+# ------------------------------------------------------------ a second training onto the same model
 @pytest.mark.parametrize("command", ["train", "train-lm"])
 def test_a_second_training_onto_the_same_model_is_refused(command, workspace):
     args = TRAIN if command == "train" else TRAIN_LM
@@ -600,9 +601,9 @@ def test_resume_refuses_another_table_of_the_same_name_size_and_time(
 def test_rescore_resume_from_standard_input_checks_the_lines_it_reads_again(
     workspace, monkeypatch, tiny_model_path
 ):
-    """``rescore - --resume`` with another table on standard input: before, exit 0 and a table
-    mixed of both published; now one line, nothing published, the partial output kept. The
-    same table again resumes to the bytes of an uninterrupted run."""
+    """``rescore - --resume`` with another table on standard input: one line, nothing published
+    (no table mixed of both), the partial output kept. The same table again resumes to the
+    bytes of an uninterrupted run."""
     table = _table_bytes()
     _interrupted_rescore(monkeypatch, tiny_model_path, "-", workspace / "out", stdin=table)
     other = table.splitlines(keepends=True)

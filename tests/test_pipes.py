@@ -1,4 +1,4 @@
-"""Inputs read once work from named pipes and /dev/fd/N (bash's `<(zcat f.gz)`) (issue 14)."""
+"""Inputs read once work from named pipes and /dev/fd/N (bash's `<(zcat f.gz)`)."""
 
 from __future__ import annotations
 
@@ -98,11 +98,11 @@ def test_shard_and_torchrun_refuse_a_pipe_in_one_line(tiny_model_path, tmp_path,
     assert not out.exists() and not (tmp_path / "m.st").exists()
 
 
-@pytest.mark.parametrize("command", ["rescore"])  # copy-table and nbest exited 141 already
+@pytest.mark.parametrize("command", ["rescore"])  # copy-table and nbest exit 141 as well
 def test_a_closed_pipe_on_standard_output_fails_the_command(command, tiny_model_path, tmp_path):
-    """Issue 47, item 8: ``rescore -o - | head -1`` exited 0 and said "rescored 4800 lines ->
-    <stdout>": one write larger than the pipe, cut short by the reader's end, returned a short
-    count without an error. Now as copy-table: 141, as a shell reports SIGPIPE."""
+    """``rescore -o - | head -1`` exits 141, as a shell reports SIGPIPE, with no summary line:
+    one write larger than the pipe, cut short by the reader's end, returns a short count
+    without an error, which must not pass for a written table."""
     table = tmp_path / "table"
     table.write_bytes(gzip.decompress(TABLE.read_bytes()) * 16)  # more than a pipe holds
     model = ["-m", tiny_model_path, "--no-progress"] if command == "rescore" else []

@@ -1,4 +1,4 @@
-"""Progress on stderr (issue 23): one shared bar, a line every LOG_INTERVAL seconds when stderr
+"""Progress on stderr: one shared bar, a line every LOG_INTERVAL seconds when stderr
 is a log, not a terminal; ``train --no-progress``; ``train --resume`` with nothing to resume."""
 
 from __future__ import annotations
@@ -66,15 +66,15 @@ def test_train_no_progress_and_resume_with_nothing_to_resume(corpus_files, tmp_p
     assert f"resuming at step 6 of {model}.checkpoint (epoch 1, best validation perplexity " in (
         again.stderr
     )
-    assert "\tsteps=6\t" in again.stdout  # a finished run makes no step more (issue 41)
+    assert "\tsteps=6\t" in again.stdout  # a finished run makes no step more
     assert len(_bar_lines(again.stderr, "step/s")) == 2 and "\r" not in again.stderr
 
 
 def test_train_into_a_log_writes_a_line_per_log_interval_not_per_second(
     corpus_files, tmp_path, monkeypatch
 ):
-    """Before issue 30: the postfix (loss, tok/s), set every second, redrew the bar each time
-    (tqdm's set_postfix refreshes unless told not to): one line per second in a log. Here every
+    """The postfix (loss, tok/s), set every second, must not redraw the bar each time (tqdm's
+    set_postfix refreshes unless told not to): that is one line per second in a log. Here every
     step is 2 s apart on the trainer's clock and tqdm's clock stands still, so only a forced
     redraw can add a line: the first draw and the complete bar are all there is."""
     import itertools
@@ -86,7 +86,7 @@ def test_train_into_a_log_writes_a_line_per_log_interval_not_per_second(
 
     from .conftest import train_tiny
 
-    trainer = sys.modules[train.Trainer.__module__]  # the training loop's module, wherever it is
+    trainer = sys.modules[train.Trainer._step.__module__]  # the step's module, wherever it is
 
     log = io.StringIO()  # not a terminal
     monkeypatch.setattr(progress.sys, "stderr", log)

@@ -1,4 +1,4 @@
-"""Bad inputs of re-ranking by hand (issue 41, item 7): ``rerank-weights`` and ``nbest
+"""Bad inputs of re-ranking by hand: ``rerank-weights`` and ``nbest
 --weights`` refuse non-finite weights and feature values, duplicated kbmira weights and
 unreadable files in one line naming file:line, exit 1, nothing under the output name."""
 
@@ -207,8 +207,9 @@ HELD = {  # case: (the input given in wd, its role, the file it is a copy of)
 
 @pytest.mark.parametrize("case", [*HELD, "a hard link of --reference in wd"])
 def test_rerank_tune_refuses_a_workdir_that_holds_an_input(tmp_path, monkeypatch, case):
-    """Issue 47, item 3: the extractor replaced ``--reference wd/scores.dat`` with its
-    statistics (rc 0), and overwrote the list given as ``wd/features.dat``."""
+    """A workdir that holds an input (by name or by a hard link) is refused in one line and
+    every file left as it was: the extractor would replace ``--reference wd/scores.dat`` with
+    its statistics and the list given as ``wd/features.dat`` with its features."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "wd" / "mert-1234").mkdir(parents=True)
     inputs = {"n-best list": "list.nbest", "--reference": "ref.fr", "--start": "start.ini"}
@@ -235,7 +236,8 @@ def test_rerank_tune_refuses_a_workdir_that_holds_an_input(tmp_path, monkeypatch
 
 @pytest.mark.parametrize("command", ["rerank-tune", "ab"])
 def test_a_workdir_that_is_a_file_is_one_line(tmp_path, command):
-    """Issue 47, items 15 and 16: a traceback (FileExistsError)."""
+    """A --workdir that is a file is one error line, not a FileExistsError traceback, and the
+    file is kept."""
     afile = tmp_path / "afile"
     afile.write_text("keep\n")
     if command == "rerank-tune":
@@ -259,7 +261,8 @@ def _list_lines() -> list[str]:
 
 
 def test_rerank_tune_refuses_a_list_without_features(tmp_path):
-    """Issue 47, item 9: an empty feature field gave an empty weights file, rc 0."""
+    """A list with an empty feature field is refused naming its first line, rather than tuned
+    into an empty weights file."""
     nbest = tmp_path / "list.nbest"
     nbest.write_text("".join(re.sub(r" \|\|\| [^|]*\|\|\| (\S+)$", r" |||  ||| \1", line)
                              for line in _list_lines()))  # fmt: skip
@@ -270,8 +273,8 @@ def test_rerank_tune_refuses_a_list_without_features(tmp_path):
 
 
 def test_rerank_tune_refuses_a_reference_longer_than_the_list(tmp_path):
-    """Issue 47, item 10: 10 reference lines for ids 0-4 tuned against the wrong sentences
-    (dev BLEU far too low), weights written; a shorter reference was refused already."""
+    """10 reference lines for ids 0-4 are refused in one line, as a shorter reference is: the
+    weights would be tuned against the wrong sentences."""
     reference = tmp_path / "ref.fr"
     reference.write_text(REFERENCE.read_text() * 2)
     out = tmp_path / "w.txt"
@@ -287,8 +290,8 @@ def test_rerank_tune_refuses_a_reference_longer_than_the_list(tmp_path):
 
 @pytest.mark.parametrize("flags", [[], ["--one-best"]], ids=" ".join)
 def test_nbest_warns_of_ids_without_hypotheses_and_keeps_the_lines_aligned(tmp_path, flags, caplog):
-    """Issue 47, item 12: ids 0, 2 and 4 of 5 source lines: no warning, and --one-best
-    printed an empty line for sentences 1 and 3 without a word."""
+    """A list with ids 0, 2 and 4 of 5 source lines: one warning naming ids 1 and 3, and
+    --one-best keeps its output aligned with the source (an empty line for each of them)."""
     nbest = tmp_path / "gap.nbest"
     nbest.write_text("".join(line for line in _list_lines() if line.split(" ||| ")[0] in "024"))
     out = tmp_path / "out"

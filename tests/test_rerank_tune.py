@@ -1,4 +1,4 @@
-"""``phrasescore rerank-tune`` (issue 40, items 2 and 6): bad lists refused in one line before any
+"""``phrasescore rerank-tune``: bad lists refused in one line before any
 Moses tool runs, and, with a real Moses build (MOSES_HOME: bin/extractor, bin/mert, bin/kbmira),
 the weights ``ab --rerank``'s step tunes on the same list with the same seed, byte for byte."""
 
@@ -214,8 +214,8 @@ def test_a_failing_tool_is_one_line_and_leaves_no_output(tmp_path, scored_list):
 
 
 def test_the_report_says_when_the_new_features_were_all_given_0():
-    """Issue 47, item 22: the demo read "Moses 1-best 57.96, re-ranked 58.95" with all four
-    neural weights 0.0: the gain was Moses' own features retuned on the list."""
+    """When every new feature's weight is 0, the report's last line says the dev BLEU gain is
+    --start's own features retuned on the list, not the new features'."""
     from phrasescore.jobs.tuning.rerank_tune import TuneResult, TuningRun
 
     def report(l2r: float) -> list[str]:

@@ -287,7 +287,7 @@ def test_subword_model_trains_and_rescores(tmp_path, corpus_files):
     assert all(0 < float(e.scores[-1]) <= 1 for e in read_phrase_table(str(out)))
 
 
-# ---------------------------------------------------------------------------- issue 14
+# ---------------------------------------------------------- checks before work, summaries, warnings
 def _moses_system(tmp_path):
     ini = tmp_path / "moses.ini"
     ini.write_text((DATA / "moses" / "multi30k.moses.ini").read_text())
@@ -442,7 +442,8 @@ def test_a_lone_model_of_the_other_direction_is_warned_about(
 
 
 def test_a_phrase_over_the_length_limit_gets_the_floor_value_fast(tiny_model_path, tmp_path):
-    # issue 14, item 6: a 500,000-word phrase stalled rescore for 19+ minutes
+    # a phrase over --max-phrase-length is never run through the network, whose time grows with
+    # the phrase: it gets the floor value at once
     long_source = " ".join(["a"] * 5000)
     table = tmp_path / "pt"
     table.write_text(
@@ -506,10 +507,11 @@ def test_the_summary_counts_long_pairs_of_the_whole_table_after_resume(tiny_mode
     assert proc.returncode == 2 and "Invalid value for '--max-phrase-length'" in proc.stderr
 
 
-# ---------------------------------------------------------------------------- issue 30, item 9
+# ---------------------------------------------------------------------------- an empty table
 @pytest.mark.parametrize("name", ["empty.phrase-table", "empty.phrase-table.gz"])
 def test_an_empty_table_is_said_in_a_warning_and_in_the_summary(tiny_model_path, tmp_path, name):
-    """Before: an empty output and a summary of 0 lines, with no word that the table was empty."""
+    """An empty table gives an empty output, and both a warning and the summary say the table
+    is empty (a summary of 0 lines alone would not)."""
     table = tmp_path / name
     table.write_bytes(gzip.compress(b"", mtime=0) if name.endswith(".gz") else b"")
     out = tmp_path / "out.gz"
@@ -528,8 +530,8 @@ def test_an_empty_table_is_said_in_a_warning_and_in_the_summary(tiny_model_path,
 def test_an_ini_declaring_fewer_scores_than_the_table_has_is_warned_about(
     tiny_model_path, tmp_path
 ):
-    """Issue 41, item 10: a moses.ini of num-features=4 for a table of 5 scores per line was
-    carried over (4 + 1) without a word."""
+    """A moses.ini of num-features=4 for a table of 5 scores per line is carried over (4 + 1)
+    with a warning naming the ini's line and the table's."""
     import shutil
 
     table = tmp_path / "phrase-table.gz"

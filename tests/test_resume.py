@@ -1,5 +1,4 @@
-"""--resume that does not trust its state, and the Slurm-array recipe (issue 23, items 1, 5, 7,
-10, 11)."""
+"""--resume that does not trust its state, and the Slurm-array recipe."""
 
 from __future__ import annotations
 
@@ -43,7 +42,7 @@ def _interrupted_run(monkeypatch, model, out, chunks=2, **kw):
     monkeypatch.undo()
 
 
-# ---------------------------------------------------------------------------- item 1
+# --------------------------------------------------------------------------- the Slurm-array recipe
 def test_slurm_recipe_resume_starts_fresh_and_a_finished_part_is_left_alone(
     tiny_model_path, tmp_path
 ):
@@ -94,7 +93,7 @@ def test_resume_without_shard_and_nothing_to_resume_starts_fresh(tiny_model_path
     assert gzip.decompress(out.read_bytes()).count(b"\n") == 300
 
 
-# ---------------------------------------------------------------------------- item 5
+# --------------------------------------------------- a partial output that disagrees with its state
 @pytest.fixture
 def interrupted(tiny_model_path, tmp_path, monkeypatch):
     """An output stopped after 2 chunks of 40 lines: (output, partial, state)."""
@@ -175,12 +174,12 @@ def test_a_partial_ending_inside_a_chunk_is_refused(interrupted, tiny_model_path
     out, partial, state = interrupted
     saved = json.loads(state.read_text())
     state.write_text(json.dumps({**saved, "lines": 79}))
-    # the kept prefix is counted first (issue 30): its 80 lines are not the state's 79
+    # the kept prefix is counted first: its 80 lines are not the state's 79
     with pytest.raises(InputError, match="has 80 lines, its state .out.gz.partial.json records 79"):
         _resume(tiny_model_path, out)
 
 
-# ---------------------------------------------------------------------------- item 7
+# ------------------------------------------------------------------- the summary of a resumed shard
 def test_the_summary_of_a_resumed_shard_is_the_uninterrupted_one(
     tiny_model_path, tmp_path, monkeypatch
 ):
@@ -201,7 +200,7 @@ def test_the_summary_of_a_resumed_shard_is_the_uninterrupted_one(
     assert out.read_bytes() == (tmp_path / "whole.gz").read_bytes()
 
 
-# ---------------------------------------------------------------------------- item 10
+# --------------------------------------------------------------- a directory where the partial goes
 def test_a_directory_at_the_partial_path_is_one_line_and_nothing_is_left(tiny_model_path, tmp_path):
     (tmp_path / ".out.gz.partial").mkdir()
     proc = run_cli("rescore", TABLE, "-m", tiny_model_path, "-o", tmp_path / "out.gz",
@@ -214,7 +213,7 @@ def test_a_directory_at_the_partial_path_is_one_line_and_nothing_is_left(tiny_mo
     assert sorted(os.listdir(tmp_path)) == [".out.gz.partial"]
 
 
-# ---------------------------------------------------------------------------- item 11
+# ---------------------------------------------------------------------------- shards without -o
 def test_shards_without_output_get_one_file_each(tiny_model_path, tmp_path):
     table = tmp_path / "pt.gz"
     shutil.copy(TABLE, table)
@@ -248,7 +247,7 @@ def test_torchrun_refuses_a_directory_at_a_ranks_partial_path_before_any_work(
     assert os.listdir(tmp_path) == [blocker.name]  # rank 0 wrote nothing either
 
 
-# ---------------------------------------------------------------------------- issue 30, items 1-3
+# ------------------------------------------------------------ damaged partials, live runs and locks
 def _member_sizes(data: bytes) -> list[int]:
     """The sizes of the gzip members of ``data``, in order."""
     import zlib
@@ -374,7 +373,8 @@ def _hold_lock(output) -> subprocess.Popen:
 
 def test_a_second_run_on_a_live_runs_output_is_refused_in_one_line(interrupted, tiny_model_path):
     """A Slurm array task launched twice: the second must not resume from the first one's live
-    partial output (before: a FileNotFoundError traceback and a stale state left behind)."""
+    partial output: one line naming the lock's holder, the partial and its state untouched,
+    and a resume once the holder is gone."""
     out, partial, state = interrupted
     before = {p: p.read_bytes() for p in (partial, state)}
     flags = ["-m", tiny_model_path, "--chunk-lines", "40", "--dtype", "float32", "--threads", "1"]

@@ -1,4 +1,4 @@
-"""Issue 42: the table's path spread over the cores (``rescore --io-workers``), gzip by ISA-L
+"""The table's path spread over the cores (``rescore --io-workers``), gzip by ISA-L
 (``--gzip-level``), the block reader, the scorer that costs nothing and the synthetic table."""
 
 from __future__ import annotations
@@ -107,8 +107,8 @@ def test_compress_member_isal_and_zlib_hold_the_same_content():
 # ---------------------------------------------------------------------------- resume, shards
 def test_io_workers_resume_after_an_interruption(tiny_model_path, tmp_path, monkeypatch):
     """Stopped (Ctrl-C) while this process scores its 6th chunk, then --resume with other
-    io-workers: one uninterrupted run's bytes. The 6th chunk was sent to a worker only once no
-    more than 4 (2 per worker) were in flight: chunks 1 and 2 at least were written."""
+    io-workers: one uninterrupted run's bytes. The 6th chunk is sent to a worker only once no
+    more than 4 (2 per worker) are in flight: chunks 1 and 2 at least are written."""
     full = tmp_path / "full.gz"
     rescore_table(str(TABLE), [tiny_model_path], str(full), _options(), progress=False)
     original = NewColumns.score_request

@@ -14,7 +14,8 @@ from phrasescore.bundle import load_model, save_model
 from phrasescore.engine.scoring import PairScorer
 from phrasescore.errors import ModelFileError
 from phrasescore.model.config import TrainConfig
-from phrasescore.training.trainer import Trainer, TrainingData, prepare_data
+from phrasescore.training.data import TrainingData, prepare_data
+from phrasescore.training.trainer import Trainer
 
 from .conftest import TEXT, HostReads, run_cli, sample_pairs, train_tiny, write_lines
 
@@ -88,7 +89,7 @@ def test_phrase_table_source_yields_each_distinct_pair_once(tmp_path):
 
 
 def test_default_preset_trains_with_fan_in_init_and_paper_keeps_the_papers(tmp_path):
-    """Issues 15 and 29: the default preset initialises with fan-in scales, on phrase pairs and
+    """The default preset initialises with fan-in scales, on phrase pairs and
     on sentences; the paper preset keeps Cho et al.'s N(0, 0.01²)."""
     from phrasescore.jobs.training.train import run_training
 
@@ -295,7 +296,7 @@ def test_inverse_phrase_table_training_reads_each_pair_reversed(tmp_path):
 
 @pytest.mark.parametrize("arch", ["cho", "lstm", "attention"])
 def test_default_presets_start_from_fan_in_scales_and_paper_presets_from_the_papers(arch):
-    """Issue 29: PyTorch's scales (embeddings N(0, 1), linear layers U(±1/√fan_in)) in every
+    """PyTorch's scales (embeddings N(0, 1), linear layers U(±1/√fan_in)) in every
     default preset; the paper presets keep N(0, 0.01²) (cho, attention) or U(±0.08) (lstm)."""
     from phrasescore.model import build_network
     from phrasescore.model.config import preset

@@ -214,12 +214,13 @@ def test_sample_needs_something_to_do(tiny_model_path):
     assert result.exit_code == 2 and "-n 0 without --beam" in result.stderr  # a usage error
 
 
-# ---------------------------------------------------------------------------- issue 30, item 13
+# --------------------------------------------------------------------------- BLEU of tokenised text
 def test_translate_reference_scores_tokenised_text_with_bleu_tokenize_none(
     tiny_model_path, source, tmp_path
 ):
-    """Before: translate --reference scored with 13a only (tokenising tokenised text again);
-    ``ab`` scores such text with tokenize none, and so can translate now, saying so."""
+    """``translate --reference --bleu-tokenize none`` scores tokenised text as ``ab`` and
+    ``evaluate --tokenize none`` do, and its signature says so: 13a would tokenise tokenised
+    text again."""
     from .conftest import run_cli
 
     path, lines = source

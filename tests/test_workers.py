@@ -189,7 +189,7 @@ def test_nbest_workers_write_the_bytes_of_one_process(tiny_model_path, tmp_path)
     assert "Traceback" not in proc.stderr and not out.exists()
 
 
-# ---------------------------------------------------------------------------- issue 30, item 4
+# ------------------------------------------------------------------ early input errors with workers
 def _one_table_line_broken(tmp_path, how: str):
     """The real table with a problem the parent finds early: cut inside line 123 (a truncated
     gzip file) or line 123 with two fields."""
@@ -207,8 +207,9 @@ def _one_table_line_broken(tmp_path, how: str):
 
 @pytest.mark.parametrize("how", ["truncated", "two-fields"])
 def test_an_early_input_error_with_workers_is_exactly_one_line(tiny_model_path, tmp_path, how):
-    """Before: 18-49 lines of 'Process phrasescore-worker-N: Traceback ... Terminated' came
-    first (the workers were stopped while they still ran the parent's SIGTERM handler)."""
+    """An input error the parent finds early, with --workers 2, is the one error line and
+    nothing else: no worker's 'Process phrasescore-worker-N: Traceback ... Terminated' before
+    it (workers must not be stopped while they run the parent's SIGTERM handler)."""
     table = _one_table_line_broken(tmp_path, how)
     out = tmp_path / "out.gz"
     proc = run_cli("-q", "rescore", table, "-m", tiny_model_path, "-o", out, "--workers", "2",
@@ -235,7 +236,7 @@ def test_nbest_an_early_input_error_with_workers_is_exactly_one_line(tiny_model_
 
 
 def _block_in_setup(parent, parent_alive) -> None:
-    """A worker's start held up (the slow library lookup of before): says it got here, then
+    """A worker's start held up (as by a slow library lookup): says it got here, then
     waits until it is stopped."""
     os.write(_READY[1], b"!")
     time.sleep(3600)

@@ -13,8 +13,8 @@ Bucket policies (:class:`ExactBuckets`, :class:`PaddedBuckets`), chosen per devi
 
 * **exact** (the CPU): every batch has targets of one exact length within a token budget, so no
   padding is ever computed (on the CPU a padded position costs as much as a real one). The
-  batches, their order and the summation are those of the engine over id lists before it: the same
-  scores to the bit.
+  batches, their order and the summation are those of a plain loop over runs of one length
+  (tests/test_engine_arrays.py): the same scores to the bit.
 * **fixed shapes** (the GPU engine, :mod:`phrasescore.engine.device_scoring`): the padded
   policy with every batch padded to its bucket's width and its rows to a power of two
   (:class:`FixedShapeBuckets`), so that the shapes repeat and each is captured once in a CUDA

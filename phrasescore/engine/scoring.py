@@ -287,7 +287,7 @@ class PairScorer:
         """Encode each distinct source (sequence ``first[k]`` of ``flat``, ``offsets``) once,
         in batches of one exact length; rows in the order of ``first``."""
         lengths = offsets[first + 1] - offsets[first]
-        # a stable sort of small integers (16 bits: numpy's radix sort), the order of before
+        # a stable sort of small integers (16 bits: numpy's radix sort), the order of the lengths'
         small = lengths.astype(np.int16) if lengths.max(initial=0) < 1 << 15 else lengths
         order = np.argsort(small, kind="stable")
         pieces: list[tuple[np.ndarray, EncoderOutput]] = []

@@ -144,9 +144,9 @@ def read_tensors(path: str) -> dict[str, torch.Tensor]:
     safetensors gives views of the file mapped in memory, at 8 + header size + offset bytes from
     a page: their alignment depends on the metadata header's length (its paths, its
     configuration), and the matrix library takes other code paths for other alignments (float32
-    log p moved by up to 1.2e-6, measured on a tiny model). A tensor that is not aligned is
-    copied, so that a model's scores depend on its weights alone: the same weights in two files
-    (a model saved again with other metadata) give the same bytes."""
+    log p moves in its last digits: docs/benchmarks.md, "Tensor alignment"). A tensor that is not
+    aligned is copied, so that a model's scores depend on its weights alone: the same weights in
+    two files (a model saved again with other metadata) give the same bytes."""
     with safe_open(path, framework="pt") as handle:
         return {name: _aligned(handle.get_tensor(name)) for name in handle.keys()}
 

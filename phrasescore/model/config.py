@@ -12,7 +12,7 @@ Presets
            output rank, 256 maxout units, 15,000-word vocabularies, Adam (lr 1e-3), token-budget
            batches of ~2,000 target tokens, dropout 0.2 on embeddings and the maxout layer,
            PyTorch's fan-in initialisation (``init="fan_in"``) instead of the paper's N(0, 0.01²)
-           (issues 15 and 29). docs/benchmarks.md gives the measurements behind each choice
+           (see DEFAULT_INIT). docs/benchmarks.md gives the measurements behind each choice
            (Adam against Adadelta; learning curves against a plain PyTorch model).
 
 Presets are per architecture (:data:`ARCH_PRESETS`, :func:`preset`); ``PRESETS`` is the ``cho``
@@ -119,8 +119,8 @@ class TrainConfig:
     lr_halve_after_epochs: float | None = None
     lr_halve_every_epochs: float = 0.5
     # reduce on plateau: multiply the learning rate by this factor after every validation that
-    # does not improve on the best so far (None: never). The default presets: 0.5 (measured:
-    # docs/benchmarks.md "Learning curves against a plain PyTorch model").
+    # does not improve on the best so far (None: never). The default presets: 0.5 (why:
+    # docs/benchmarks.md, "Learning curves against a plain PyTorch model").
     lr_plateau_factor: float | None = None
     # the gradient of the summed NLL divided by the pairs of the batch instead of its tokens
     loss_per_sentence: bool = False
@@ -165,10 +165,9 @@ PresetTable = dict[str, tuple[dict[str, Any], dict[str, Any]]]
 # The default presets start from PyTorch's fan-in scales (init="fan_in"), the paper presets
 # from the papers' own. The papers' N(0, 0.01²) weights leave the source path ~1e-5 in size (four
 # 0.01-scaled products from the source words to the decoder), and Adam at 1e-3 needs hundreds of
-# updates to grow it. Measured for phrase pairs (Multi30k table, 2,000 held-out pairs):
-# validation perplexity at steps 100/200/300 was 229/169/134 with the paper's scheme, 134/51/32
-# with fan_in; for sentences with attention (Multi30k val): docs/benchmarks.md
-# "Learning curves".
+# updates to grow it: with fan_in the held-out perplexity falls from the first updates, on phrase
+# pairs and on sentences (the figures: docs/benchmarks.md, "Which model to train for the column
+# (history)" and "Learning curves against a plain PyTorch model").
 DEFAULT_INIT = dict(init="fan_in")
 
 # The default presets halve the learning rate after each validation without a new best (reduce
@@ -232,17 +231,17 @@ LSTM_PRESETS: PresetTable = {
     ),
 }
 
-# The attention model's default preset starts Adam at 2e-3, twice the usual 1e-3: measured on
-# Multi30k (docs/benchmarks.md "Learning rate 2e-3 against 1e-3"), validation
-# perplexity 4.82 after 700 updates (1e-3: 5.79) and a plateau of 4.09 (1e-3: 4.30), and the
-# same for a right-to-left model. cho and lstm keep 1e-3 (not measured at 2e-3).
+# The attention model's default preset starts Adam at 2e-3, twice the usual 1e-3: on Multi30k it
+# reaches a lower validation perplexity sooner and a lower plateau, left to right and right to
+# left (docs/benchmarks.md, "The recipe in short", training the models). cho and lstm keep 1e-3
+# (not measured at 2e-3).
 ATTENTION_LEARNING_RATE = 2e-3
 
 # `train --phrase-table` (the column's model, cho) with the default preset starts Adam at 2e-3
-# too: measured on the Multi30k table's 837,351 pairs (docs/benchmarks.md "The column's model at
-# --lr 2e-3"), held-out pair perplexity 2.71 after 30 minutes of one thread (1e-3: 4.81), ahead
-# at every update, and its column gained +1.11 BLEU (p 0.001; the 1e-3 model's: +0.31, p 0.06).
-# 3e-3 gave the same 2.71. Sentence-level cho training keeps 1e-3 (not measured at 2e-3).
+# too: on the Multi30k table its held-out pair perplexity is lower at every update than at 1e-3
+# (3e-3 no better), and only its column moves BLEU significantly (docs/benchmarks.md, "The
+# column's model at 2e-3, alone and with the three re-ranking models"). Sentence-level cho
+# training keeps 1e-3 (not measured at 2e-3).
 PHRASE_PAIR_LEARNING_RATE = 2e-3
 
 ATTENTION_PRESETS: PresetTable = {

@@ -54,7 +54,7 @@ def gru_encoder_step(x_proj: Tensor, h: Tensor, u_rz: Tensor, u_h: Tensor) -> Te
     """
     hidden = h.shape[-1]
     # split/chunk, not slices: their backward is one concatenation, where each slice's is a
-    # zero-filled copy of the whole input (measured: ~3% of an attention training step)
+    # zero-filled copy of the whole input (docs/benchmarks.md, "bf16 output layer on the CPU")
     x_rz, x_h = x_proj.split([2 * hidden, hidden], dim=1)
     r, z = torch.sigmoid(torch.addmm(x_rz, h, u_rz)).chunk(2, dim=1)
     candidate = torch.tanh(torch.addmm(x_h, r * h, u_h))

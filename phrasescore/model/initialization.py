@@ -11,8 +11,8 @@
   U(±1/√fan_in); :class:`torch.nn.LSTM` U(±1/√H)), recurrent matrices of the GRUs
   orthogonal (the fused :class:`torch.nn.GRU` of ``recurrence="fused"`` starts as the written
   one: :func:`_fused_gru_fan_in`). The papers' N(0, 0.01²) leaves a product of several 0.01-scaled matrices between
-  source and output, which Adam at 1e-3 takes hundreds of updates to grow (issues 15 and 29;
-  docs/benchmarks.md "Learning curves").
+  source and output, which Adam at 1e-3 takes hundreds of updates to grow
+  (docs/benchmarks.md, "Learning curves against a plain PyTorch model").
 * :func:`init_cslm` -- the CSLM (Schwenk 2007): embeddings and output N(0, init_std²), rectified
   hidden layers He-uniform (He et al. 2015), biases 0.
 

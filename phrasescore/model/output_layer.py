@@ -59,7 +59,8 @@ class _TokenNLL(torch.autograd.Function):
         scale = grad_nll.expand(log_z.shape) if grad_log_z is None else grad_nll + grad_log_z
         grad = _run_kernel(_scaled_softmax, logits.shape[1], logits, log_z, scale.contiguous())
         # the gold entries again in float32, minus g, written once by indexing (one word per
-        # row; scatter_ and scatter_add_ of bf16 copy the whole gradient on the CPU: 50 ms)
+        # row; scatter_ and scatter_add_ of bf16 copy the whole gradient on the CPU:
+        # docs/benchmarks.md, "bf16 output layer on the CPU")
         rows = torch.arange(gold.shape[0], device=gold.device)
         at_gold = torch.exp(_widened(logits[rows, gold]) - log_z) * scale - grad_nll
         grad[rows, gold] = at_gold.to(grad.dtype)
@@ -76,8 +77,8 @@ def token_nll(logits: Tensor, gold: Tensor) -> tuple[Tensor, Tensor]:
 
 LOGIT_CHUNK_ELEMENTS = 1 << 21
 """Logits per row chunk when the caller names no chunk (128 rows of a 15,000-word vocabulary): a
-chunk's logits stay in the cache. 256 rows x 15,000 in fp32 (15 MB) made PyTorch's log-softmax 2x
-slower per row than 128 rows (bf16, this CPU)."""
+chunk's logits stay in the cache; larger chunks slow the log-softmax per row
+(docs/benchmarks.md, "The output layer")."""
 FUSED_MIN_VOCAB = 1024
 """Vocabularies from this size use the compiled one-pass kernel (:func:`fused_logsumexp_gather`);
 tiny ones (tests) take the eager kernel and pay no compilation."""
@@ -137,10 +138,11 @@ def _lse_gather(logits: Tensor, gold: Tensor) -> Tensor:
     log Σ_v exp(u_v) = m + log Σ_v exp(u_v - m) holds for any m; m is usually the row's
     maximum, which costs a pass over the whole row before the one that sums. Here m is the
     maximum of the first :data:`SHIFT_COLUMNS` logits (the most frequent words: vocabularies
-    are sorted by frequency): one pass over the row instead of two, 11% faster (bf16, 11,212
-    words, one thread). The sum is >= 1 (its largest term is exp(0)), so it cannot underflow;
-    where a logit outside the head exceeds m by more than fp32's exp range (~88) the result is
-    not finite, and :func:`fused_logsumexp_gather` computes that row again the usual way.
+    are sorted by frequency): one pass over the row instead of two (docs/benchmarks.md, "The
+    engine with `--threads 1`"). The sum is >= 1 (its largest term is exp(0)), so it cannot
+    underflow; where a logit outside the head exceeds m by more than fp32's exp range (~88) the
+    result is not finite, and :func:`fused_logsumexp_gather` computes that row again the usual
+    way.
     """
     x = logits.float()
     return x.gather(1, gold[:, None]).squeeze(1) - _log_z_rows(x)
@@ -265,7 +267,8 @@ def maxout(x: Tensor, pool: int = 2) -> Tensor:
     """Maxout over groups of ``pool`` consecutive units (Goodfellow et al. 2013), as in Cho et al.
 
     Pools of 2 (both papers') take the larger of the even and the odd units, one elementwise
-    pass; a reduction over a last dimension of 2 runs 2x slower (bf16, this CPU)."""
+    pass, faster than a reduction over a last dimension of 2 (docs/benchmarks.md, "The output
+    layer")."""
     if pool == 2:
         return torch.maximum(x[..., 0::2], x[..., 1::2])
     return x.unflatten(-1, (x.shape[-1] // pool, pool)).amax(dim=-1)
@@ -277,8 +280,8 @@ def summed_linear(terms: list[tuple[nn.Linear, Tensor]], extra: Tensor | None = 
 
     The maxout layers' pre-activations (Cho et al. A.1.2, Bahdanau et al. A.2.2) are such sums.
     Each product after the first adds onto the sum inside the matrix product (``addmm``'s input
-    term) instead of in a separate pass over [tokens x out]: 1.8x faster for the Cho decoder's
-    output features (bf16, one thread). Only the first layer may have a bias.
+    term) instead of in a separate pass over [tokens x out] (docs/benchmarks.md, "The engine with
+    `--threads 1`"). Only the first layer may have a bias.
     """
     (first, x0), rest = terms[0], terms[1:]
     lead = x0.shape[:-1]

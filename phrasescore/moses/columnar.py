@@ -14,12 +14,13 @@ written back as its own bytes with ``" " + new scores`` inserted after its last 
 (:func:`splice`): the same bytes as ``format_entry(entry, new)``. A line of any other layout
 (tabs, runs of spaces, a score the grammar does not take, a bare CR) is parsed by
 :func:`~phrasescore.moses.phrase_table.parse_phrase_table_chunk` and written by ``format_entry``,
-as before: the output bytes are those of the line-by-line path for every input.
+as the line-by-line path does: the output bytes are that path's for every input.
 
 **Errors.** When any line is not of that layout, or a score is not one the grammar takes, the
 whole chunk goes through :func:`~phrasescore.moses.phrase_table.parse_phrase_table_chunk`, which
-raises the first error in line order with the file name and line number, exactly as before
-(invalid UTF-8 is found by one ``bytes.decode`` of the chunk, :func:`~phrasescore.files.decode_text`).
+raises the first error in line order with the file name and line number, as the line-by-line
+path does (invalid UTF-8 is found by one ``bytes.decode`` of the chunk,
+:func:`~phrasescore.files.decode_text`).
 
 **Scores.** A score is taken by the vectorised check only if it is ``D* [. D*] [(e|E) [+|-] D+]``
 with at least one and at most 200 digits before the exponent, one of them not 0, and 1 or 2

@@ -206,8 +206,8 @@ def _entry(
 ) -> tuple[PhraseTableEntry, str]:
     """The entry of one line without its ending, and its score field as written (for
     :func:`_check_scores`, which the caller runs); InputError for a line Moses cannot read.
-    Errors in the order of before: the fields, the score count, the scores (checked here
-    first only when a phrase is empty, ``validate``), an empty phrase."""
+    Errors in this order, whichever path reads the line: the fields, the score count, the
+    scores (checked here first only when a phrase is empty, ``validate``), an empty phrase."""
     p1 = body.find(DELIMITER)
     p2 = body.find(DELIMITER, p1 + 3) if p1 >= 0 else -1
     if p2 < 0:

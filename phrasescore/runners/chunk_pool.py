@@ -27,7 +27,7 @@ How (:class:`ChunkPool`):
   one request queue and waits for the answer on its own pipe; the parent, while it waits for
   results, answers each request as it comes with ``serve(request)`` (in its own thread, where
   the GPU is). A worker has at most one request out, so at most ``workers`` requests wait,
-  and the in-flight bound above holds as before: memory stays flat. The answer to a request
+  and the in-flight bound above holds with ``serve`` too: memory stays flat. The answer to a request
   depends only on the request, so the bytes do not depend on the order of service.
 - The same chunk gives the same result in whichever worker scores it (same code, same weights,
   same thread count), so the output bytes do not depend on the scheduling.
@@ -160,8 +160,8 @@ def frozen_heap():
     """The objects that exist now left out of the garbage collector's scans while the block
     runs (``gc.freeze``), the way a worker runs: a job that makes millions of small objects
     (a table's lines, tokens and ids) otherwise rescans the loaded models and vocabularies at
-    every full collection (measured: 1.6x the text path's time). Objects made in the
-    block are collected as usual; the frozen ones are given back to the collector after it."""
+    every full collection (docs/benchmarks.md, "Table I/O"). Objects made in the block are
+    collected as usual; the frozen ones are given back to the collector after it."""
     gc.freeze()
     try:
         yield
@@ -334,10 +334,10 @@ class ChunkPool:
     def _next_result(self) -> tuple[int, bool, Any]:
         """The next result to come, or :class:`WorkerDied` as soon as a worker has ended.
 
-        Before, the parent looked at the workers only when no result had come for
-        ``POLL_SECONDS``: while the other workers finished their chunks a death went unseen
-        (2.8 s to stop, measured). Now it waits on each worker's sentinel (readable once the
-        process has ended) as on the result queue, and a worker's end comes first."""
+        It waits on each worker's sentinel (readable once the process has ended) as on the
+        result queue, and a worker's end comes first: a parent that looked at its workers only
+        when no result had come for ``POLL_SECONDS`` would miss a death while the other workers
+        finish their chunks."""
         ends = {process.sentinel: process for process in self.processes}
         reader = self.results._reader  # the queue's receiving end, what its get() polls
         requests = [self.asker.requests._reader] if self.asker is not None else []

@@ -28,7 +28,8 @@ from phrasescore.model.cslm import FeedForwardLM, LMConfig
 from phrasescore.text.corpus import ParallelDataset
 from phrasescore.text.tokenize import TextNormalizer
 from phrasescore.text.vocab import WordVocabulary, vocabulary_from_state
-from phrasescore.training.trainer import Trainer, TrainingData
+from phrasescore.training.data import TrainingData
+from phrasescore.training.trainer import Trainer
 
 log = logging.getLogger(__name__)
 

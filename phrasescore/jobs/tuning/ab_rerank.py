@@ -113,20 +113,21 @@ class RerankStep:
 
     @property
     def name(self) -> str:
-        """``rerank`` (mert, the name from before kbmira was offered, so that an earlier
-        workdir resumes) or ``rerank-kbmira``: the re-ranked systems' suffix and outputs."""
+        """``rerank`` (mert: the name of workdirs made without a tuner choice, so that they
+        resume) or ``rerank-kbmira``: the re-ranked systems' suffix and outputs."""
         return "rerank" if self.tuner == "mert" else f"rerank-{self.tuner}"
 
     @property
     def tuned_weights_name(self) -> str:
-        """The tuned weights' file in the re-ranking folder (mert's name as before)."""
+        """The tuned weights' file in the re-ranking folder (mert's: the name of workdirs made
+        without a tuner choice)."""
         return "weights.txt.ini" if self.tuner == "mert" else f"weights.{self.tuner}.ini"
 
     @functools.cached_property
     def label(self) -> str:
         """The folder of one set of re-ranking models and one n-best size: the models' names and
-        file digests, after ``NBEST-best-`` unless the size is 100 (the name from before
-        ``--nbest-size`` was offered, so that an earlier workdir resumes)."""
+        file digests, after ``NBEST-best-`` unless the size is 100 (the name of workdirs made
+        without ``--nbest-size``, so that they resume)."""
         return "rerank-" + self._size_key + "+".join(self.model_labels)
 
     @property
