@@ -283,3 +283,27 @@ def test_bzip2_and_xz_data_named_gz_are_named_for_what_they_are(tmp_path, compre
     )
     assert proc.returncode == 1
     assert proc.stderr.decode().strip() == f"phrasescore: error: <stdin>: {expected}"
+
+
+def test_take_hands_a_job_the_options_it_names_in_its_own_order_and_leaves_the_rest():
+    from phrasescore.cli.options import take
+    from phrasescore.jobs.rescore.rescore import RescoreOptions, run_rescore
+
+    params = {"resume": True, "scoring": "exact", "table": "t.gz", "normalize": True}
+    taken = take(params, RescoreOptions)
+    assert list(taken.items()) == [("normalize", True), ("scoring", "exact")]
+    assert params == {"resume": True, "table": "t.gz"}
+    assert list(take(params, run_rescore)) == ["table", "resume"]
+    assert params == {}
+
+
+@pytest.mark.parametrize(
+    "order", [["--layers", "2", "--no-reverse"], ["--no-reverse", "--layers", "2"]]
+)
+def test_lstm_options_of_another_architecture_name_layers_first_whatever_the_order(tmp_path, order):
+    source, target = (DATA / "text" / f"multi30k-sample.tok.lc.{lang}.gz" for lang in ("en", "fr"))
+    proc = run_cli("train", source, target, "-o", tmp_path / "m.st", "--preset", "tiny", *order)
+    assert one_line_error(proc, 1).strip().splitlines()[-1] == (
+        "phrasescore: error: --layers is an option of --arch lstm, not of --arch cho"
+    )
+    assert not (tmp_path / "m.st").exists()
