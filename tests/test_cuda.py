@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from phrasescore.bundle import load_model
-from phrasescore.engine.scoring import PairScorer
+from phrasescore.engine.scoring import CpuScorer
 from phrasescore.moses.nbest import iter_nbest_groups, read_nbest
 from phrasescore.moses.phrase_table import format_entry, read_phrase_table
 from phrasescore.training.trainer import Trainer
@@ -56,8 +56,8 @@ def test_training_learns_and_the_model_scores_the_same_on_the_cpu(tmp_path, arch
     assert result.unigram_valid_ppl > 50
     assert result.best_valid_ppl < 5.0  # the 20 pairs nearly learnt by heart
     pairs = sample_pairs(20)
-    on_cpu = PairScorer(load_model(str(path))).score_phrases(*pairs).logprob
-    on_device = PairScorer(load_model(str(path), DEVICE), DEVICE).score_phrases(*pairs).logprob
+    on_cpu = CpuScorer(load_model(str(path))).score_phrases(*pairs).logprob
+    on_device = CpuScorer(load_model(str(path), DEVICE), DEVICE).score_phrases(*pairs).logprob
     assert np.isfinite(on_cpu).all() and (on_cpu < 0).all()
     np.testing.assert_allclose(on_device, on_cpu, rtol=1e-4, atol=1e-4)
     # the mean of the training pairs' log p is the validation perplexity's (EOS counted)
@@ -143,7 +143,7 @@ def test_translate_on_the_gpu_gives_hypotheses_whose_scores_the_cpu_confirms(
     assert proc.returncode == 0, proc.stderr
     groups = list(iter_nbest_groups(read_nbest(str(out))))
     assert [g[0].id for g in groups] == list(range(8))
-    scorer = PairScorer(load_model(tiny_model_path))
+    scorer = CpuScorer(load_model(tiny_model_path))
     for group, line in zip(groups, src, strict=True):
         values = [e.parsed_features()[0][1][0] for e in group]
         assert values == sorted(values, reverse=True)
@@ -191,14 +191,14 @@ def test_compiled_bucketed_loss_on_cuda_equals_eager(arch):
 
 @pytest.mark.parametrize("arch", ["cho", "attention", "lstm"])
 def test_the_gpu_engine_replays_its_graphs_as_the_cpu_scores(arch):
-    """The GPU engine (engine/device_scoring.py), what ``rescore`` and ``nbest`` get on CUDA:
+    """The GPU engine (engine/graph_scoring.py), what ``rescore`` and ``nbest`` get on CUDA:
     each batch shape captured once in a CUDA graph; the table's pairs score as on the CPU
     (fp32, TF32 off), as without graphs, the same bytes on a replay, and a block waits for the
     device once (the scores' copy back), however many batches it has; nothing is captured
     again once the buffers have their size."""
     import warnings
 
-    from phrasescore.engine.device_scoring import DeviceScorer
+    from phrasescore.engine.graph_scoring import CudaGraphScorer
     from phrasescore.engine.protocol import build_scorer
 
     from .test_device_engine import table_model, table_pairs
@@ -207,15 +207,15 @@ def test_the_gpu_engine_replays_its_graphs_as_the_cpu_scores(arch):
     torch.backends.cudnn.allow_tf32 = False
     src, tgt = table_pairs()
     model = table_model(arch, "written")
-    expected = PairScorer(model).score_phrases(src, tgt).logprob
+    expected = CpuScorer(model).score_phrases(src, tgt).logprob
     engine = build_scorer(table_model(arch, "written"), device=DEVICE)
     if DEVICE == "cuda":
-        assert isinstance(engine, DeviceScorer)
+        assert isinstance(engine, CudaGraphScorer)
         engine.buckets.batch_pairs = 64  # many batches, several shapes
     engine.score_phrases(src, tgt)  # the shapes captured, the input buffers grown to size
     first = engine.score_phrases(src, tgt).logprob
     np.testing.assert_allclose(first, expected, rtol=1e-4, atol=1e-4)
-    eager = DeviceScorer(table_model(arch, "written"), device=DEVICE, graphs=False)
+    eager = CudaGraphScorer(table_model(arch, "written"), device=DEVICE, graphs=False)
     np.testing.assert_allclose(eager.score_phrases(src, tgt).logprob, first, rtol=1e-5, atol=1e-5)
     if DEVICE != "cuda":
         return

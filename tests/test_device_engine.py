@@ -1,4 +1,4 @@
-"""The GPU engine (engine/device_scoring.py) checked on the CPU: its fixed-shape batch plan, its
+"""The CUDA-graph engine (engine/graph_scoring.py) checked on the CPU: its fixed-shape batch plan, its
 scores against the CPU engine's for every architecture and recurrence, and that nothing in a
 block reads a value back from the device (no host sync: what lets a GPU run a block without
 waiting and a CUDA graph hold a batch). The captured graphs themselves are checked in
@@ -12,12 +12,12 @@ import torch
 
 from phrasescore.bundle import TrainedModel, load_model
 from phrasescore.engine.batching import MIN_ROWS, FixedShapeBuckets, IdPairs, fixed_rows
-from phrasescore.engine.device_scoring import CapturedShapes, DeviceScorer
+from phrasescore.engine.graph_scoring import CapturedShapes, CudaGraphScorer
 from phrasescore.engine.protocol import ENGINES, IdScorer
-from phrasescore.engine.scoring import PairScorer
+from phrasescore.engine.scoring import CpuScorer
 from phrasescore.model.builders import build_network
 from phrasescore.model.config import preset
-from phrasescore.model.output_layer import _eager_lse_gather, padded_target_logprobs
+from phrasescore.model.output_layer import _eager_lse_gather, target_logprobs
 from phrasescore.text.tokenize import TextNormalizer
 from phrasescore.text.vocab import WordVocabulary
 
@@ -79,8 +79,8 @@ def test_the_gpu_engine_scores_as_the_cpu_engine_without_reading_back(arch, recu
     value back or selects by a boolean mask."""
     model = table_model(arch, recurrence)
     src, tgt = table_pairs()
-    expected = PairScorer(model).score_phrases(src, tgt, per_token=True)
-    engine = DeviceScorer(
+    expected = CpuScorer(model).score_phrases(src, tgt, per_token=True)
+    engine = CudaGraphScorer(
         model, device="cpu", buckets=FixedShapeBuckets(batch_pairs=64), chunk_rows=37
     )
     assert isinstance(engine, IdScorer)
@@ -102,15 +102,14 @@ def test_the_gpu_engine_scores_as_the_cpu_engine_without_reading_back(arch, recu
 
 
 def test_the_cpu_engine_reads_back_where_the_gpu_engine_does_not():
-    """The detector above is not blind: the CPU engine's padded policy selects rows by a mask
-    and looks at the output layer's values (what the GPU engine does without)."""
+    """The detector above is not blind: the CPU engine looks at the output layer's values (its
+    one-pass log-sum-exp checks for rows to compute again), what the GPU engine does without."""
     model = table_model("cho", "written")
     src, tgt = table_pairs(50)
-    scorer = PairScorer(model, buckets=FixedShapeBuckets(batch_pairs=64))
+    scorer = CpuScorer(model)
     ids = scorer.encode_phrases(src, tgt)
     with HostReads() as reads:
         scorer.score_ids(ids.src_ids, ids.tgt_ids)
-    assert any("aten.index.Tensor" in k for k in reads.seen)
     assert any("is_nonzero" in k for k in reads.seen)
 
 
@@ -120,8 +119,8 @@ def test_the_gpu_engine_on_the_trained_model(tiny_model_path, include_eos):
     in the default fixed shapes (one batch per width)."""
     model = load_model(tiny_model_path)
     src, tgt = table_pairs()
-    expected = PairScorer(model, include_eos=include_eos).score_phrases(src, tgt)
-    engine = DeviceScorer(model, device="cpu", include_eos=include_eos)
+    expected = CpuScorer(model, include_eos=include_eos).score_phrases(src, tgt)
+    engine = CudaGraphScorer(model, device="cpu", include_eos=include_eos)
     got = engine.score_phrases(src, tgt)
     assert np.abs(got.logprob - expected.logprob).max() < 1e-5
     assert got.n_tokens.tolist() == expected.n_tokens.tolist()
@@ -131,8 +130,8 @@ def test_the_gpu_engine_on_the_trained_model(tiny_model_path, include_eos):
 def test_the_gpu_engine_self_normalized():
     model = table_model("cho", "written", self_normalize=0.5)
     src, tgt = table_pairs()
-    expected = PairScorer(model, scoring="self-normalized")
-    engine = DeviceScorer(model, device="cpu", scoring="self-normalized")
+    expected = CpuScorer(model, scoring="self-normalized")
+    engine = CudaGraphScorer(model, device="cpu", scoring="self-normalized")
     a = expected.score_phrases(src, tgt).logprob
     b = engine.score_phrases(src, tgt).logprob
     assert np.abs(a - b).max() < 1e-5
@@ -162,19 +161,20 @@ def test_padded_logprobs_equal_log_softmax_and_stay_finite_for_any_logits():
     gold = torch.randint(0, vocab, (5, 7))
     with torch.no_grad():
         layer.bias[2500] = 200.0
-        got = padded_target_logprobs(layer, features, gold, vocab, chunk_rows=6)
-        expected = _eager_lse_gather(layer(features.reshape(-1, width)), gold.reshape(-1))
-    assert got.shape == (5, 7)
+        rows, flat_gold = features.reshape(-1, width), gold.reshape(-1)
+        got = target_logprobs(layer, rows, flat_gold, vocab, chunk_rows=6, sync_free=True)
+        expected = _eager_lse_gather(layer(rows), flat_gold)
+    assert got.shape == (35,)
     assert torch.isfinite(got).all()
-    torch.testing.assert_close(got.reshape(-1), expected, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-4)
 
 
 def test_the_gpu_engine_is_the_cuda_engine_and_captures_only_on_cuda():
-    assert ENGINES["cuda"] is DeviceScorer
-    assert ENGINES["cpu"] is PairScorer
+    assert ENGINES["cuda"] is CudaGraphScorer
+    assert ENGINES["cpu"] is CpuScorer
     assert not CapturedShapes(torch.device("cpu")).enabled
     with pytest.raises(TypeError):
-        DeviceScorer(table_model("cho", "written"), device="cpu", buckets=object())
+        CudaGraphScorer(table_model("cho", "written"), device="cpu", buckets=object())
 
 
 class ReplayOnTheCpu(CapturedShapes):
@@ -214,9 +214,9 @@ def test_replayed_shapes_score_as_the_engine_without_capture(arch, recurrence):
     (not one per shape), and a shape is captured once unless a buffer grew."""
     model = table_model(arch, recurrence)
     src, tgt = table_pairs()
-    plain = DeviceScorer(model, device="cpu", buckets=FixedShapeBuckets(batch_pairs=32))
+    plain = CudaGraphScorer(model, device="cpu", buckets=FixedShapeBuckets(batch_pairs=32))
     expected = plain.score_phrases(src, tgt, per_token=True)
-    engine = DeviceScorer(model, device="cpu", buckets=FixedShapeBuckets(batch_pairs=32))
+    engine = CudaGraphScorer(model, device="cpu", buckets=FixedShapeBuckets(batch_pairs=32))
     captured = engine.captured = ReplayOnTheCpu()
     small = engine.score_phrases(src[:40], tgt[:40])  # smaller batches first: buffers grow later
     assert np.abs(small.logprob - expected.logprob[:40]).max() < 1e-5
@@ -250,8 +250,8 @@ def test_empty_and_very_long_phrases_score_as_the_cpu_engine(arch):
     assert len(long_target.split()) > 256
     sources = [*src[:10], "", src[0], src[1] + " " + src[2]]
     targets = [*tgt[:10], tgt[3], "", long_target]
-    expected = PairScorer(model).score_phrases(sources, targets, per_token=True)
-    got = DeviceScorer(model, device="cpu").score_phrases(sources, targets, per_token=True)
+    expected = CpuScorer(model).score_phrases(sources, targets, per_token=True)
+    got = CudaGraphScorer(model, device="cpu").score_phrases(sources, targets, per_token=True)
     assert np.abs(got.logprob - expected.logprob).max() < 1e-4
     assert [len(t) for t in got.token_logprobs] == [len(t) for t in expected.token_logprobs]
     assert len(got.token_logprobs[11]) == 1  # the empty target: EOS alone
@@ -292,8 +292,8 @@ def test_an_ensemble_of_gpu_engines_scores_as_one_of_cpu_engines(
 
     src, tgt = sample_pairs(40)
     models = [load_model(tiny_model_path), load_model(tiny_second_seed_model_path)]
-    cpu = EnsembleScorer([PairScorer(m) for m in models]).score_phrases(src, tgt)
-    gpu_engines = [DeviceScorer(m, device="cpu", buckets=FixedShapeBuckets(16)) for m in models]
+    cpu = EnsembleScorer([CpuScorer(m) for m in models]).score_phrases(src, tgt)
+    gpu_engines = [CudaGraphScorer(m, device="cpu", buckets=FixedShapeBuckets(16)) for m in models]
     gpu = EnsembleScorer(gpu_engines).score_phrases(src, tgt, per_token=True)
     assert np.abs(gpu.logprob - cpu.logprob).max() < 1e-5
     assert [len(t) for t in gpu.token_logprobs] == [len(t.split()) + 1 for t in tgt]

@@ -1,6 +1,6 @@
 """Issue 46: the engine over arrays. Phrase ids from the cache equal encode_phrases'; the batch
 plan's pieces (distinct sources, id matrices, exact buckets) equal what the loops gave; scores
-of the padded policy equal the exact policy's within the engine's tolerance; every scorer
+of the fixed-shape plan equal the exact plan's within the engine's tolerance; every scorer
 implements the protocol."""
 
 from __future__ import annotations
@@ -13,14 +13,15 @@ import pytest
 
 from phrasescore.engine.batching import (
     ExactBuckets,
+    FixedShapeBuckets,
     IdPairs,
-    PaddedBuckets,
     distinct_sequences,
     id_matrix,
 )
 from phrasescore.engine.constant_scoring import ConstantScorer
-from phrasescore.engine.protocol import IdScorer, Scorer, build_scorer
-from phrasescore.engine.scoring import EnsembleScorer, PairScorer
+from phrasescore.engine.graph_scoring import CudaGraphScorer
+from phrasescore.engine.protocol import IdScorer, Scorer, build_scorer, engine_for
+from phrasescore.engine.scoring import CpuScorer, EnsembleScorer
 from phrasescore.text.phrase_ids import PhraseIds
 
 from .conftest import DATA
@@ -117,16 +118,18 @@ def test_phrase_ids_equal_encode_phrases(tiny_model, lowercase, reverse):
 
 
 @pytest.mark.parametrize("include_eos", [True, False])
-def test_padded_buckets_score_as_exact_lengths(tiny_model, include_eos):
-    """The GPU's policy (few padded buckets, big batches, results kept on the device) run on
-    the CPU: the scores of the table's pairs equal the exact policy's within 1e-4 in log p (the
+def test_fixed_shape_plan_scores_as_exact_lengths(tiny_model, include_eos):
+    """The plan of a device that is neither CPU nor CUDA (fixed shapes, no graphs) run on the
+    CPU: the scores of the table's pairs equal the exact plan's within 1e-4 in log p (the
     engine's documented tolerance for other batch shapes)."""
     src, tgt = table_pairs()
     exact = build_scorer(tiny_model, include_eos=include_eos)
     assert isinstance(exact.buckets, ExactBuckets)
-    padded = build_scorer(
-        tiny_model, include_eos=include_eos, buckets=PaddedBuckets(batch_pairs=64)
+    assert engine_for("mps") is CudaGraphScorer
+    padded = CudaGraphScorer(
+        tiny_model, "cpu", include_eos=include_eos, buckets=FixedShapeBuckets(batch_pairs=64)
     )
+    assert not padded.captured.enabled
     a = exact.score_phrases(src, tgt, per_token=True)
     b = padded.score_phrases(src, tgt, per_token=True)
     assert np.abs(a.logprob - b.logprob).max() < 1e-4
@@ -146,7 +149,7 @@ def test_score_arrays_equal_score_ids(tiny_model):
 
 def test_every_scorer_implements_the_protocol(tiny_model):
     pair = build_scorer(tiny_model)
-    assert isinstance(pair, PairScorer)
+    assert isinstance(pair, CpuScorer)
     assert isinstance(pair, IdScorer)
     assert isinstance(ConstantScorer(tiny_model), IdScorer)
     assert isinstance(EnsembleScorer([pair, build_scorer(tiny_model)]), Scorer)

@@ -28,7 +28,7 @@ Scoring modes (``scoring``):
                      (:meth:`~phrasescore.model.base.EncoderDecoder.target_logits`) instead of
                      the [tokens x vocabulary] product. The sum can be above 0: each pair's log p
                      is clamped at 0 (p ≤ 1) and the clamped pairs are counted
-                     (:attr:`PairScorer.clamped`).
+                     (:attr:`BlockScorer.clamped`).
 
 Ensembles: :class:`EnsembleScorer` scores the same pairs with several models of one target
 vocabulary and direction and averages their probabilities token by token (teacher-forced, each
@@ -46,11 +46,12 @@ import torch
 
 from phrasescore.bundle import TrainedModel
 from phrasescore.engine.batching import (
-    Batch,
+    BatchRows,
     ExactBuckets,
+    FixedShapeBuckets,
     IdPairs,
-    bucket_policy,
     distinct_sequences,
+    equal_runs,
     sorted_runs,
     source_matrix,
     teacher_forcing,
@@ -105,7 +106,7 @@ class ScoredPairs:
 
 @dataclass
 class EncodedPairs:
-    """A block of pairs as ids (:meth:`PairScorer.encode_phrases`), in input order."""
+    """A block of pairs as ids (:meth:`BlockScorer.encode_phrases`), in input order."""
 
     src_ids: list[list[int]]
     tgt_ids: list[list[int]]  # in the model's reading order (reversed for right-to-left)
@@ -116,7 +117,7 @@ class EncodedPairs:
 
 class PhraseEncoder:
     """The text half of a scorer: phrases to ids in a model's vocabularies (no network), what
-    :class:`PairScorer` and every other scorer of the protocol
+    :class:`BlockScorer` and every other scorer of the protocol
     (:class:`~phrasescore.engine.protocol.Scorer`) share."""
 
     def __init__(self, model: TrainedModel, include_eos: bool = True):
@@ -126,7 +127,7 @@ class PhraseEncoder:
     def encode_phrases(
         self, sources: Sequence[str], targets: Sequence[str], counts: bool = True
     ) -> EncodedPairs:
-        """The ids of already-tokenised phrase pairs, what :meth:`PairScorer.score_ids` takes.
+        """The ids of already-tokenised phrase pairs, what :meth:`BlockScorer.score_ids` takes.
         Without ``counts`` the unknown-word counts are left out (None)."""
         src_tok = [phrase_tokens(self.model.src_text, s) for s in sources]
         tgt_tok = [phrase_tokens(self.model.tgt_text, t) for t in targets]
@@ -150,31 +151,33 @@ class PhraseEncoder:
         return EncodedPairs(src_ids, tgt_ids, src_unk, tgt_unk, n_tokens)
 
 
-class PairScorer:
-    """Scores (source, target) pairs with one resident model on one device and dtype."""
+class BlockScorer:
+    """The scoring plan every engine shares, for one resident model on one device and dtype:
+    the text half (:class:`PhraseEncoder`), then for a block of pairs the module docstring's
+    steps (distinct sources encoded once, pairs ordered by target length then source, cut into
+    the batches of the engine's bucket policy, the results back in input order, the
+    self-normalised clamp). An engine adds its batch kernel alone (:meth:`_batch_scores`):
+    :class:`CpuScorer` and :class:`~phrasescore.engine.graph_scoring.CudaGraphScorer`.
+
+    ``include_eos=False`` leaves the end-of-sequence term out of log p (and of the token count):
+    the probability of the target words alone, a fragment's score under a model trained on
+    whole sentences (docs/benchmarks.md: "Which model to train for the column (history)").
+    ``scoring``: ``exact`` or ``self-normalized`` (module docstring; refused, naming
+    ``model_path``, for a model not trained with ``--self-normalize``). ``buckets``: the batch
+    policy (:mod:`phrasescore.engine.batching`)."""
 
     def __init__(
         self,
         model: TrainedModel,
-        device: str | torch.device = "cpu",
-        dtype: str = "float32",
-        batch_tokens: int = 8192,
-        chunk_rows: int | None = None,
-        include_eos: bool = True,
-        scoring: str = EXACT,
-        model_path: str | None = None,
-        buckets=None,
+        device: str | torch.device,
+        dtype: str,
+        batch_tokens: int,
+        chunk_rows: int | None,
+        include_eos: bool,
+        scoring: str,
+        model_path: str | None,
+        buckets: ExactBuckets | FixedShapeBuckets,
     ):
-        """``include_eos=False`` leaves the end-of-sequence term out of log p (and of the token
-        count): the probability of the target words alone, a fragment's score under a model
-        trained on whole sentences (docs/benchmarks.md:
-        "Which model to train for the column (history)").
-
-        ``scoring``: ``exact`` or ``self-normalized`` (module docstring; refused, naming
-        ``model_path``, for a model not trained with ``--self-normalize``).
-
-        ``buckets``: the batch policy (:mod:`phrasescore.engine.batching`; default: the
-        device's, exact lengths on the CPU, padded buckets on a GPU)."""
         check_scoring(model, scoring, model_path)
         self.scoring = scoring
         self.self_normalized = scoring == SELF_NORMALIZED
@@ -188,19 +191,12 @@ class PairScorer:
         self.chunk_rows = chunk_rows
         network: EncoderDecoder = model.network
         self.network = network.to(self.device, self.dtype).eval()
-        self.buckets = buckets or bucket_policy(self.device, batch_tokens)
+        self.buckets = buckets
+        self.positional = bool(network.POSITIONAL_OUTPUTS) and buckets.pads_sources
         self.encoder = PhraseEncoder(model, include_eos)
 
     def warm_up(self) -> None:
-        """Score two one-word pairs so that the compiled kernels are built now: one row chunk
-        of 3 rows and one of 1 (torch.compile specialises a dimension of size 1)."""
-        saved = self.chunk_rows, self.clamped
-        self.chunk_rows = 3
-        try:
-            src, tgt = len(self.model.src_vocab) - 1, len(self.model.tgt_vocab) - 1
-            self.score_ids([[src]] * 2, [[tgt]] * 2)
-        finally:
-            self.chunk_rows, self.clamped = saved
+        """Build what the engine compiles before worker processes fork (nothing here)."""
 
     # ------------------------------------------------------------------ text level
     def score_phrases(
@@ -253,29 +249,30 @@ class PairScorer:
     def score_arrays(
         self, pairs: IdPairs, per_token: bool = False
     ) -> tuple[np.ndarray, list[np.ndarray] | None]:
-        """log p(y | x) for pairs given as flat ids and offsets (:class:`IdPairs`), the
-        engine's own input: the batch plan is numpy over these arrays
-        (:mod:`~phrasescore.engine.batching`)."""
+        """log p(y | x) (Cho et al. 2014, eq. 4) for pairs given as flat ids and offsets
+        (:class:`IdPairs`), the engine's own input, in input order: the module docstring's
+        steps, the batch plan numpy over these arrays (:mod:`~phrasescore.engine.batching`).
+        The sums stay where the engine computes them and come back in one copy per block."""
         n = len(pairs)
-        result = np.zeros(n, dtype=np.float64)
-        per_tok: list[np.ndarray] | None = [np.empty(0)] * n if per_token else None
         if n == 0:
-            return result, per_tok
+            return np.zeros(0, dtype=np.float64), [] if per_token else None
         # 1. distinct sources, encoded once each
         first, pair_source = distinct_sequences(pairs.src_ids, pairs.src_offsets)
-        enc_all = self._encode_distinct(pairs.src_ids, pairs.src_offsets, first)
-        # 2. targets by length (the policy's buckets), token-budget batches
+        enc_all, src_width = self._encode_distinct(pairs.src_ids, pairs.src_offsets, first)
+        # 2. targets by length (the policy's buckets), then by source: a batch's sources are runs
         tgt_len = pairs.tgt_lengths()
         order = np.lexsort((pair_source, tgt_len))
-        on_device = None
-        if self.buckets.keep_on_device:  # one copy back per block, not one per batch
-            on_device = torch.zeros(n, dtype=torch.float64, device=self.device)
-        for batch in self.buckets.batches(tgt_len, order, 1):
-            self._score_batch(
-                enc_all, batch, pair_source, pairs, tgt_len, result, per_tok, on_device
-            )
-        if on_device is not None:
-            result = on_device.cpu().numpy()
+        sums = torch.zeros(n, dtype=torch.float64, device=self._sums_device)
+        extra = 1 + src_width  # positions a row holds beside its target's
+        kept: list[tuple[np.ndarray, torch.Tensor]] = []
+        for batch in self.buckets.batches(tgt_len, order, extra):
+            own = batch.index[: batch.own_rows]
+            batch_sums, values = self._score_batch(enc_all, batch, pair_source, pairs, tgt_len)
+            sums[self._index(own)] = batch_sums[: len(own)]
+            if per_token:
+                kept.append((own, values[: len(own)]))
+        result = sums.cpu().numpy()  # the block's one wait for the device
+        per_tok = self._per_token(kept, tgt_len, n) if per_token else None
         if self.self_normalized:
             # Σ_t u_{y_t} approximates log p and can exceed 0: keep p a probability (≤ 1)
             above = result > 0.0
@@ -283,20 +280,50 @@ class PairScorer:
             result[above] = 0.0
         return result, per_tok
 
-    def _encode_distinct(self, flat: np.ndarray, offsets: np.ndarray, first: np.ndarray):
+    @property
+    def _sums_device(self) -> torch.device:
+        """Where the block's sums are gathered: where the kernel returns them."""
+        return self.device
+
+    def _index(self, index: np.ndarray) -> torch.Tensor:
+        return (
+            self._to_device(index) if self._sums_device.type != "cpu" else torch.from_numpy(index)
+        )
+
+    @staticmethod
+    def _per_token(
+        kept: list[tuple[np.ndarray, torch.Tensor]], tgt_len: np.ndarray, n: int
+    ) -> list[np.ndarray]:
+        """Each pair's log p(y_t | y_<t, x) [length + 1] (EOS last), in input order."""
+        per_tok: list[np.ndarray] = [np.empty(0)] * n
+        for index, values in kept:
+            rows = values.double().cpu().numpy()
+            for row, i in enumerate(index.tolist()):
+                per_tok[i] = rows[row, : tgt_len[i] + 1]
+        return per_tok
+
+    def _encode_distinct(
+        self, flat: np.ndarray, offsets: np.ndarray, first: np.ndarray
+    ) -> tuple[EncoderOutput, int]:
         """Encode each distinct source (sequence ``first[k]`` of ``flat``, ``offsets``) once,
-        in batches of one exact length; rows in the order of ``first``."""
+        in batches of one exact length (the encoder is told there is no padding:
+        ``encode(src, None)``), the policy's rows a batch: (rows in the order of ``first``,
+        the width positional outputs are padded to, 0 where the policy pads none)."""
         lengths = offsets[first + 1] - offsets[first]
-        # a stable sort of small integers (16 bits: numpy's radix sort), the order of before
+        # a stable sort of small integers (16 bits: numpy's radix sort)
         small = lengths.astype(np.int16) if lengths.max(initial=0) < 1 << 15 else lengths
         order = np.argsort(small, kind="stable")
         pieces: list[tuple[np.ndarray, EncoderOutput]] = []
-        for batch in ExactBuckets(self.buckets.batch_tokens).batches(lengths, order, 1):
-            idx, length = batch.index, batch.width
-            ids = source_matrix(flat, offsets, first[idx], length)
-            # one exact length: no lengths to look at (None)
-            pieces.append((idx, self.network.encode(self._to_device(ids), None)))
-        return self._merge_encodings(pieces)
+        for start, end, length in equal_runs(lengths[order]):
+            rows = self.buckets.source_rows(length)
+            for s in range(start, end, rows):
+                idx = order[s : min(end, s + rows)]
+                ids = source_matrix(flat, offsets, first[idx], length)
+                pieces.append((idx, self.network.encode(self._to_device(ids), None)))
+        width = 0
+        if self.positional:
+            width = int(self.buckets.width(np.array([int(lengths.max()) + 1]))[0])
+        return self._merge_encodings(pieces, width), width
 
     def _merge_encodings(
         self, pieces: list[tuple[np.ndarray, EncoderOutput]], width: int = 0
@@ -315,7 +342,7 @@ class PairScorer:
         tensor = torch.from_numpy(array)
         if self.device.type == "cuda":
             return tensor.pin_memory().to(self.device, non_blocking=True)
-        return tensor
+        return tensor.to(self.device)
 
     def _pair_encodings(
         self, enc_all: EncoderOutput, idx: np.ndarray, pair_source: np.ndarray
@@ -332,53 +359,93 @@ class PairScorer:
 
     def _score_batch(
         self,
-        enc_all,
-        batch: Batch,
+        enc_all: EncoderOutput,
+        batch: BatchRows,
         pair_source: np.ndarray,
         pairs: IdPairs,
         tgt_len: np.ndarray,
-        result: np.ndarray,
-        per_tok,
-        on_device: torch.Tensor | None,
-    ) -> None:
-        idx, length = batch.index, batch.width
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(each row's log p [rows] float64, each position's log p [rows, width + 1]) of one
+        batch: its pairs' encodings (:meth:`_pair_encodings`), the decoder's teacher-forced ids,
+        then the engine's kernel (:meth:`_batch_scores`)."""
+        idx, width = batch.index, batch.width
         enc = self._pair_encodings(enc_all, idx, pair_source)
-        n = len(idx)
         lengths = tgt_len[idx]
-        rows = np.arange(n)
-        tgt_in, tgt_out = teacher_forcing(pairs.tgt_ids, pairs.tgt_offsets, idx, length, lengths)
-        mask = None
-        if not batch.exact:  # padded: the positions after each target's EOS are masked
-            mask = self._to_device(np.arange(length + 1)[None, :] <= lengths[:, None])
+        tgt_in, tgt_out = teacher_forcing(pairs.tgt_ids, pairs.tgt_offsets, idx, width, lengths)
+        return self._batch_scores(enc, batch, tgt_in, tgt_out, lengths)
+
+    def _batch_scores(
+        self,
+        enc: EncoderOutput,
+        batch: BatchRows,
+        tgt_in: np.ndarray,
+        tgt_out: np.ndarray,
+        lengths: np.ndarray,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The engine's batch kernel: what :meth:`_score_batch` returns."""
+        raise NotImplementedError
+
+
+class CpuScorer(BlockScorer):
+    """The CPU's engine: :class:`BlockScorer`'s plan with batches of one exact target length
+    (:class:`~phrasescore.engine.batching.ExactBuckets`: no padding is ever computed; on the
+    CPU a padded position costs as much as a real one), each batch's token terms summed on
+    the host in float64."""
+
+    def __init__(
+        self,
+        model: TrainedModel,
+        device: str | torch.device = "cpu",
+        dtype: str = "float32",
+        batch_tokens: int = 8192,
+        chunk_rows: int | None = None,
+        include_eos: bool = True,
+        scoring: str = EXACT,
+        model_path: str | None = None,
+        buckets: ExactBuckets | None = None,
+    ):
+        if buckets is None:
+            buckets = ExactBuckets(batch_tokens)
+        if not isinstance(buckets, ExactBuckets):
+            raise TypeError("the CPU engine cuts batches of one exact length (ExactBuckets)")
+        super().__init__(
+            model, device, dtype, batch_tokens, chunk_rows, include_eos, scoring, model_path,
+            buckets,
+        )  # fmt: skip
+
+    def warm_up(self) -> None:
+        """Score two one-word pairs so that the compiled kernels are built now: one row chunk
+        of 3 rows and one of 1 (torch.compile specialises a dimension of size 1)."""
+        saved = self.chunk_rows, self.clamped
+        self.chunk_rows = 3
+        try:
+            src, tgt = len(self.model.src_vocab) - 1, len(self.model.tgt_vocab) - 1
+            self.score_ids([[src]] * 2, [[tgt]] * 2)
+        finally:
+            self.chunk_rows, self.clamped = saved
+
+    @property
+    def _sums_device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def _batch_scores(self, enc, batch, tgt_in, tgt_out, lengths):
+        """Every position of a batch of one exact length (no mask), summed in float64 on the
+        host (Cho et al. 2014, eq. 4; without the EOS term for ``include_eos=False``)."""
         token_lp = self.network.token_logprobs(
             enc,
             self._to_device(tgt_in),
             self._to_device(tgt_out),
-            mask,
+            None,
             self.chunk_rows,
             self_normalized=self.self_normalized,
         )
-        if on_device is not None:
-            values = token_lp.double()
-            sums = values.sum(dim=1)
-            if not self.include_eos:
-                sums -= values[torch.arange(n, device=self.device), self._to_device(lengths)]
-            on_device[self._to_device(idx)] = sums
-            if per_tok is None:
-                return
-            token_lp = values.cpu().numpy()
-        else:
-            token_lp = token_lp.double().cpu().numpy()
-            if batch.exact:
-                result[idx] = token_lp.sum(axis=1) if self.include_eos else token_lp[:, :-1].sum(1)
-            else:
-                sums = token_lp.sum(axis=1)
-                if not self.include_eos:
-                    sums -= token_lp[rows, lengths]
-                result[idx] = sums
-        if per_tok is not None:
-            for row, i in enumerate(idx.tolist()):
-                per_tok[i] = token_lp[row, : lengths[row] + 1]
+        values = token_lp.double().cpu().numpy()
+        sums = values.sum(axis=1) if self.include_eos else values[:, :-1].sum(1)
+        return torch.from_numpy(sums), torch.from_numpy(values)
+
+
+PairScorer = CpuScorer
+"""The CPU engine's former name, still imported by tests and tools outside the engine."""
 
 
 def check_ensemble(models: Sequence[TrainedModel], paths: Sequence[str]) -> None:
@@ -405,7 +472,7 @@ def check_ensemble(models: Sequence[TrainedModel], paths: Sequence[str]) -> None
 
 
 class EnsembleScorer:
-    """Several :class:`PairScorer` as one: log p(y | x) = Σ_t log (1/K Σ_k p_k(y_t | y_<t, x)),
+    """Several :class:`BlockScorer` as one: log p(y | x) = Σ_t log (1/K Σ_k p_k(y_t | y_<t, x)),
     the average of the K models' next-token probabilities at each step (the ensemble of
     Sutskever et al. 2014, §3.6, here teacher-forced: every model reads the same prefix y_<t,
     so each model's token terms are computed alone and averaged afterwards).
@@ -413,7 +480,7 @@ class EnsembleScorer:
     The models must share the target vocabulary and direction (:func:`check_ensemble`); the
     sources may have different vocabularies (unknown-word counts are the first model's)."""
 
-    def __init__(self, scorers: Sequence[PairScorer]):
+    def __init__(self, scorers: Sequence[BlockScorer]):
         if any(scorer.self_normalized for scorer in scorers):
             raise InputError(
                 "an ensemble scores exactly: --scoring self-normalized needs one model"
@@ -430,7 +497,7 @@ class EnsembleScorer:
     def score_phrases(
         self, sources: Sequence[str], targets: Sequence[str], per_token: bool = False
     ) -> ScoredPairs:
-        """:meth:`PairScorer.score_phrases` of the ensemble."""
+        """:meth:`BlockScorer.score_phrases` of the ensemble."""
         scored = [scorer.score_phrases(sources, targets, per_token=True) for scorer in self.scorers]
         first = scored[0]
         if not len(first.logprob):
