@@ -235,3 +235,32 @@ def test_the_gpu_engine_replays_its_graphs_as_the_cpu_scores(arch):
     graphs = dict(engine.captured.graphs)
     engine.score_ids(ids.src_ids, ids.tgt_ids)
     assert engine.captured.graphs == graphs  # the same graph objects: none captured again
+
+
+def test_graphs_capture_again_after_their_input_buffers_grow():
+    """A block of small batches first, then blocks of larger ones: each input buffer grows
+    (twice as large, the graphs captured into it dropped) and the shapes are captured again
+    into the same memory pool. Every capture succeeds (no fallback to uncaptured scoring) and
+    the scores stay the CPU's."""
+    from phrasescore.engine.graph_scoring import CapturedShapes, CudaGraphScorer
+
+    from .test_device_engine import table_model, table_pairs
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    src, tgt = table_pairs()
+    expected = CpuScorer(table_model("cho", "written")).score_phrases(src, tgt).logprob
+    engine = CudaGraphScorer(table_model("cho", "written"), device=DEVICE, batch_pairs=64)
+    for n in (8, 40, 120, len(src), len(src)):
+        got = engine.score_phrases(src[:n], tgt[:n]).logprob
+        np.testing.assert_allclose(got, expected[:n], rtol=1e-4, atol=1e-4)
+        assert engine.graph_failure is None
+    if DEVICE != "cuda":
+        return
+    assert engine.captured.enabled and len(engine.captured.graphs) >= 2
+    captured = CapturedShapes(torch.device(DEVICE))
+    for rows in (16, 64, 256, 1024, 64, 16):  # three growths, then shapes captured before
+        x = torch.arange(rows * 8, dtype=torch.float32, device=DEVICE).view(rows, 8)
+        (out,) = captured.run(("sum", (rows, 8)), lambda v: (v.square().sum(1),), (x,))
+        torch.testing.assert_close(out, x.square().sum(1))
+        assert captured.failure is None and captured.enabled

@@ -207,6 +207,47 @@ class ReplayOnTheCpu(CapturedShapes):
         return graph, graph.static_out
 
 
+class FailingCapture(ReplayOnTheCpu):
+    """Every capture fails, as one did on an H100 (an allocator assert inside the capture)."""
+
+    def _capture(self, fn, static_in):
+        self.captures += 1
+        raise RuntimeError("it->second->use_count > 0 INTERNAL ASSERT FAILED\nat c10/cuda/...")
+
+
+def test_a_failed_capture_scores_without_graphs_and_is_recorded():
+    """The block is still scored (uncaptured, the same scores), capture is switched off, and the
+    engine keeps the error's first line, which tools/gpu-score reports as a failure row."""
+    model = table_model("cho", "written")
+    src, tgt = table_pairs(60)
+    expected = CudaGraphScorer(model, device="cpu").score_phrases(src, tgt).logprob
+    engine = CudaGraphScorer(model, device="cpu")
+    assert engine.graph_failure is None
+    captured = engine.captured = FailingCapture()
+    got = engine.score_phrases(src, tgt).logprob
+    assert got.tobytes() == expected.tobytes()
+    assert engine.graph_failure == "it->second->use_count > 0 INTERNAL ASSERT FAILED"
+    assert not captured.enabled and captured.captures == 1 and not captured.graphs
+
+
+def test_growing_a_buffer_retires_an_unanchored_pool_with_its_graphs():
+    """PyTorch refuses a capture into a pool whose graphs are all gone: where no anchor holds
+    the pool, the graphs dropped by a growth take their pool handle with them; an anchored
+    pool is kept (its memory reused by the captures that follow)."""
+    captured = ReplayOnTheCpu()
+    small, large = torch.zeros(4, dtype=torch.long), torch.zeros(64, dtype=torch.long)
+    for anchor in (None, object()):
+        captured.arenas.clear()
+        captured.run(("k", 4), lambda x: (x + 1,), (small,))
+        assert len(captured.graphs) == 1
+        captured.pool, captured.anchor = object(), anchor  # as a first capture leaves them
+        kept = captured.pool
+        captured.run(("k", 64), lambda x: (x + 1,), (large,))  # the buffer grows
+        assert list(captured.graphs) == [("k", 64)]
+        assert (captured.pool is kept) == (anchor is not None)
+        captured.graphs.clear()
+
+
 @pytest.mark.parametrize(("arch", "recurrence"), [("cho", "written"), ("attention", "fused")])
 def test_replayed_shapes_score_as_the_engine_without_capture(arch, recurrence):
     """Every batch from a replay, the graphs' inputs in shared buffers: the bytes of the engine

@@ -30,6 +30,7 @@ tests/test_device_engine.py).
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable, Sequence
 from functools import partial
 
@@ -61,14 +62,28 @@ class CapturedShapes:
     batch's input; a larger one replaces the buffer and drops the graphs (captured again as
     their shapes come back). Only small outputs are kept per graph (a batch's scores).
 
+    The pool outlives the graphs dropped: PyTorch's caching allocator forgets a graph pool's
+    use only when its memory is freed, and refuses a capture into a pool whose every graph is
+    gone (``use_count > 0`` assert in ``CUDACachingAllocator.cpp``). So the pool is anchored by
+    an empty graph captured into it and held for this object's life (what
+    ``torch/_inductor/cudagraph_trees.py`` does): graphs captured after a growth reuse the
+    pool's memory. Where the anchor cannot be captured, the pool is retired with the graphs
+    and a fresh one taken for the next capture.
+
     Elsewhere (not CUDA, or ``enabled`` False) the function is called directly. If a capture
-    fails, capture is switched off with a warning and the work runs uncaptured from then on."""
+    fails, capture is switched off with a warning, the error is kept in :attr:`failure` (what
+    ``tools/gpu-score`` reports as a failure, never as a graphs figure) and the work runs
+    uncaptured from then on."""
 
     def __init__(self, device: torch.device, enabled: bool = True):
         self.enabled = enabled and device.type == "cuda"
         self.graphs: dict[tuple, tuple] = {}
         self.arenas: dict[tuple, torch.Tensor] = {}
         self.pool = None
+        self.anchor = None
+        """An empty graph captured into :attr:`pool`, held so that the pool stays registered."""
+        self.failure: str | None = None
+        """Why a capture failed (capture then off), None while every capture succeeded."""
 
     def run(self, key: tuple, fn: Callable[..., Tensors], inputs: Tensors) -> Tensors:
         """``fn(*inputs)``, a tuple of tensors, from the graph of ``key`` (a kind and the inputs'
@@ -84,7 +99,9 @@ class CapturedShapes:
                 graph, static_out = self._capture(fn, static_in)
             except RuntimeError as exc:
                 log.warning("CUDA graph capture failed (%s); scoring without graphs", exc)
+                self.failure = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 self.enabled = False
+                self._drop_graphs()
                 return fn(*inputs)
             entry = self.graphs[key] = (graph, static_in, static_out)
         graph, static_in, static_out = entry
@@ -102,11 +119,33 @@ class CapturedShapes:
             arena = self.arenas.get(name)
             if arena is None or arena.numel() < value.numel():
                 size = max(value.numel(), 2 * arena.numel() if arena is not None else 0)
-                self.graphs.clear()  # their buffers were views of the arena replaced here
+                self._drop_graphs()  # their buffers were views of the arena replaced here
                 arena = torch.empty(size, dtype=value.dtype, device=value.device)
                 self.arenas[name] = arena
             views.append(arena[: value.numel()].view(value.shape))
         return tuple(views)
+
+    def _drop_graphs(self) -> None:
+        """Forget every graph; an unanchored pool goes with them (a capture into a pool whose
+        graphs are all gone fails: class docstring), so the next capture takes a fresh one."""
+        self.graphs.clear()
+        if self.anchor is None:
+            self.pool = None
+
+    def _new_pool(self):
+        """A graph pool handle, anchored by an empty graph where one can be captured."""
+        pool = torch.cuda.graph_pool_handle()
+        anchor = torch.cuda.CUDAGraph()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # an empty graph is the point here
+                with torch.cuda.graph(anchor, pool=pool):
+                    pass
+        except RuntimeError as exc:
+            log.info("no anchor for the CUDA graph pool (%s): retired with its graphs", exc)
+            anchor = None
+        self.anchor = anchor
+        return pool
 
     def _capture(self, fn, static_in: Tensors):
         """(the graph of ``fn`` over ``static_in``, its outputs' buffers)."""
@@ -116,7 +155,7 @@ class CapturedShapes:
             fn(*static_in)
         torch.cuda.current_stream().wait_stream(side)
         if self.pool is None:
-            self.pool = torch.cuda.graph_pool_handle()
+            self.pool = self._new_pool()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             static_out = fn(*static_in)
@@ -154,6 +193,12 @@ class CudaGraphScorer(BlockScorer):
             buckets,
         )  # fmt: skip
         self.captured = CapturedShapes(self.device, graphs)
+
+    @property
+    def graph_failure(self) -> str | None:
+        """Why capture was switched off (a failed capture), None while graphs run or were never
+        asked for: a run with a failure scored without graphs."""
+        return self.captured.failure
 
     def warm_up(self) -> None:
         """Nothing to build before worker processes fork: the ``--io-workers`` never touch the
