@@ -264,3 +264,26 @@ def test_graphs_capture_again_after_their_input_buffers_grow():
         (out,) = captured.run(("sum", (rows, 8)), lambda v: (v.square().sum(1),), (x,))
         torch.testing.assert_close(out, x.square().sum(1))
         assert captured.failure is None and captured.enabled
+
+
+@pytest.mark.parametrize("kernel", ["liger", "cce"])
+def test_fused_linear_cross_entropy_libraries_equal_the_chunked_torch_output_layer(kernel):
+    """liger-kernel's and cut-cross-entropy's fused output layers (CUDA, where installed) give
+    the log p of the torch reference (target_logprobs: row chunks, checked against the full
+    log-softmax in tests/test_device_engine.py)
+    within 1e-4 in fp32, the bias included."""
+    from phrasescore.model.output_layer import library_gold_logprobs, target_logprobs
+
+    if DEVICE != "cuda":
+        pytest.skip("Triton kernels: CUDA only")
+    pytest.importorskip({"liger": "liger_kernel", "cce": "cut_cross_entropy"}[kernel])
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.manual_seed(0)
+    vocab, width = 11_000, 500
+    layer = torch.nn.Linear(width, vocab).to(DEVICE)
+    features = torch.randn(3000, width, device=DEVICE)
+    gold = torch.randint(0, vocab, (3000,), device=DEVICE)
+    with torch.no_grad():
+        expected = target_logprobs(layer, features, gold, vocab, chunk_rows=512)
+        got = library_gold_logprobs(kernel, features, layer, gold)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)

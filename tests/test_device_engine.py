@@ -169,6 +169,29 @@ def test_padded_logprobs_equal_log_softmax_and_stay_finite_for_any_logits():
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("sync_free", [False, True])
+def test_chunked_output_layer_equals_the_full_log_softmax_and_never_makes_more_rows(sync_free):
+    """The output layer of both engines (and the reference the CUDA libraries are tested
+    against): log p of the reference word from row chunks, the product, the log-sum-exp and the
+    gather; equal to the log-softmax of the whole [rows x vocabulary] logits within 1e-5 in
+    fp32, and no product of more rows than a chunk (its memory bounded whatever the rows)."""
+    torch.manual_seed(1)
+    vocab, width, rows, chunk = 4000, 48, 700, 128
+    layer = torch.nn.Linear(width, vocab)
+    features, gold = torch.randn(rows, width), torch.randint(0, vocab, (rows,))
+    seen = []
+
+    def logits_of(x):
+        seen.append(x.shape[0])
+        return layer(x)
+
+    with torch.no_grad():
+        got = target_logprobs(logits_of, features, gold, vocab, chunk, sync_free=sync_free)
+        full = torch.log_softmax(layer(features), dim=1).gather(1, gold[:, None]).squeeze(1)
+    assert max(seen) == chunk and sum(seen) == rows
+    torch.testing.assert_close(got, full, rtol=0, atol=1e-5)
+
+
 def test_the_gpu_engine_is_the_cuda_engine_and_captures_only_on_cuda():
     assert ENGINES["cuda"] is CudaGraphScorer
     assert ENGINES["cpu"] is CpuScorer

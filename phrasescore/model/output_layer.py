@@ -256,6 +256,42 @@ def target_logprobs(
     return values
 
 
+OUTPUT_KERNELS = ("torch", "liger", "cce")
+"""The output layer's kernels for log p of the reference words: ``torch`` (:func:`target_logprobs`,
+row chunks, everywhere) and, on CUDA where the package is importable, liger-kernel's fused linear
+cross-entropy or Apple's cut-cross-entropy (Triton kernels: the product, the log-sum-exp and the
+gather without the [rows x vocabulary] logits in memory). tools/gpu-score measures each."""
+
+
+def library_gold_logprobs(kernel: str, features: Tensor, layer: nn.Linear, gold: Tensor) -> Tensor:
+    """log p(gold[i] | features[i]) = -CE(layer(features_i), gold_i) in float32 from a fused
+    linear cross-entropy library (``kernel``: ``liger`` or ``cce``; :data:`OUTPUT_KERNELS`),
+    with per-row losses (``reduction="none"``). cut-cross-entropy takes no bias: the bias is its
+    classifier's last column, the features' a column of ones (padded with zeros to a multiple
+    of 16 columns), the same sums. ImportError where the package is missing."""
+    if kernel == "liger":
+        from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
+        loss = liger_fused_linear_cross_entropy(
+            features, layer.weight, gold, layer.bias, reduction="none"
+        )
+        return -loss.float()
+    if kernel == "cce":
+        from cut_cross_entropy import linear_cross_entropy
+
+        weight, bias = layer.weight, layer.bias
+        if bias is not None:
+            width = -(-(weight.shape[1] + 1) // 16) * 16
+            pad = width - weight.shape[1] - 1
+            ones = features.new_ones(features.shape[0], 1)
+            features = torch.cat([features, ones, features.new_zeros(features.shape[0], pad)], 1)
+            extra = [bias[:, None].to(weight.dtype), weight.new_zeros(weight.shape[0], pad)]
+            weight = torch.cat([weight, *extra], 1)
+        loss = linear_cross_entropy(features, weight, gold, reduction="none")
+        return -loss.float()
+    raise ValueError(f"unknown output kernel {kernel!r} (one of {', '.join(OUTPUT_KERNELS)})")
+
+
 def maxout(x: Tensor, pool: int = 2) -> Tensor:
     """Maxout over groups of ``pool`` consecutive units (Goodfellow et al. 2013), as in Cho et al.
 
