@@ -1,5 +1,5 @@
 """The batch plan of the scoring engine, numpy over arrays: pairs as flat ids and
-offsets (:class:`IdPairs`), their distinct sources, the batches of a bucket policy, and the
+offsets (:class:`IdPairs`, two ragged arrays of phrases), their distinct sources, the batches of a bucket policy, and the
 order in which results go back.
 
 No Python step per pair or per token: a block of pairs arrives as four arrays, the distinct
@@ -28,7 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from phrasescore.text.corpus import flatten_ids, gather_sequences, offsets_from_lengths
+from phrasescore.text.corpus import gather_sequences
+from phrasescore.text.phrase_ids import PhraseArrays
 from phrasescore.text.vocab import BOS_ID, EOS_ID
 
 _HASH_WEIGHTS = np.random.default_rng(46).integers(1, 2**63, size=1024, dtype=np.uint64) | 1
@@ -36,39 +37,51 @@ _HASH_WEIGHTS = np.random.default_rng(46).integers(1, 2**63, size=1024, dtype=np
 
 @dataclass
 class IdPairs:
-    """(source, target) id sequences laid end to end: pair ``i``'s source is
-    ``src_ids[src_offsets[i]:src_offsets[i + 1]]``, its target likewise (no BOS or EOS)."""
+    """(source, target) pairs: two :class:`~phrasescore.text.phrase_ids.PhraseArrays` of as
+    many phrases, pair ``i`` the source ``src``'s phrase ``i`` and the target ``tgt``'s (no BOS
+    or EOS)."""
 
-    src_ids: np.ndarray
-    src_offsets: np.ndarray  # int64 [n + 1], src_offsets[0] == 0
-    tgt_ids: np.ndarray
-    tgt_offsets: np.ndarray
+    src: PhraseArrays
+    tgt: PhraseArrays
 
     def __len__(self) -> int:
-        return len(self.src_offsets) - 1
+        return len(self.src.offsets) - 1
 
     @classmethod
     def from_lists(
         cls, src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]]
     ) -> IdPairs:
-        """Pairs given as id lists (what :meth:`~phrasescore.engine.scoring.BlockScorer.score_ids` takes)."""
+        """Pairs given as id lists (what
+        :meth:`~phrasescore.engine.scoring.BlockScorer.score_ids` takes)."""
         if len(src_ids) != len(tgt_ids):
             raise ValueError("src_ids and tgt_ids differ in length")
-        src, src_lengths = flatten_ids(src_ids, np.int64)
-        tgt, tgt_lengths = flatten_ids(tgt_ids, np.int64)
-        return cls(src, offsets_from_lengths(src_lengths), tgt, offsets_from_lengths(tgt_lengths))
+        return cls(PhraseArrays.from_lists(src_ids), PhraseArrays.from_lists(tgt_ids))
+
+    @property
+    def src_ids(self) -> np.ndarray:
+        return self.src.ids
+
+    @property
+    def src_offsets(self) -> np.ndarray:
+        return self.src.offsets
+
+    @property
+    def tgt_ids(self) -> np.ndarray:
+        return self.tgt.ids
+
+    @property
+    def tgt_offsets(self) -> np.ndarray:
+        return self.tgt.offsets
 
     def src_lengths(self) -> np.ndarray:
-        return np.diff(self.src_offsets)
+        return self.src.lengths()
 
     def tgt_lengths(self) -> np.ndarray:
-        return np.diff(self.tgt_offsets)
+        return self.tgt.lengths()
 
     def take(self, index: np.ndarray) -> IdPairs:
         """The pairs ``index`` (in that order)."""
-        src, src_off = gather_sequences(self.src_ids, self.src_offsets, index)
-        tgt, tgt_off = gather_sequences(self.tgt_ids, self.tgt_offsets, index)
-        return IdPairs(src, src_off, tgt, tgt_off)
+        return IdPairs(self.src.take(index), self.tgt.take(index))
 
 
 def id_matrix(flat: np.ndarray, offsets: np.ndarray, index: np.ndarray, width: int) -> np.ndarray:

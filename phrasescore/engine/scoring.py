@@ -59,6 +59,7 @@ from phrasescore.engine.batching import (
 from phrasescore.errors import InputError
 from phrasescore.hardware import resolve_dtype
 from phrasescore.model.base import EncoderDecoder, EncoderOutput, select_rows
+from phrasescore.text.phrase_ids import PhraseArrays, PhraseIds
 
 log = logging.getLogger(__name__)
 
@@ -118,20 +119,54 @@ class EncodedPairs:
 class PhraseEncoder:
     """The text half of a scorer: phrases to ids in a model's vocabularies (no network), what
     :class:`BlockScorer` and every other scorer of the protocol
-    (:class:`~phrasescore.engine.protocol.Scorer`) share."""
+    (:class:`~phrasescore.engine.protocol.Scorer`) share. Each side's phrases go through
+    :class:`~phrasescore.text.phrase_ids.PhraseIds` (the one home of phrases to ids: the
+    phrase's tokens, :func:`phrase_tokens`, in the model's reading order, then the
+    vocabulary's ids), all of a side in one pass."""
 
     def __init__(self, model: TrainedModel, include_eos: bool = True):
         self.model = model
         self.include_eos = include_eos
+        config = model.config
+        self.src = PhraseIds(model.src_vocab, model.src_text)
+        self.tgt = PhraseIds(
+            model.tgt_vocab, model.tgt_text, config.target_order if config.reverse_target else None
+        )
+
+    def encode_arrays(self, sources: Sequence[str], targets: Sequence[str]) -> IdPairs:
+        """The ids of already-tokenised phrase pairs as the engine takes them (each side's
+        unknown-word counts in its :class:`~phrasescore.text.phrase_ids.PhraseArrays`)."""
+        if len(sources) != len(targets):
+            raise ValueError("sources and targets differ in length")
+        if any("\n" in p for p in sources) or any("\n" in p for p in targets):
+            # a line break inside a phrase (never in a table or an n-best list) would cut the
+            # one-pass text: the tokens' path, which keeps it inside its token
+            src_tok = [phrase_tokens(self.model.src_text, p) for p in sources]
+            tgt_tok = [phrase_tokens(self.model.tgt_text, p) for p in targets]
+            ids = self.encode_tokens(src_tok, tgt_tok)
+            return IdPairs(
+                PhraseArrays(*PhraseArrays.from_lists(ids.src_ids)[:2], ids.src_unknown),
+                PhraseArrays(*PhraseArrays.from_lists(ids.tgt_ids)[:2], ids.tgt_unknown),
+            )
+        src = self.src.encode_list([p.encode("utf-8") for p in sources])
+        tgt = self.tgt.encode_list([p.encode("utf-8") for p in targets])
+        return IdPairs(src, tgt)
+
+    def token_counts(self, pairs: IdPairs) -> np.ndarray:
+        """The target tokens scored per pair (EOS counted unless ``include_eos`` is False)."""
+        return pairs.tgt_lengths() + (1 if self.include_eos else 0)
 
     def encode_phrases(
         self, sources: Sequence[str], targets: Sequence[str], counts: bool = True
     ) -> EncodedPairs:
-        """The ids of already-tokenised phrase pairs, what :meth:`BlockScorer.score_ids` takes.
-        Without ``counts`` the unknown-word counts are left out (None)."""
-        src_tok = [phrase_tokens(self.model.src_text, s) for s in sources]
-        tgt_tok = [phrase_tokens(self.model.tgt_text, t) for t in targets]
-        return self.encode_tokens(src_tok, tgt_tok, counts)
+        """The ids of already-tokenised phrase pairs as id lists (:meth:`encode_arrays`), what
+        :meth:`BlockScorer.score_ids` takes. Without ``counts`` the unknown-word counts are
+        left out (None)."""
+        pairs = self.encode_arrays(sources, targets)
+        src_unk, tgt_unk = (pairs.src.unknown, pairs.tgt.unknown) if counts else (None, None)
+        return EncodedPairs(
+            pairs.src.to_lists(), pairs.tgt.to_lists(), src_unk, tgt_unk, self.token_counts(pairs)
+        )
 
     def encode_tokens(
         self, src_tokens: Sequence[list[str]], tgt_tokens: Sequence[list[str]], counts: bool = True
@@ -202,10 +237,12 @@ class BlockScorer:
     def score_phrases(
         self, sources: Sequence[str], targets: Sequence[str], per_token: bool = False
     ) -> ScoredPairs:
-        """Score already-tokenised phrase pairs (phrase-table or n-best text)."""
-        src_tok = [phrase_tokens(self.model.src_text, s) for s in sources]
-        tgt_tok = [phrase_tokens(self.model.tgt_text, t) for t in targets]
-        return self.score_tokens(src_tok, tgt_tok, per_token=per_token)
+        """Score already-tokenised phrase pairs (phrase-table or n-best text): their ids
+        (:meth:`PhraseEncoder.encode_arrays`), then :meth:`score_arrays`."""
+        pairs = self.encoder.encode_arrays(sources, targets)
+        logprob, per_tok = self.score_arrays(pairs, per_token)
+        n_tokens = self.encoder.token_counts(pairs)
+        return ScoredPairs(logprob, n_tokens, pairs.src.unknown, pairs.tgt.unknown, per_tok)
 
     def encode_phrases(
         self, sources: Sequence[str], targets: Sequence[str], counts: bool = True
