@@ -15,6 +15,7 @@ from phrasescore.engine.batching import MIN_ROWS, FixedShapeBuckets, IdPairs, fi
 from phrasescore.engine.graph_scoring import CapturedShapes, CudaGraphScorer
 from phrasescore.engine.protocol import ENGINES, IdScorer
 from phrasescore.engine.scoring import CpuScorer
+from phrasescore.model.base import select_rows
 from phrasescore.model.builders import build_network
 from phrasescore.model.config import preset
 from phrasescore.model.output_layer import _eager_lse_gather, target_logprobs
@@ -190,6 +191,28 @@ def test_chunked_output_layer_equals_the_full_log_softmax_and_never_makes_more_r
         full = torch.log_softmax(layer(features), dim=1).gather(1, gold[:, None]).squeeze(1)
     assert max(seen) == chunk and sum(seen) == rows
     torch.testing.assert_close(got, full, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(("arch", "recurrence"), NETWORKS)
+def test_source_terms_computed_once_per_source_give_the_per_pair_log_p(
+    monkeypatch, arch, recurrence
+):
+    """What does not change across a pair's target steps (for cho: V'c, C c in the decoder's
+    gates, O_c c in the output layer's pre-activation) is computed once per distinct source of
+    a batch and repeated per pair: the log p of every pair is the one computed from each pair's
+    own c at every step, within 1e-6."""
+    model = table_model(arch, recurrence)
+    src, tgt = table_pairs(120)
+    shared = CpuScorer(model).score_phrases(src, tgt, per_token=True)
+
+    def each_pair_its_own(self, enc_all, idx, pair_source):  # the network's start() makes them
+        return select_rows(enc_all, torch.from_numpy(pair_source[idx]))
+
+    monkeypatch.setattr(CpuScorer, "_pair_encodings", each_pair_its_own)
+    per_pair = CpuScorer(model).score_phrases(src, tgt, per_token=True)
+    np.testing.assert_allclose(shared.logprob, per_pair.logprob, rtol=0, atol=1e-6)
+    for a, b in zip(shared.token_logprobs, per_pair.token_logprobs, strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
 
 
 def test_the_gpu_engine_is_the_cuda_engine_and_captures_only_on_cuda():
