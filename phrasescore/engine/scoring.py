@@ -13,6 +13,10 @@ This is the loop ``rescore``, ``nbest`` and the analyses call. For a block of pa
    vocabulary] matrix for a whole batch nor a log-softmax for a chunk;
 4. scatters the results back to input order.
 
+Steps 1, 2 and 4 are the one plan of every engine (:class:`BlockScorer`); each engine adds its
+batch kernel: :class:`CpuScorer` (batches of one exact target length, step 3 as written) and
+:class:`~phrasescore.engine.graph_scoring.CudaGraphScorer` (fixed shapes, CUDA graphs).
+
 The batch plan depends only on the pairs and the flags, so the same input and flags give the same
 bytes; different batch sizes change float32 sums only in the last digits (< 1e-4 in log p).
 
