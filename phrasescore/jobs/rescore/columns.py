@@ -366,7 +366,10 @@ class NewColumns:
                 src, src_line = src_ids.encode(source_text), run_of_line
                 tgt, tgt_line = tgt_ids.encode(target_text), None
             request_pairs.append(
-                IdPairs(*_lines_ids(src, src_line, keep), *_lines_ids(tgt, tgt_line, keep))
+                IdPairs(
+                    PhraseArrays(*_lines_ids(src, src_line, keep)),
+                    PhraseArrays(*_lines_ids(tgt, tgt_line, keep)),
+                )
             )
             eos = 1 if scorer.include_eos else 0  # counted as the scorer counts
             n_tokens = _per_line(tgt.lengths(), tgt_line) + eos
