@@ -1,5 +1,6 @@
-"""The output of ``rescore`` while it is written: chunks appended to a partial file and its
-resume state, then renamed into place (or streamed to standard output).
+"""The output of a chunked job (``rescore``, ``nbest``) while it is written: chunks appended to
+a partial file and its resume state, then published under the output's name (or streamed to
+standard output).
 
 Chunks and resume
 -----------------
@@ -29,8 +30,9 @@ import contextlib
 import json
 import logging
 import os
+import sys
 import zlib
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 
 from phrasescore.compression import TABLE_LEVEL, compress_member
 from phrasescore.errors import InputError, RunStopped
@@ -39,6 +41,7 @@ from phrasescore.files import (
     AtomicOutput,
     WholeWrites,
     disk_errors,
+    is_stream_target,
 )
 from phrasescore.runners.shards import (
     Shard,
@@ -59,19 +62,6 @@ def chunk_bytes(text: str | bytes, gzip_level: int | None) -> bytes:
     if gzip_level is None:
         return data
     return compress_member(data, gzip_level)
-
-
-@dataclass
-class ChunkOutput:
-    """What scoring one chunk gives: its bytes and the model scores it clamped (``--scoring
-    self-normalized``; counted here because a worker process's scorers are not the parent's)."""
-
-    data: bytes
-    clamped: int
-    record: dict
-    """:func:`~phrasescore.runners.shards.chunk_record`: lines, runs of one source, first/last source."""
-    too_long: int
-    """Pairs with a phrase over ``max_phrase_length`` tokens (given the floor value)."""
 
 
 def partial_paths(output: str) -> tuple[str, str]:
@@ -97,6 +87,8 @@ def check_work_paths(output: str, shard: Shard | None = None) -> None:
 
 class PartialOutput:
     """The partial output file and its JSON state (see the module docstring)."""
+
+    resumable = True
 
     def __init__(self, output: str, identity: dict, gzip_level: int = TABLE_LEVEL):
         self.output = output
@@ -341,7 +333,11 @@ class PartialOutput:
                 self.handle.write(compress_member(b"", self.gzip_level))
             self.handle.close()
 
-    def publish(self) -> None:
+    def publish(self, before_rename: Callable[[str], None] | None = None) -> None:
+        """Rename the complete partial file to the output (``before_rename(partial)`` first: a
+        shard's manifest)."""
+        if before_rename is not None:
+            before_rename(self.path)
         os.replace(self.path, self.output)
         os.unlink(self.state_path)
 
@@ -387,9 +383,9 @@ class StdoutOutput:
     nothing to resume, publish or discard. Standard output is written as it is, never gzip; a
     pipe or device as its name says (a ``.gz`` name: gzip members)."""
 
-    def __init__(self, output: str = "-", gzip_level: int = TABLE_LEVEL):
-        import sys
+    resumable = False
 
+    def __init__(self, output: str = "-", gzip_level: int = TABLE_LEVEL):
         self.output = output
         self.compress = output != "-" and output.endswith(".gz")
         self.gzip_level = gzip_level if self.compress else None
@@ -424,7 +420,7 @@ class StdoutOutput:
             if self.output != "-":
                 self.stream.close()
 
-    def publish(self) -> None:
+    def publish(self, before_rename: Callable[[str], None] | None = None) -> None:
         pass
 
     def close_incomplete(self) -> None:
@@ -436,9 +432,76 @@ class StdoutOutput:
         self.close_incomplete()
 
 
-def table_identity(table: str) -> dict:
-    """The input of a partial output (part of its resume key): path, size and mtime."""
-    if table == "-":
+class WholeOutput:
+    """An output written whole, as :class:`~phrasescore.files.AtomicOutput` writes text (a file
+    appears complete under its name or not at all; ``-``, a named pipe or a device is written
+    as a stream; ``.gz``: one gzip stream), as a sink of chunks: nothing to resume.
+
+    Each chunk's UTF-8 text is written a line at a time: the writes a gzip stream receives
+    (after the text layer's buffer) decide its bytes, and these are those of a list written
+    line by line, which ``merge-shards`` writes too."""
+
+    resumable = False
+
+    def __init__(self, output: str):
+        self.output = output
+        self._before_rename: Callable[[str], None] | None = None
+        self._atomic: AtomicOutput | None = None
+        self._out = None
+
+    def open(self, resume: bool) -> int:
+        if resume:
+            raise InputError("--resume needs a partial output to go on with")
+        stream = self.output == "-" or is_stream_target(self.output)
+        self._atomic = AtomicOutput(self.output, before_rename=None if stream else self._rename)
+        self._out = self._atomic.__enter__()
+        return 0
+
+    def _rename(self, written: str) -> None:
+        if self._before_rename is not None:
+            self._before_rename(written)
+
+    def check_input(self, input_crc: int, before_refusal=None, provable: bool = True) -> None:
+        pass  # nothing resumed
+
+    def append_chunk(self, data: bytes, n_lines: int, source: bytes = b"") -> None:
+        with disk_errors(self.output):
+            self._out.writelines(text_lines(data.decode("utf-8")))
+
+    def complete(self) -> None:
+        pass  # flushed and synced as it is published
+
+    def publish(self, before_rename: Callable[[str], None] | None = None) -> None:
+        self._before_rename = before_rename
+        atomic, self._atomic = self._atomic, None
+        atomic.__exit__(None, None, None)
+
+    def close_incomplete(self) -> None:
+        """Remove what was written (called while the error that stopped the run is handled)."""
+        atomic, self._atomic = self._atomic, None
+        if atomic is not None:
+            atomic.__exit__(*sys.exc_info())
+
+    def discard(self) -> None:
+        self.close_incomplete()
+
+
+def text_lines(text: str) -> Iterator[str]:
+    """The lines of ``text``, each with its ``\\n`` (only ``\\n`` ends a line)."""
+    start = 0
+    while True:
+        end = text.find("\n", start) + 1
+        if not end:
+            break
+        yield text[start:end]
+        start = end
+    if start < len(text):
+        yield text[start:]
+
+
+def file_identity(path: str) -> dict:
+    """An input of a partial output (part of its resume key): path, size and mtime."""
+    if path == "-":
         return {"path": "-"}
-    st = os.stat(table)
-    return {"path": os.path.abspath(table), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    st = os.stat(path)
+    return {"path": os.path.abspath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
