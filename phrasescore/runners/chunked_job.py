@@ -103,6 +103,9 @@ class Written(NamedTuple):
     """The input bytes it was made from (their CRC-32 proves a resume's input the same)."""
     record: dict | None = None
     """:func:`~.shards.chunk_record` of the chunk, for a shard's manifest."""
+    totals: dict | None = None
+    """The job's running totals after the chunk, kept with the resume state (a resume goes on
+    from them: :attr:`~.partial.PartialOutput.totals`)."""
 
 
 class PartKey(NamedTuple):
@@ -197,7 +200,7 @@ class ChunkedRun(AbstractContextManager):
         """Append one chunk's bytes to the output (a shard: its record to the manifest's)."""
         if written is None:
             return
-        self.sink.append_chunk(written.data, written.lines, written.source)
+        self.sink.append_chunk(written.data, written.lines, written.source, written.totals)
         if self.flags.shard is not None and written.record is not None:
             self.records.append(written.record)
 

@@ -32,7 +32,7 @@ import logging
 import os
 import sys
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from phrasescore.compression import TABLE_LEVEL, compress_member
 from phrasescore.errors import InputError, RunStopped
@@ -90,13 +90,25 @@ class PartialOutput:
 
     resumable = True
 
-    def __init__(self, output: str, identity: dict, gzip_level: int = TABLE_LEVEL):
+    def __init__(
+        self,
+        output: str,
+        identity: dict,
+        gzip_level: int = TABLE_LEVEL,
+        text: TextPublish | None = None,
+    ):
         self.output = output
         self.path, self.state_path = partial_paths(output)
         self.identity = identity
-        self.compress = output.endswith(".gz")
+        self.text = text
+        """None: the partial file holds the output's bytes (a ``.gz`` output's gzip members) and
+        is renamed into place; else it holds plain text that :meth:`publish` writes whole."""
+        self.compress = output.endswith(".gz") and text is None
         self.gzip_level = gzip_level if self.compress else None
         """What :func:`chunk_bytes` compresses with (None: a plain output)."""
+        self.totals: dict | None = None
+        """The job's running totals after the chunks written (kept in the state, restored by
+        a resume)."""
         self.lines_done = 0
         self.bytes_done = 0
         self.last_chunk: list[int] | None = None
@@ -173,7 +185,8 @@ class PartialOutput:
         if state.get("identity") != self.identity:
             raise InputError(
                 "cannot resume: the partial output was made from another input, model or "
-                "flags (run without --resume to start again)",
+                f"flags ({identity_difference(state.get('identity'), self.identity)} differs; "
+                "run without --resume to start again)",
                 self.output,
             )
         lines, size, last = state["lines"], state["bytes"], state["last_chunk"]
@@ -217,6 +230,8 @@ class PartialOutput:
         self.crc = state["crc32"]
         self.input_crc = state.get("input_crc32", 0)
         self.input_crc_recorded = "input_crc32" in state
+        totals = state.get("totals")
+        self.totals = dict(totals) if isinstance(totals, dict) else None
         self.handle.truncate(size)
         self.handle.seek(size)
         return True
@@ -297,9 +312,11 @@ class PartialOutput:
             self.output,
         )
 
-    def append_chunk(self, data: bytes, n_lines: int, source: bytes = b"") -> None:
+    def append_chunk(
+        self, data: bytes, n_lines: int, source: bytes = b"", totals: dict | None = None
+    ) -> None:
         """Append a chunk's bytes (:func:`chunk_bytes`: one gzip member for a ``.gz`` output)
-        made from the input lines ``source``."""
+        made from the input lines ``source``; ``totals``: the job's running totals after it."""
         with self._writing():
             self.handle.write(data)
             self.handle.flush()
@@ -309,6 +326,8 @@ class PartialOutput:
         self.last_chunk = [len(data), zlib.crc32(data)] if data else self.last_chunk
         self.crc = zlib.crc32(data, self.crc)
         self.input_crc = zlib.crc32(source, self.input_crc)
+        if totals is not None:
+            self.totals = dict(totals)
         with self._writing():
             self._write_state()
 
@@ -322,6 +341,7 @@ class PartialOutput:
                     "last_chunk": self.last_chunk,
                     "crc32": self.crc,
                     "input_crc32": self.input_crc,
+                    **({"totals": self.totals} if self.totals is not None else {}),
                 },
                 fh,
             )
@@ -334,11 +354,15 @@ class PartialOutput:
             self.handle.close()
 
     def publish(self, before_rename: Callable[[str], None] | None = None) -> None:
-        """Rename the complete partial file to the output (``before_rename(partial)`` first: a
-        shard's manifest)."""
-        if before_rename is not None:
-            before_rename(self.path)
-        os.replace(self.path, self.output)
+        """Give the output its name (``before_rename(complete file)`` first: a shard's
+        manifest): the partial file renamed, or its text written whole (:class:`TextPublish`)."""
+        if self.text is None or not self.text.rewrites(self.output):
+            if before_rename is not None:
+                before_rename(self.path)
+            os.replace(self.path, self.output)
+        else:
+            self.text.write(self.path, self.output, before_rename)
+            os.unlink(self.path)
         os.unlink(self.state_path)
 
     def close_incomplete(self) -> None:
@@ -353,6 +377,55 @@ class PartialOutput:
         for path in (self.path, self.state_path):
             if os.path.exists(path):
                 os.unlink(path)
+
+
+class TextPublish:
+    """How a partial file of plain text becomes its output: as it is (renamed), or written
+    whole through :class:`~phrasescore.files.AtomicOutput` a line at a time, the lines passed
+    through ``final_lines`` (``nbest --one-best``: the best texts placed by sentence id) and
+    compressed for a ``.gz`` output, one gzip stream (the bytes of :class:`WholeOutput`)."""
+
+    def __init__(self, final_lines: Callable[[Iterable[str]], Iterable[str]] | None = None):
+        self.final_lines = final_lines
+
+    def rewrites(self, output: str) -> bool:
+        """Whether the partial file's bytes are not the output's as they are."""
+        return self.final_lines is not None or output.endswith(".gz")
+
+    def write(self, partial: str, output: str, before_rename) -> None:
+        with open(partial, encoding="utf-8", newline="\n") as fh:  # only "\n" ends a line
+            lines = self.final_lines(fh) if self.final_lines is not None else fh
+            with AtomicOutput(output, before_rename=before_rename) as out:
+                out.writelines(lines)
+
+
+_IDENTITY_PARTS = {
+    "input": "the input file (its path, size or modification time)",
+    "source": "--source",
+    "models": "the models (their signatures)",
+    "inverse": "the models' directions (-m, --inverse-model)",
+    "lms": "--lm",
+    "features": "the features added (-m, --inverse-model, --lm, --name, --lm-name)",
+    "shard": "--shard",
+    "gzip": "the gzip library",
+    "version": "the resume state's version",
+}
+
+
+def identity_difference(recorded, current: dict) -> str:
+    """What differs first between a partial output's resume key and this run's, in words: a
+    flag's name for one of the run's options (``options.chunk_lines`` -> ``--chunk-lines``)."""
+    recorded = recorded if isinstance(recorded, dict) else {}
+    for key in [*current, *(k for k in recorded if k not in current)]:
+        mine, theirs = current.get(key), recorded.get(key)
+        if mine == theirs:
+            continue
+        if key == "options" and isinstance(mine, dict) and isinstance(theirs, dict):
+            for name in [*mine, *(k for k in theirs if k not in mine)]:
+                if mine.get(name) != theirs.get(name):
+                    return "--" + name.replace("_", "-")
+        return _IDENTITY_PARTS.get(key, key)
+    return "nothing"
 
 
 def _valid_state(state: dict) -> bool:
@@ -406,7 +479,9 @@ class StdoutOutput:
     def check_input(self, input_crc: int, before_refusal=None, provable: bool = True) -> None:
         pass  # nothing resumed
 
-    def append_chunk(self, data: bytes, n_lines: int, source: bytes = b"") -> None:
+    def append_chunk(
+        self, data: bytes, n_lines: int, source: bytes = b"", totals: dict | None = None
+    ) -> None:
         with disk_errors(self.output):
             self.stream.write(data)
             self.stream.flush()
@@ -443,16 +518,23 @@ class WholeOutput:
 
     resumable = False
 
-    def __init__(self, output: str):
+    def __init__(
+        self, output: str, final_lines: Callable[[Iterable[str]], Iterable[str]] | None = None
+    ):
         self.output = output
+        self.final_lines = final_lines
+        """The lines written at the end from all the chunks' (``--one-best``), else None: each
+        chunk's written as it comes."""
+        self._kept: list[bytes] = []
         self._before_rename: Callable[[str], None] | None = None
         self._atomic: AtomicOutput | None = None
         self._out = None
 
     def open(self, resume: bool) -> int:
-        if resume:
-            raise InputError("--resume needs a partial output to go on with")
         stream = self.output == "-" or is_stream_target(self.output)
+        if resume:
+            where = "standard output" if self.output == "-" else "a named pipe or a device"
+            raise InputError(f"--resume needs an output file, not {where}")
         self._atomic = AtomicOutput(self.output, before_rename=None if stream else self._rename)
         self._out = self._atomic.__enter__()
         return 0
@@ -464,12 +546,20 @@ class WholeOutput:
     def check_input(self, input_crc: int, before_refusal=None, provable: bool = True) -> None:
         pass  # nothing resumed
 
-    def append_chunk(self, data: bytes, n_lines: int, source: bytes = b"") -> None:
+    def append_chunk(
+        self, data: bytes, n_lines: int, source: bytes = b"", totals: dict | None = None
+    ) -> None:
+        if self.final_lines is not None:  # written at the end, passed through final_lines
+            self._kept.append(data)
+            return
         with disk_errors(self.output):
             self._out.writelines(text_lines(data.decode("utf-8")))
 
     def complete(self) -> None:
-        pass  # flushed and synced as it is published
+        if self.final_lines is not None:
+            text = b"".join(self._kept).decode("utf-8")
+            with disk_errors(self.output):
+                self._out.writelines(self.final_lines(text_lines(text)))
 
     def publish(self, before_rename: Callable[[str], None] | None = None) -> None:
         self._before_rename = before_rename

@@ -12,6 +12,7 @@ import collections
 import hashlib
 import logging
 import time
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -20,12 +21,12 @@ from phrasescore.errors import InputError
 from phrasescore.files import display_name, iter_lines
 from phrasescore.jobs.feature_specs import FeatureModel
 from phrasescore.jobs.nbest.features import ChunkFeatures, load_features
-from phrasescore.jobs.nbest.writer import ListWriter, regroup, with_features
+from phrasescore.jobs.nbest.writer import ListWriter, OneBestLines, regroup, with_features
 from phrasescore.moses.nbest import NBestEntry, iter_nbest_groups, read_nbest, read_weights
 from phrasescore.progress import progress_bar
 from phrasescore.runners.chunked_job import ChunkedRun, PartKey, PartPlan, RunFlags, Written
-from phrasescore.runners.partial import WholeOutput
-from phrasescore.runners.shards import NBEST, Shard, chunk_record
+from phrasescore.runners.partial import PartialOutput, TextPublish, WholeOutput, file_identity
+from phrasescore.runners.shards import NBEST, Shard, chunk_record, joined_runs
 
 log = logging.getLogger(__name__)
 
@@ -65,13 +66,25 @@ class NBestResult:
     """Self-normalized scoring: hypotheses whose log p was above 0, clamped to 0."""
     scoring: str | None = None
     """The model's scoring (``exact`` or ``self-normalized``); None without a model."""
+    resumed_hypotheses: int = 0
+    """``--resume``: the hypotheses an earlier run wrote (counted above, not scored here)."""
+    complete_already: bool = False
+    """``--resume --shard`` found the part complete (with its manifest): nothing was done."""
 
     @property
     def hypotheses_per_second(self) -> float:
-        return self.hypotheses / max(self.seconds, 1e-9)
+        return (self.hypotheses - self.resumed_hypotheses) / max(self.seconds, 1e-9)
 
     def lines(self) -> list[str]:
         """The summary ``nbest`` prints on standard error."""
+        if self.complete_already:
+            return [
+                f"phrasescore: {self.output} is complete already ({self.hypotheses} hypotheses "
+                f"of {self.sentences} sentences): nothing to do"
+            ]
+        resumed = ""
+        if self.resumed_hypotheses:
+            resumed = f" (resumed after {self.resumed_hypotheses} hypotheses)"
         changed = "" if self.changed is None else f", best hypothesis changed for {self.changed}"
         mode = ""
         if self.scoring is not None:
@@ -79,7 +92,7 @@ class NBestResult:
                 f" ({self.clamped} clamped at log p = 0)" if self.clamped else ""
             )
         return [
-            f"phrasescore: {self.hypotheses} hypotheses of {self.sentences} sentences, "
+            f"phrasescore: {self.hypotheses} hypotheses of {self.sentences} sentences{resumed}, "
             f"{self.seconds:.1f} s{changed}{mode} -> {self.output}"
         ]
 
@@ -102,7 +115,8 @@ class NBestRun:
 
 def score_list(run: NBestRun, flags: RunFlags) -> NBestResult:
     """Add ``run``'s features to every hypothesis of its list into ``flags.output``, one chunk
-    of about ``chunk_lines`` hypotheses at a time (whole sentence-id groups)."""
+    of about ``chunk_lines`` hypotheses at a time (whole sentence-id groups); with
+    ``flags.resume`` after the chunks an earlier run wrote."""
     options = run.options
     with ChunkedRun(flags) as chunked:
         weights = _read_weights(options.weights, run.names) if options.weights else None
@@ -118,52 +132,116 @@ def score_list(run: NBestRun, flags: RunFlags) -> NBestResult:
                 options.scoring,
                 options.normalize,
             )
-        key = None
-        if flags.shard is not None:
-            log.info(
-                "shard %s: chunks i of about %d hypotheses with i %% %d == %d",
-                flags.shard,
-                options.chunk_lines,
-                flags.shard.count,
-                flags.shard.index - 1,
+        job = _manifest_job(run, signatures, weights, sources)
+        key = PartKey(NBEST, run.nbest, options.chunk_lines, job)
+        done = chunked.finished_part(key)
+        if done is not None:
+            return _finished(
+                flags.output, done, weights, options.scoring if run.with_model else None
             )
-            job = _manifest_job(run, signatures, weights, sources)
-            key = PartKey(NBEST, run.nbest, options.chunk_lines, job)
         names = [name for name, _ in features]
         writer = ListWriter(weights, options.weights, options.one_best, len(sources), names)
         chunks = ListChunks(run.nbest, sources, run.source, options.chunk_lines, flags.shard)
         chunks.first_chunk = scorer.warn_direction if scorer is not None else None
+        start_line = chunked.open(_output(run, flags, _identity(run, flags, job), len(sources)))
         started = time.monotonic()
-        bar = progress_bar(flags.progress, unit=" hyps", unit_scale=True)
-        clamped = 0
-        try:
-            chunked.open(WholeOutput(flags.output))
+        with progress_bar(flags.progress, unit=" hyps", unit_scale=True) as bar:
+            totals = chunked.sink.totals if start_line and chunked.sink.totals else {}
+            writer.changed, clamped = totals.get("changed", 0), totals.get("clamped", 0)
+            input_crc = chunks.skip_done(start_line, writer, chunked.records)
+            if start_line:  # standard input: the CRC-32 of the lines read again is the only proof
+                chunked.check_input(input_crc, bar.close, provable=run.nbest != "-")
+            resumed = writer.hypotheses
+            bar.update(resumed)
             score = ChunkFeatures(features, scorer)
             warm_up = scorer.warm_up if scorer is not None else None
             with chunked.scoring(score, warm_up) as scoring:
-                for _, scored in scoring.results(chunks.pairs()):
-                    chunk = chunks.pending.popleft()
-                    if scored is None:
-                        writer.skip(chunk.groups)
-                        continue
-                    values, chunk_clamped = scored
-                    clamped += chunk_clamped
-                    entries = with_features(chunk.entries, names, values)
-                    text = writer.chunk_text(regroup(entries, chunk.groups))
-                    ids = [str(e.id) for e in entries] if flags.shard else None
-                    record = chunk_record(chunk.index, ids) if ids is not None else None
-                    chunked.append(Written(text.encode("utf-8"), len(entries), b"", record))
-                    bar.update(len(entries))
+                scored = scoring.results(chunks.pairs())
+                clamped = _write_scored(chunked, scored, chunks, writer, bar, clamped)
                 scoring.finish()
-            chunked.append(Written(writer.finish(run.nbest).encode("utf-8"), 0))
+            writer.finish(run.nbest)
             chunked.complete()
-            plan = PartPlan(key, sum(chunks.plan), writer.hypotheses, chunks.plan) if key else None
-            chunked.publish(plan)
-        finally:
-            bar.close()
+            chunked.publish(PartPlan(key, sum(chunks.plan), writer.hypotheses, chunks.plan))
     result = _result(flags.output, writer, time.monotonic() - started, weights, clamped)
     result.scoring = options.scoring if run.with_model else None
+    result.resumed_hypotheses = resumed
     return result
+
+
+def _write_scored(chunked: ChunkedRun, scored, chunks: ListChunks, writer, bar, clamped: int):
+    """Append each scored chunk (``(pairs, values)`` in input order; None: another shard's) with
+    its new features; returns the model scores clamped so far."""
+    for _, values in scored:
+        chunk = chunks.pending.popleft()
+        if values is None:
+            writer.skip(chunk.groups)
+            continue
+        columns, chunk_clamped = values
+        clamped += chunk_clamped
+        entries = with_features(chunk.entries, writer.names, columns)
+        text = writer.chunk_text(regroup(entries, chunk.groups))
+        totals = {"changed": writer.changed, "clamped": clamped}
+        chunked.append(
+            Written(text.encode("utf-8"), _lines(text), chunk.source, chunks.record(chunk), totals)
+        )
+        bar.update(len(entries))
+    return clamped
+
+
+def _lines(text: str) -> int:
+    return text.count("\n")
+
+
+def _output(run: NBestRun, flags: RunFlags, identity: dict, n_sources: int):
+    """The list's output: a partial file and its state (``--resume``), published whole (one
+    gzip stream for ``.gz``; ``--one-best``: the best texts placed by id), or a stream."""
+    final = OneBestLines(n_sources) if run.options.one_best else None
+    if flags.stream:
+        return WholeOutput(flags.output, final)
+    return PartialOutput(flags.output, identity, text=TextPublish(final))
+
+
+def _identity(run: NBestRun, flags: RunFlags, job: dict) -> dict:
+    """What a partial output is made from (its resume key): the list, the source, the
+    features' models and the flags that change the bytes, the shard."""
+    options = run.options
+    identity = {
+        "input": file_identity(run.nbest),
+        "source": job["source"],
+        "features": job["features"],
+        "models": job["models"],
+        "lms": job["lms"],
+        "options": {
+            **job["options"],
+            "one_best": options.one_best,
+            "chunk_lines": options.chunk_lines,
+        },
+        "version": 1,
+    }
+    if flags.shard is not None:
+        identity["shard"] = [flags.shard.index, flags.shard.count]
+        log.info(
+            "shard %s: chunks i of about %d hypotheses with i %% %d == %d",
+            flags.shard,
+            options.chunk_lines,
+            flags.shard.count,
+            flags.shard.index - 1,
+        )
+    return identity
+
+
+def _finished(output: str, manifest: dict, weights, scoring: str | None) -> NBestResult:
+    """The result of a part an earlier run finished (``--resume --shard``): nothing done."""
+    part = manifest["part"]
+    return NBestResult(
+        output,
+        joined_runs(list(part["chunks"])),
+        int(part["lines"]),
+        0.0,
+        None,
+        scoring=scoring,
+        complete_already=True,
+    )
 
 
 def read_source(path: str) -> list[str]:
@@ -196,6 +274,13 @@ class ListChunk(NamedTuple):
     groups: list[list[NBestEntry]]
     entries: list[NBestEntry]
     """The groups' entries, in order."""
+    sources: list[str]
+    """The source sentence of each entry."""
+
+    @property
+    def source(self) -> bytes:
+        """The chunk's lines as read (a resume proves them the same by their CRC-32)."""
+        return "".join(entry.line() for entry in self.entries).encode("utf-8")
 
 
 def _grouped(groups: Iterable[list[NBestEntry]], size: int) -> Iterator[list[list[NBestEntry]]]:
@@ -214,9 +299,11 @@ def _grouped(groups: Iterable[list[NBestEntry]], size: int) -> Iterator[list[lis
 
 
 class ListChunks:
-    """The list's chunks in input order (:func:`_grouped`): the pairs each one scores (None for
-    another shard's chunk), every chunk kept in :attr:`pending` until its scores come back, and
-    the sizes of all chunks in :attr:`plan` (a shard's manifest)."""
+    """The list's chunks in input order (:func:`_grouped`), each entry's id checked against the
+    source: the chunks an earlier run wrote read past (:meth:`skip_done`), then the pairs each
+    chunk left scores (:meth:`pairs`; None for another shard's), every chunk kept in
+    :attr:`pending` until its scores come back; the sizes of all chunks in :attr:`plan` (a
+    shard's manifest)."""
 
     def __init__(self, nbest: str, sources: list[str], source_path: str, size: int, shard):
         self.nbest = nbest
@@ -229,23 +316,68 @@ class ListChunks:
         self.first_chunk = None
         """Called with the first scored chunk's ``(sources, hypotheses)`` in this process (the
         models' direction check, :meth:`~phrasescore.jobs.nbest.features.ModelFeatures.warn_direction`)."""
+        self._chunks = self._read()
 
-    def pairs(self) -> Iterator[tuple[list[str], list[str]] | None]:
-        """The ``(sources, hypotheses)`` of each chunk to score (None for another shard's)."""
+    def _read(self) -> Iterator[ListChunk]:
         groups = iter_nbest_groups(read_nbest(self.nbest))
-        for index, groups_ in enumerate(_grouped(groups, self.size)):
-            entries = [e for group in groups_ for e in group]
+        for index, chunk in enumerate(_grouped(groups, self.size)):
+            entries = [e for group in chunk for e in group]
             self.plan.append(len(entries))
             srcs = [_source_of(e, self.sources, self.source_path) for e in entries]
-            self.pending.append(ListChunk(index, groups_, entries))
-            if self.shard is not None and not self.shard.owns(index):
+            yield ListChunk(index, chunk, entries, srcs)
+
+    def _owns(self, chunk: ListChunk) -> bool:
+        return self.shard is None or self.shard.owns(chunk.index)
+
+    def record(self, chunk: ListChunk) -> dict | None:
+        """A shard's record of its chunk (:func:`~phrasescore.runners.shards.chunk_record`)."""
+        if self.shard is None:
+            return None
+        return chunk_record(chunk.index, [str(e.id) for e in chunk.entries])
+
+    def skip_done(self, start_line: int, writer: ListWriter, records: list[dict]) -> int:
+        """``--resume``: read past the chunks whose ``start_line`` output lines an earlier run
+        wrote (counted by ``writer``; a shard's records appended to ``records``); the CRC-32
+        of their input lines."""
+        done = input_crc = 0
+        while done < start_line:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                raise InputError(
+                    f"cannot resume: the list ends before the {start_line} output lines of the "
+                    "partial output (run without --resume to start again)",
+                    display_name(self.nbest),
+                )
+            if not self._owns(chunk):
+                writer.skip(chunk.groups)
+                continue
+            done += writer.count_done(chunk.groups)
+            input_crc = zlib.crc32(chunk.source, input_crc)
+            if self.shard is not None:
+                records.append(self.record(chunk))
+        if done != start_line:
+            raise InputError(
+                f"cannot resume: the partial output ends after its line {start_line}, within a "
+                "chunk of the list (run without --resume to start again)",
+                display_name(self.nbest),
+            )
+        if start_line:
+            log.info("resuming after %d output lines", start_line)
+        return input_crc
+
+    def pairs(self) -> Iterator[tuple[list[str], list[str]] | None]:
+        """The ``(sources, hypotheses)`` of each chunk left to score (None for another
+        shard's)."""
+        for chunk in self._chunks:
+            self.pending.append(chunk)
+            if not self._owns(chunk):
                 yield None
                 continue
-            hyps = [e.hypothesis for e in entries]
+            hyps = [e.hypothesis for e in chunk.entries]
             if self.first_chunk is not None:
-                self.first_chunk(srcs, hyps)
+                self.first_chunk(chunk.sources, hyps)
                 self.first_chunk = None
-            yield srcs, hyps
+            yield chunk.sources, hyps
 
 
 def _source_of(entry: NBestEntry, sources: list[str], source_path: str) -> str:

@@ -81,6 +81,7 @@ from phrasescore.jobs.nbest.job import NBestOptions, NBestResult, NBestRun, scor
 from phrasescore.moses.nbest import check_feature_name
 from phrasescore.runners import distributed
 from phrasescore.runners.chunked_job import RankRun, RunFlags
+from phrasescore.runners.partial import check_work_paths, partial_paths
 from phrasescore.runners.shards import Shard, manifest_path
 from phrasescore.runners.workers import check_torchrun_options
 
@@ -99,18 +100,21 @@ def rescore_nbest(
     progress: bool = True,
     shard: Shard | None = None,
     workers: int = 1,
+    resume: bool = False,
 ) -> NBestResult:
     """Add the models' features (and the CSLM's) to every hypothesis of ``nbest`` (see the
     module docstring); with an ``options.lm`` and no model, the CSLM feature alone. With
     ``shard``, only that shard's chunks, and a manifest beside ``output``. ``workers`` > 1
     (CPU): the chunks are scored in that many forked single-threaded processes
-    (:mod:`phrasescore.runners.chunk_pool`), with the bytes of one process.
+    (:mod:`phrasescore.runners.chunk_pool`), with the bytes of one process. ``resume``: go on
+    after the last chunk an interrupted run wrote (:mod:`phrasescore.runners.partial`), the
+    bytes those of an uninterrupted run.
 
     ``model_path``: the ``-m`` values, plain model files (one feature named ``options.name``;
     several: their ensemble, :class:`~phrasescore.engine.scoring.EnsembleScorer`) or
     ``NAME=MODEL[,MODEL]`` specs (one feature each; with ``options.inverse_models``)."""
     options = options or NBestOptions()
-    flags = RunFlags(output, device, False, progress, shard, workers)
+    flags = RunFlags(output, device, resume, progress, shard, workers)
     return score_list(_checked_run(nbest, source, model_path, options, flags), flags)
 
 
@@ -126,7 +130,13 @@ def _checked_run(nbest: str, source: str, model_path, options: NBestOptions, fla
     _refuse_onto_inputs(nbest, source, paths, options, flags.output, flags.shard)
     if flags.shard is not None:
         _check_shard(nbest, flags.output, options)
+    if flags.resume and nbest != "-" and is_pipe(nbest):
+        raise InputError(
+            "--resume reads the list again from its start: give the file, not a pipe", nbest
+        )
     check_output_path(flags.output)
+    if not flags.stream:
+        check_work_paths(flags.output, flags.shard)
     return NBestRun(nbest, source, features, options, names, with_model)
 
 
@@ -140,6 +150,7 @@ def run_nbest(
     progress: bool = True,
     shard: Shard | None = None,
     workers: int = 1,
+    resume: bool = False,
 ) -> NBestResult:
     """``phrasescore nbest``: :func:`rescore_nbest`, or under torchrun (``WORLD_SIZE`` > 1)
     one shard per rank into a hidden part beside the output, merged by rank 0
@@ -157,6 +168,7 @@ def run_nbest(
             progress,
             shard=shard,
             workers=workers,
+            resume=resume,
         )
     check_torchrun_options(launch, shard, workers)
     if source == "-":
@@ -165,7 +177,7 @@ def run_nbest(
     _check_shard(nbest, output, options)
     check_output_path(output)
     started = time.monotonic()
-    flags = RunFlags(output, device, False, progress)
+    flags = RunFlags(output, device, resume, progress)
     with RankRun(launch, flags, nbest) as rank:
         result = None
         if not rank.finished:
@@ -217,7 +229,14 @@ def _refuse_onto_inputs(
     nbest: str, source: str, paths: list[str], options: NBestOptions, output: str, shard
 ) -> None:
     """:func:`~phrasescore.files.refuse_outputs_onto_inputs` of every file ``nbest`` reads and
-    writes (a shard's manifest beside the output too)."""
+    writes (the partial output and its state beside a file output, a shard's manifest)."""
+    outputs = {"-o": output}
+    if output != "-" and not is_stream_target(output):
+        partial, state = partial_paths(output)
+        outputs["-o's partial output"] = partial
+        outputs["-o's partial state"] = state
+        if shard is not None:
+            outputs["-o's manifest"] = manifest_path(output)
     refuse_outputs_onto_inputs(
         {
             "n-best list": nbest,
@@ -226,10 +245,7 @@ def _refuse_onto_inputs(
             "--lm": options.lm,
             "--weights": options.weights,
         },
-        {
-            "-o": output,
-            "-o's manifest": manifest_path(output) if shard is not None and output != "-" else None,
-        },
+        outputs,
     )
 
 

@@ -1,6 +1,7 @@
 """What ``nbest`` writes of each scored chunk: every line with its new features, each id's
 hypotheses re-ranked by ``--weights`` (the new total in the total field), or with ``--one-best``
-the best hypothesis of each id, one line per source sentence.
+the best hypothesis of each id (placed at the end, one line per source sentence:
+:class:`OneBestLines`).
 
 Re-ranking: each id's hypotheses are ordered by the new total ``Σ weight · feature`` (ties keep
 the list's order; :func:`~phrasescore.moses.nbest.weighted_totals`), the new features entering it
@@ -11,6 +12,8 @@ the output.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 from phrasescore.errors import InputError
 from phrasescore.files import display_name
@@ -47,7 +50,8 @@ def regroup(entries: list[NBestEntry], groups: list[list[NBestEntry]]) -> list[l
 
 class ListWriter:
     """The text of the scored groups: as they are, re-ranked by ``weights``, or the 1-best
-    texts (kept until :meth:`finish`: the ids of a list need not come in order)."""
+    text of each as ``ID TEXT`` lines, which :class:`OneBestLines` places by id at the end (the
+    ids of a list need not come in order)."""
 
     def __init__(
         self,
@@ -62,7 +66,7 @@ class ListWriter:
         self.weights = weights
         self.weights_path = weights_path
         self.n_sources = n_sources
-        self.best_texts: list[str] | None = [""] * n_sources if one_best else None
+        self.one_best = one_best
         self.sentences = self.hypotheses = self.changed = 0
         self.last_id = -1
         self.missing: list[int] = []
@@ -85,8 +89,8 @@ class ListWriter:
                 self._check_weighed(group[0])
             reranked, best, was_best = rerank(group, self.weights, self.weights_path)
             self.changed += best.hypothesis != was_best.hypothesis
-            if self.best_texts is not None:
-                self.best_texts[group[0].id] = best.hypothesis
+            if self.one_best:
+                lines.append(f"{group[0].id} {best.hypothesis}\n")
             else:
                 lines.extend(reranked)
         return "".join(lines)
@@ -108,13 +112,22 @@ class ListWriter:
         for group in groups:
             self._see(group[0].id)
 
+    def count_done(self, groups: list[list[NBestEntry]]) -> int:
+        """Groups an earlier run wrote (``--resume``): counted as written; their lines in the
+        output."""
+        for group in groups:
+            self._see(group[0].id)
+            self.sentences += 1
+            self.hypotheses += len(group)
+        return len(groups) if self.one_best else sum(len(group) for group in groups)
+
     def _see(self, sentence_id: int) -> None:
         """The next group's id: the ids skipped before it are missing."""
         self.missing.extend(gap_ids(self.last_id, sentence_id))
         self.last_id = max(self.last_id, sentence_id)
 
-    def finish(self, nbest: str) -> str:
-        """Refuse a list that ends before the source; the 1-best texts (else nothing)."""
+    def finish(self, nbest: str) -> None:
+        """Refuse a list that ends before the source; warn of ids without a hypothesis."""
         if self.last_id + 1 != self.n_sources:
             ends = "is empty" if self.last_id < 0 else f"ends with sentence id {self.last_id}"
             raise InputError(
@@ -127,11 +140,23 @@ class ListWriter:
             log.warning(
                 "%s%s",
                 missing_ids_message(nbest, self.missing, self.n_sources),
-                " --one-best writes an empty line for each" if self.best_texts is not None else "",
+                " --one-best writes an empty line for each" if self.one_best else "",
             )
-        if self.best_texts is None:
-            return ""
-        return "".join(text + "\n" for text in self.best_texts)
+
+
+@dataclass
+class OneBestLines:
+    """The ``--one-best`` output from the writer's ``ID TEXT`` lines: one line per source
+    sentence, its best hypothesis (an empty line for a sentence without any)."""
+
+    n_sources: int
+
+    def __call__(self, lines: Iterable[str]) -> Iterator[str]:
+        best = [""] * self.n_sources
+        for line in lines:
+            sentence_id, _, text = line[:-1].partition(" ")
+            best[int(sentence_id)] = text
+        return (text + "\n" for text in best)
 
 
 def rerank(
