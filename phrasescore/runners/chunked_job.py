@@ -51,14 +51,13 @@ from phrasescore.files import (
 from phrasescore.hardware import resolve_device
 from phrasescore.runners import distributed
 from phrasescore.runners.chunk_pool import frozen_heap
+from phrasescore.runners.merge import MergeResult, merge_shards
 from phrasescore.runners.partial import check_work_paths, partial_paths
 from phrasescore.runners.shards import (
-    MergeResult,
     Shard,
     file_sha256,
     input_identity,
     manifest_path,
-    merge_shards,
     shard_part_path,
     write_manifest,
 )
@@ -176,6 +175,11 @@ class ChunkedRun(AbstractContextManager):
         """Open the output ``sink``; the output lines an earlier run did (``--resume``)."""
         self.sink = sink
         return sink.open(self.flags.resume)
+
+    def resumed_totals(self) -> dict:
+        """The job's running totals after the chunks an earlier run wrote (:attr:`Written.
+        totals`; empty when nothing was resumed)."""
+        return dict(self.sink.totals or {})
 
     def check_input(self, input_crc: int, before_refusal=None, provable: bool = True) -> None:
         """Refuse a resume whose input lines read again (their CRC-32) are not those the

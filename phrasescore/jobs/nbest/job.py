@@ -25,8 +25,9 @@ from phrasescore.jobs.nbest.writer import ListWriter, OneBestLines, regroup, wit
 from phrasescore.moses.nbest import NBestEntry, iter_nbest_groups, read_nbest, read_weights
 from phrasescore.progress import progress_bar
 from phrasescore.runners.chunked_job import ChunkedRun, PartKey, PartPlan, RunFlags, Written
-from phrasescore.runners.partial import PartialOutput, TextPublish, WholeOutput, file_identity
+from phrasescore.runners.partial import PartialOutput, TextPublish, file_identity
 from phrasescore.runners.shards import NBEST, Shard, chunk_record, joined_runs
+from phrasescore.runners.streams import WholeOutput
 
 log = logging.getLogger(__name__)
 
@@ -136,9 +137,7 @@ def score_list(run: NBestRun, flags: RunFlags) -> NBestResult:
         key = PartKey(NBEST, run.nbest, options.chunk_lines, job)
         done = chunked.finished_part(key)
         if done is not None:
-            return _finished(
-                flags.output, done, weights, options.scoring if run.with_model else None
-            )
+            return _finished(flags.output, done, options.scoring if run.with_model else None)
         names = [name for name, _ in features]
         writer = ListWriter(weights, options.weights, options.one_best, len(sources), names)
         chunks = ListChunks(run.nbest, sources, run.source, options.chunk_lines, flags.shard)
@@ -146,7 +145,7 @@ def score_list(run: NBestRun, flags: RunFlags) -> NBestResult:
         start_line = chunked.open(_output(run, flags, _identity(run, flags, job), len(sources)))
         started = time.monotonic()
         with progress_bar(flags.progress, unit=" hyps", unit_scale=True) as bar:
-            totals = chunked.sink.totals if start_line and chunked.sink.totals else {}
+            totals = chunked.resumed_totals()
             writer.changed, clamped = totals.get("changed", 0), totals.get("clamped", 0)
             input_crc = chunks.skip_done(start_line, writer, chunked.records)
             if start_line:  # standard input: the CRC-32 of the lines read again is the only proof
@@ -230,7 +229,7 @@ def _identity(run: NBestRun, flags: RunFlags, job: dict) -> dict:
     return identity
 
 
-def _finished(output: str, manifest: dict, weights, scoring: str | None) -> NBestResult:
+def _finished(output: str, manifest: dict, scoring: str | None) -> NBestResult:
     """The result of a part an earlier run finished (``--resume --shard``): nothing done."""
     part = manifest["part"]
     return NBestResult(

@@ -60,6 +60,19 @@ hypotheses are ordered by the new total ``Σ weight · feature`` (ties keep the 
 the total field holds that new total. With ``one_best`` only the best hypothesis text of each id is
 written, one line per source line (an empty line for a sentence without hypotheses), which is
 what ``multi-bleu.perl`` or ``phrasescore evaluate`` reads.
+
+Resume: an output file is written as ``rescore``'s is, through a partial file and its state
+(:mod:`phrasescore.runners.partial`); with ``resume`` an interrupted run goes on after its last
+complete chunk, and the output is byte-identical to an uninterrupted run's.
+
+The data, top to bottom: :func:`run_nbest` (torchrun: one shard per rank in a
+:class:`~phrasescore.runners.chunked_job.RankRun` block) -> :func:`rescore_nbest` (every check
+before any work) -> :func:`~phrasescore.jobs.nbest.job.score_list`, which drives the chunked
+runner (:class:`~phrasescore.runners.chunked_job.ChunkedRun`) step by step: the features loaded
+(:mod:`.features`), the list read in chunks (:class:`~phrasescore.jobs.nbest.job.ListChunks`,
+:mod:`phrasescore.moses.nbest`), each chunk scored by the workers' map
+(:class:`~phrasescore.jobs.nbest.features.ChunkFeatures` -> the engine), written
+(:mod:`.writer`) and appended to the output.
 """
 
 from __future__ import annotations

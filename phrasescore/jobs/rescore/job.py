@@ -24,8 +24,9 @@ from phrasescore.jobs.rescore.chunks import (
 )
 from phrasescore.jobs.rescore.columns import NewColumns, RescoreOptions
 from phrasescore.runners.chunked_job import ChunkedRun, PartKey, PartPlan, RunFlags, Written
-from phrasescore.runners.partial import PartialOutput, StdoutOutput
+from phrasescore.runners.partial import PartialOutput
 from phrasescore.runners.shards import PHRASE_TABLE, joined_runs
+from phrasescore.runners.streams import StdoutOutput
 
 log = logging.getLogger(__name__)
 
