@@ -875,6 +875,7 @@ def merge_shards(parts, output, moses_ini, ini_out, ini_table, weight):
 @device_option
 @threads_option
 @workers_option
+@click.option("--resume", is_flag=True, help="Continue an interrupted run from its last chunk.")
 @no_progress_option
 @_fail_cleanly
 def nbest(
@@ -896,6 +897,7 @@ def nbest(
     scoring,
     device,
     workers,
+    resume,
     no_progress,
 ):
     """Add log p(hypothesis | source) to every line of a Moses n-best list NBEST (- for stdin).
@@ -931,6 +933,7 @@ def nbest(
         progress=not no_progress,
         shard=shard,
         workers=workers,
+        resume=resume,
     )
     _echo_on_rank_0(result, err=True)
 
