@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from phrasescore.errors import InputError
-from phrasescore.files import check_output_path
+from phrasescore.files.outputs import check_output_path
 from phrasescore.hardware import resolve_device
 
 from .conftest import DATA, run_cli

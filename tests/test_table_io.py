@@ -18,7 +18,7 @@ from phrasescore import compression
 from phrasescore.bundle import load_model
 from phrasescore.engine.constant_scoring import ConstantScorer
 from phrasescore.errors import InputError
-from phrasescore.files import LineBlocks, iter_raw_lines
+from phrasescore.files.reading import LineBlocks, iter_raw_lines
 from phrasescore.jobs.rescore.columns import NewColumns
 from phrasescore.jobs.rescore.merge_shards import run_merge
 from phrasescore.jobs.rescore.rescore import RescoreOptions, rescore_table
@@ -326,7 +326,7 @@ def test_without_isal_zlib_writes_every_level(tmp_path):
         "sys.modules['isal'] = None\n"
         "logging.basicConfig(level=logging.WARNING)\n"
         "from phrasescore import compression\n"
-        "from phrasescore.files import LineBlocks\n"
+        "from phrasescore.files.reading import LineBlocks\n"
         "assert not compression.have_isal() and compression.compressor(1) == 'zlib:1'\n"
         "data = b'a ||| b ||| 0.5\\n' * 1000\n"
         "one = compression.compress_member(data, 1)\n"

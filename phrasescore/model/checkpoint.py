@@ -31,7 +31,7 @@ from safetensors.torch import save_file
 
 from phrasescore import __version__
 from phrasescore.errors import ModelFileError
-from phrasescore.files import atomic_path
+from phrasescore.files.outputs import atomic_path
 
 MAX_DIM = 1 << 16
 """Largest width of any layer or embedding (the papers use at most 3072)."""

@@ -44,7 +44,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from phrasescore.errors import InputError
-from phrasescore.files import AtomicOutput, iter_lines
+from phrasescore.files.outputs import AtomicOutput
+from phrasescore.files.reading import iter_lines
 
 DEFAULT_WEIGHT = 0.2
 """The weight ``train-model.perl`` gives every phrase-table score before tuning."""

@@ -38,7 +38,8 @@ from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 from phrasescore.errors import InputError
-from phrasescore.files import display_name, iter_lines
+from phrasescore.files.kinds import display_name
+from phrasescore.files.reading import iter_lines
 from phrasescore.moses import ini
 
 DELIMITER = "|||"

@@ -46,7 +46,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple
 
 from phrasescore.errors import InputError
-from phrasescore.files import AtomicOutput, ReadPosition, display_name, iter_lines
+from phrasescore.files.kinds import display_name
+from phrasescore.files.outputs import AtomicOutput
+from phrasescore.files.reading import ReadPosition, iter_lines
 
 log = logging.getLogger(__name__)
 

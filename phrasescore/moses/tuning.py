@@ -30,7 +30,9 @@ import re
 from pathlib import Path
 
 from phrasescore.errors import InputError
-from phrasescore.files import AtomicOutput, check_files_exist, iter_lines
+from phrasescore.files.inputs import check_files_exist
+from phrasescore.files.outputs import AtomicOutput
+from phrasescore.files.reading import iter_lines
 
 FEATURES_HEADER = "FEATURES_TXT_BEGIN_0"
 _VALUE_NAME = re.compile(r"(.+)_(\d+)\Z")

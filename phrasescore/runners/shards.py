@@ -51,12 +51,9 @@ import torch
 from phrasescore import __version__
 from phrasescore.compression import ZLIB_LEVEL, compress_member
 from phrasescore.errors import InputError
-from phrasescore.files import (
-    AtomicOutput,
-    display_name,
-    output_lock,
-    remove_stale_temporaries,
-)
+from phrasescore.files.kinds import display_name
+from phrasescore.files.locks import output_lock, remove_stale_temporaries
+from phrasescore.files.outputs import AtomicOutput
 from phrasescore.runners import distributed
 
 log = logging.getLogger(__name__)

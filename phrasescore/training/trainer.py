@@ -57,7 +57,9 @@ from phrasescore import __version__
 from phrasescore.bundle import TrainedModel, save_model
 from phrasescore.errors import InputError
 from phrasescore.figures import new_figure, save_figure
-from phrasescore.files import disk_errors, is_pipe, output_lock
+from phrasescore.files.disk import disk_errors
+from phrasescore.files.kinds import is_pipe
+from phrasescore.files.locks import output_lock
 from phrasescore.hardware import deterministic_kernels
 from phrasescore.model import build_network
 from phrasescore.model.base import bf16_autocast

@@ -37,14 +37,10 @@ import torch
 from phrasescore.bundle import TrainedModel
 from phrasescore.errors import InputError
 from phrasescore.figures import new_figure, save_figure
-from phrasescore.files import (
-    AtomicOutput,
-    check_files_exist,
-    check_output_dir,
-    check_output_path,
-    iter_lines,
-    refuse_outputs_onto_inputs,
-)
+from phrasescore.files.guards import refuse_outputs_onto_inputs
+from phrasescore.files.inputs import check_files_exist
+from phrasescore.files.outputs import AtomicOutput, check_output_dir, check_output_path
+from phrasescore.files.reading import iter_lines
 from phrasescore.hardware import resolve_device
 from phrasescore.jobs.common import model_for
 from phrasescore.text.corpus import pad_ids

@@ -76,18 +76,12 @@ import numpy as np
 from phrasescore.bundle import load_lm
 from phrasescore.engine.lm_scoring import LMScorer
 from phrasescore.errors import InputError
-from phrasescore.files import (
-    AtomicOutput,
-    check_files_exist,
-    check_output_path,
-    display_name,
-    is_pipe,
-    is_stream_target,
-    iter_lines,
-    output_lock,
-    refuse_outputs_onto_inputs,
-    remove_stale_temporaries,
-)
+from phrasescore.files.guards import refuse_outputs_onto_inputs
+from phrasescore.files.inputs import check_files_exist
+from phrasescore.files.kinds import display_name, is_pipe, is_stream_target
+from phrasescore.files.locks import output_lock, remove_stale_temporaries
+from phrasescore.files.outputs import AtomicOutput, check_output_path
+from phrasescore.files.reading import iter_lines
 from phrasescore.hardware import resolve_device
 from phrasescore.jobs.feature_specs import FeatureModel
 from phrasescore.jobs.nbest.features import ModelFeatures, nbest_feature_models

@@ -34,12 +34,8 @@ from dataclasses import dataclass
 
 from phrasescore.compression import TABLE_LEVEL, compress_member
 from phrasescore.errors import InputError, RunStopped
-from phrasescore.files import (
-    DISK_ERRORS,
-    AtomicOutput,
-    WholeWrites,
-    disk_errors,
-)
+from phrasescore.files.disk import DISK_ERRORS, disk_errors
+from phrasescore.files.outputs import AtomicOutput, WholeWrites
 from phrasescore.runners.shards import (
     Shard,
     manifest_path,

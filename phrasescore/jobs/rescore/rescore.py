@@ -24,18 +24,12 @@ from dataclasses import dataclass, field, replace
 
 from phrasescore.compression import compressor
 from phrasescore.errors import InputError
-from phrasescore.files import (
-    ReadPosition,
-    check_files_exist,
-    check_output_path,
-    check_output_paths,
-    display_name,
-    is_pipe,
-    is_stream_target,
-    output_lock,
-    refuse_outputs_onto_inputs,
-    remove_stale_temporaries,
-)
+from phrasescore.files.guards import refuse_outputs_onto_inputs
+from phrasescore.files.inputs import check_files_exist
+from phrasescore.files.kinds import display_name, is_pipe, is_stream_target
+from phrasescore.files.locks import output_lock, remove_stale_temporaries
+from phrasescore.files.outputs import check_output_path, check_output_paths
+from phrasescore.files.reading import ReadPosition
 from phrasescore.hardware import resolve_device, resolve_dtype
 from phrasescore.jobs.rescore.chunks import (
     ChunkScorer,

@@ -6,7 +6,8 @@ import logging
 from dataclasses import dataclass
 
 from phrasescore.errors import InputError
-from phrasescore.files import check_output_path, refuse_outputs_onto_inputs
+from phrasescore.files.guards import refuse_outputs_onto_inputs
+from phrasescore.files.outputs import check_output_path
 from phrasescore.moses.ini_tables import format_table_rows, read_ini_tables
 from phrasescore.moses.phrase_table import check_phrase_table, copy_phrase_table
 

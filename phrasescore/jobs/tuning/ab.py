@@ -36,13 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from phrasescore.errors import InputError
-from phrasescore.files import (
-    AtomicOutput,
-    check_input_file,
-    check_output_dir,
-    check_work_folder,
-    iter_lines,
-)
+from phrasescore.files.guards import check_work_folder
+from phrasescore.files.inputs import check_input_file
+from phrasescore.files.outputs import AtomicOutput, check_output_dir
+from phrasescore.files.reading import iter_lines
 from phrasescore.jobs.bleu import bleu_metric
 from phrasescore.jobs.feature_specs import FeatureModel
 from phrasescore.jobs.tuning.ab_rerank import RerankStep, rerank_models

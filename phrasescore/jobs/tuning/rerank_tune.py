@@ -32,17 +32,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from phrasescore.errors import InputError
-from phrasescore.files import (
-    GZIP_MAGIC,
-    AtomicOutput,
-    check_files_exist,
-    check_output_path,
-    check_work_folder,
-    display_name,
-    iter_lines,
-    output_lock,
-    refuse_outputs_onto_inputs,
-)
+from phrasescore.files.guards import check_work_folder, refuse_outputs_onto_inputs
+from phrasescore.files.inputs import check_files_exist
+from phrasescore.files.kinds import display_name
+from phrasescore.files.locks import output_lock
+from phrasescore.files.outputs import AtomicOutput, check_output_path
+from phrasescore.files.reading import GZIP_MAGIC, iter_lines
 from phrasescore.jobs.bleu import bleu_metric
 from phrasescore.jobs.tuning.moses_tools import (
     RERANK_TUNERS,
