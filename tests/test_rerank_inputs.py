@@ -205,7 +205,9 @@ HELD = {  # case: (the input given in wd, its role, the file it is a copy of)
 }
 
 
-@pytest.mark.parametrize("case", [*HELD, "a hard link of --reference in wd"])
+@pytest.mark.parametrize(
+    "case", [*HELD, "a hard link of --reference in wd", "a symlink to --reference in wd"]
+)
 def test_rerank_tune_refuses_a_workdir_that_holds_an_input(tmp_path, monkeypatch, case):
     """Issue 47, item 3: the extractor replaced ``--reference wd/scores.dat`` with its
     statistics (rc 0), and overwrote the list given as ``wd/features.dat``."""
@@ -222,9 +224,12 @@ def test_rerank_tune_refuses_a_workdir_that_holds_an_input(tmp_path, monkeypatch
         else:
             shutil.copy(copy_of, held)
         inputs[role] = held
-    else:  # the reference given by its own name, a hard link of it in wd
+    elif case.startswith("a hard link"):  # the reference given by its own name
         role, held = "--reference", "ref.fr"
         os.link("ref.fr", "wd/scores.dat")
+    else:  # where the extractor writes its statistics, a link to the reference
+        role, held = "--reference", "ref.fr"
+        os.symlink("../ref.fr", "wd/scores.dat")
     before = _bytes_of(tmp_path)
     args = ["rerank-tune", inputs["n-best list"], "--reference", inputs["--reference"]]
     args += ["--start", inputs["--start"], "--workdir", "wd", "-o", "w.txt"]

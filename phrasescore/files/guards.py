@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Iterable, Iterator, Mapping
-from contextlib import suppress
 
 from phrasescore.errors import InputError
 from phrasescore.files.kinds import is_stream_target
@@ -41,8 +40,29 @@ def refuse_outputs_onto_inputs(inputs: PathsByRole, outputs: PathsByRole) -> Non
     (Without this check ``train -o`` onto its corpus, ``copy-table t -o t``, ``rescore --ini-out``
     onto ``--moses-ini`` and 20 more destroyed their input and exited 0.)
     """
+    known = _regular_inputs(inputs)
+    for option, output in _paths_by_role(with_locks(outputs)):
+        resolved = os.path.realpath(output)
+        same = _same_input(output, known)
+        if same is not None:
+            role, path = same
+            raise InputError(
+                f"{option} {output} is the {role} ({path}): refusing to overwrite an input"
+            )
+        for role, path, _, input_resolved in known:
+            if _is_temporary_of(input_resolved, resolved):
+                raise InputError(
+                    f"the {role} {path} is named as a temporary file of {option} {output}, "
+                    "which a run removes as left by a killed run: rename it"
+                )
+
+
+_Known = list[tuple[str, str, tuple[int, int], str]]
+"""The regular inputs: (role, path, (device, inode), resolved path)."""
+
+
+def _regular_inputs(inputs: PathsByRole) -> _Known:
     known = []
-    outputs = with_locks(outputs)
     for role, path in _paths_by_role(inputs):
         try:
             st = os.stat(path)
@@ -50,23 +70,22 @@ def refuse_outputs_onto_inputs(inputs: PathsByRole, outputs: PathsByRole) -> Non
             continue
         if stat.S_ISREG(st.st_mode):
             known.append((role, path, (st.st_dev, st.st_ino), os.path.realpath(path)))
-    for option, output in _paths_by_role(outputs):
-        resolved = os.path.realpath(output)
-        try:
-            st = os.stat(output)
-            identity = (st.st_dev, st.st_ino)
-        except OSError:
-            identity = None
-        for role, path, input_identity, input_resolved in known:
-            if identity == input_identity or resolved == input_resolved:
-                raise InputError(
-                    f"{option} {output} is the {role} ({path}): refusing to overwrite an input"
-                )
-            if _is_temporary_of(input_resolved, resolved):
-                raise InputError(
-                    f"the {role} {path} is named as a temporary file of {option} {output}, "
-                    "which a run removes as left by a killed run: rename it"
-                )
+    return known
+
+
+def _same_input(path: str, known: _Known) -> tuple[str, str] | None:
+    """(role, path) of the input that ``path`` is, links followed: the same device and inode
+    (a symlink or a hard link of it) or the same resolved path (a file not made yet)."""
+    resolved = os.path.realpath(path)
+    try:
+        st = os.stat(path)
+        identity = (st.st_dev, st.st_ino)
+    except OSError:
+        identity = None
+    for role, input_path, input_identity, input_resolved in known:
+        if identity == input_identity or resolved == input_resolved:
+            return role, input_path
+    return None
 
 
 def _is_temporary_of(path: str, output: str) -> bool:
@@ -78,37 +97,43 @@ def _is_temporary_of(path: str, output: str) -> bool:
 
 
 def check_work_folder(folder: str | None, inputs: PathsByRole, option: str = "--workdir") -> None:
-    """Refuse, in one :class:`InputError` line before any work, a work folder that cannot hold
-    the files a command and the programs it runs make there under their own names
-    (``features.dat``, ``scores.dat``, ``weights.txt``, logs, outputs): an existing file that is
-    not a folder (:func:`check_output_dir`), and a folder that holds one of the ``inputs`` (as
-    :func:`refuse_outputs_onto_inputs`: by path, through links, or a hard link of it among the
-    folder's files). A work folder holds only files the command made: otherwise
-    ``rerank-tune --workdir wd --reference wd/scores.dat`` would have the reference replaced by
-    the extractor's statistics. A new folder, or one of an earlier run, passes."""
+    """Refuse, in one :class:`InputError` line before any work, a work (or plot) folder that
+    cannot hold the files a command and the programs it runs make or remove there under their
+    own names (``features.dat``, ``scores.dat``, ``weights.txt``, logs, ``NNNNNN.png``, a
+    script's stale ``features.list``): an existing file that is not a folder
+    (:func:`check_output_dir`), a folder that holds one of the ``inputs`` by path, and a folder
+    with an entry that is an input once links are followed (:func:`refuse_outputs_onto_inputs`'
+    rule: a symlink to it, a hard link of it, a symlinked folder that holds it). A work folder
+    holds only files the command made: otherwise ``rerank-tune --workdir wd --reference
+    wd/scores.dat``, or ``wd/scores.dat`` a link to the reference, would have the reference
+    replaced by the extractor's statistics. A new folder, or one of an earlier run, passes."""
     if not folder:
         return
     check_output_dir(folder, option)
     if not os.path.isdir(folder):
         return
     root = os.path.realpath(folder)
-    identities: dict[tuple[int, int], tuple[str, str]] = {}
     for role, path in _paths_by_role(inputs):
-        try:
-            st = os.stat(path)
-        except OSError:
-            continue
-        resolved = os.path.realpath(path)
-        if resolved == root or resolved.startswith(root.rstrip(os.sep) + os.sep):
+        if os.path.exists(path) and _is_under(os.path.realpath(path), root):
             _refuse_work_folder(option, folder, role, path)
-        if stat.S_ISREG(st.st_mode):
-            identities[(st.st_dev, st.st_ino)] = (role, path)
-    for directory, _, names in os.walk(root):  # a hard link of an input among its files
+    known = _regular_inputs(inputs)
+    for directory, folders, names in os.walk(root):
         for name in names:
-            with suppress(OSError):
-                st = os.lstat(os.path.join(directory, name))
-                if (st.st_dev, st.st_ino) in identities:
-                    _refuse_work_folder(option, folder, *identities[(st.st_dev, st.st_ino)])
+            same = _same_input(os.path.join(directory, name), known)
+            if same is not None:
+                _refuse_work_folder(option, folder, *same)
+        for name in folders:  # os.walk does not enter a linked folder: look under its target
+            linked = os.path.join(directory, name)
+            if os.path.islink(linked):
+                target = os.path.realpath(linked)
+                for role, path, _, resolved in known:
+                    if _is_under(resolved, target):
+                        _refuse_work_folder(option, folder, role, path)
+
+
+def _is_under(path: str, folder: str) -> bool:
+    """Whether the resolved ``path`` is ``folder`` (resolved) or lies under it."""
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
 def _refuse_work_folder(option: str, folder: str, role: str, path: str) -> None:
