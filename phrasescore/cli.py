@@ -128,9 +128,19 @@ class FiniteFloat(click.FloatRange):
     command takes one of these types; ``tests/test_cli_checks.py`` enumerates them from the
     commands."""
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.min is None and self.max is None:
+            self.name = "float"  # no range: --help shows FLOAT, not FLOAT RANGE with x<=None
+
+    def _describe_range(self) -> str:
+        return "" if self.min is None and self.max is None else super()._describe_range()
+
     def convert(self, value, param, ctx):
         if isinstance(value, str) and "_" in value:  # Python's 1_0 is 10; no user means that
             self.fail(f"{value!r} is not a number: write it without '_'", param, ctx)
+        if isinstance(value, str) and not value.isascii():  # Python's float reads ٥ as 5
+            self.fail(f"{value!r} is not a number: write it in ASCII digits", param, ctx)
         number = click.FLOAT.convert(value, param, ctx)
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number", param, ctx)

@@ -204,6 +204,7 @@ def test_every_float_option_refuses_non_finite_values_at_parse_time(command, opt
         ("-0.0e3", "is a negative zero: give 0"),
         ("1_0", "is not a number: write it without '_'"),
         ("1e-400", "is too small for a number: it would be read as 0"),
+        ("\u0665", "is not a number: write it in ASCII digits"),
     ],
 )
 @pytest.mark.parametrize("command, option", FLOAT_OPTIONS, ids=lambda x: x)
@@ -219,6 +220,20 @@ def test_every_float_option_refuses_what_python_reads_as_another_number(
     result = CliRunner().invoke(cli, [command, f"{option}={value}"])
     assert result.exit_code == 2, result.output
     assert f"Invalid value for '{option}': {value!r} {reason}" in result.output
+
+
+@pytest.mark.parametrize("command", ["rescore", "merge-shards"])
+def test_an_unbounded_float_option_shows_no_range_in_its_help(command):
+    """``--weight``'s help showed ``FLOAT RANGE ... x<=None``."""
+    from click.testing import CliRunner
+
+    from phrasescore.cli import cli
+
+    result = CliRunner().invoke(cli, [command, "--help"])
+    assert result.exit_code == 0
+    text = " ".join(result.output.split())  # as wrapped for the terminal
+    assert "--weight FLOAT Initial weight" in text and "[default: 0.2]" in text
+    assert "None" not in text
 
 
 def test_zero_and_small_numbers_are_still_numbers():

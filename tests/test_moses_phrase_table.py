@@ -200,7 +200,32 @@ BAD_TABLES = [
         "score 2 is not a number: 'abc'",
         id="non-numeric",
     ),
-    pytest.param(b"a ||| b ||| 1_0\n", 1, "score 1 is not a number: '1_0'", id="underscore"),
+    pytest.param(
+        b"a ||| b ||| 1_0\n",
+        1,
+        "score 1 is not a number: '1_0' (write it without '_')",
+        id="underscore",
+    ),
+    pytest.param(
+        "a ||| b ||| 0.5 \u0660.\u0665\n".encode(),
+        1,
+        "score 2 is not a number: '\u0660.\u0665' (Moses reads ASCII digits only)",
+        id="arabic-indic-digits",
+    ),
+    pytest.param(
+        "a ||| b ||| 0.5 0.5\nc ||| d ||| \uff15 0.5\n".encode(),
+        2,
+        "score 1 is not a number: '\uff15' (Moses reads ASCII digits only)",
+        id="fullwidth-digit",
+    ),
+    pytest.param(
+        b"a ||| b ||| 0.5 1e-400\n",
+        1,
+        "score 2 is 1e-400: too small for a number, it would be read as 0 (the smallest is "
+        "4.9e-324)",
+        id="underflow-to-zero",
+    ),
+    pytest.param(b"a ||| b ||| 0x1p-1\n", 1, "score 1 is not a number: '0x1p-1'", id="hex"),
     pytest.param(b"a ||| b ||| 0.5 nan\n", 1, "score 2 is not a finite number: 'nan'", id="nan"),
     pytest.param(b"a ||| b ||| inf 0.5\n", 1, "score 1 is not a finite number: 'inf'", id="inf"),
     pytest.param(

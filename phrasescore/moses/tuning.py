@@ -33,6 +33,7 @@ from phrasescore.errors import InputError
 from phrasescore.files.inputs import check_files_exist
 from phrasescore.files.outputs import AtomicOutput
 from phrasescore.files.reading import iter_lines
+from phrasescore.moses.numbers import NotANumber, parse_number
 
 FEATURES_HEADER = "FEATURES_TXT_BEGIN_0"
 _VALUE_NAME = re.compile(r"(.+)_(\d+)\Z")
@@ -102,8 +103,10 @@ def write_start_point(path: Path, start: list[float], spread: float = 1.0) -> No
 def _finite(text: str, path: str, lineno: int) -> float:
     """A tuned weight: a finite number, else an error at its line."""
     try:
-        value = float(text)
-    except ValueError:
+        value = parse_number(text)
+    except NotANumber as exc:
+        if exc.underflow:
+            raise InputError(exc.message("weight"), path, lineno) from None
         raise InputError(f"not a number: {text!r}", path, lineno) from None
     if not math.isfinite(value):
         raise InputError(f"weight {text!r} is not a finite number", path, lineno)
