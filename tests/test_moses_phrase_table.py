@@ -5,7 +5,10 @@ from __future__ import annotations
 import gzip
 import logging
 import math
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -463,3 +466,23 @@ def test_whitespace_normalised_exactly_as_the_readme_says(tmp_path):
         "a  b ||| c ||| 0.5 0.5 0.25 |||  0-0\t ||| x\n",
         "a ||| b ||| 1 1 0.25\n",
     ]
+
+
+def test_copy_table_is_refused_while_another_run_writes_its_output(tmp_path):
+    """copy-table ignored another run's lock on -o, so whichever run ended last won."""
+    from phrasescore.files.locks import output_lock
+
+    table = write(tmp_path / "pt", b"a ||| b ||| 0.5\n")
+    out = tmp_path / "copy.gz"
+    with output_lock(str(out)):  # a live run of this process holds it
+        done = subprocess.run(
+            [sys.executable, "-m", "phrasescore", "copy-table", table, "-o", str(out)],
+            capture_output=True,
+            text=True,
+        )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == (
+        f"phrasescore: error: {out}: another run is writing this output (process {os.getpid()} "
+        "holds its lock .copy.gz.lock): wait for it to end, or stop it\n"
+    )
+    assert sorted(os.listdir(tmp_path)) == ["pt"]
