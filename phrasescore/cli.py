@@ -116,6 +116,9 @@ POSITIVE = click.IntRange(min=1)
 NON_NEGATIVE = click.IntRange(min=0)
 """Optional counts where 0 means none."""
 SEED = click.IntRange(0, 2**32 - 1)
+MAX_PROCESSES = 256
+"""The most ``--workers`` or ``--io-workers``: each is a forked process with its pipes, and
+far more than a machine has cores fails on its limits (open files) instead of going faster."""
 """Random seeds (numpy takes 0 .. 2^32 - 1)."""
 
 
@@ -179,7 +182,7 @@ threads_option = click.option(
 no_progress_option = click.option("--no-progress", is_flag=True, help="No progress bar.")
 workers_option = click.option(
     "--workers",
-    type=POSITIVE,
+    type=click.IntRange(1, MAX_PROCESSES),
     default=1,
     show_default=True,
     help="Score in this many processes of one thread each (CPU; same bytes as one process of one thread: --threads 1). "
@@ -747,7 +750,7 @@ def info(model_path):
 @workers_option
 @click.option(
     "--io-workers",
-    type=click.IntRange(0),
+    type=click.IntRange(0, MAX_PROCESSES),
     default=0,
     show_default=True,
     help="Processes that parse, look up ids and write while this one scores (for a GPU: one "

@@ -296,3 +296,29 @@ def test_bzip2_and_xz_data_named_gz_are_named_for_what_they_are(tmp_path, compre
     )
     assert proc.returncode == 1
     assert proc.stderr.decode().strip() == f"phrasescore: error: <stdin>: {expected}"
+
+
+@pytest.mark.parametrize(
+    "command, option",
+    [("rescore", "--io-workers"), ("rescore", "--workers"), ("nbest", "--workers")],
+)
+def test_a_number_of_processes_beyond_any_machine_is_a_usage_error(tmp_path, command, option):
+    """``--io-workers 99999999999999999999`` went on to fork until os.pipe failed (``Too many
+    open files``, a traceback and a .partial left)."""
+    from click.testing import CliRunner
+
+    from phrasescore.cli import cli
+
+    table = tmp_path / "pt"
+    table.write_text("a ||| b ||| 0.5\n")
+    low = 0 if option == "--io-workers" else 1
+    args = [command, str(table), "-m", str(tmp_path / "m"), "-o", str(tmp_path / "out")]
+    if command == "nbest":
+        args += ["--source", str(table)]
+    result = CliRunner().invoke(cli, [*args, option, "99999999999999999999"])
+    assert result.exit_code == 2, result.output
+    assert (
+        f"Invalid value for '{option}': 99999999999999999999 is not in the range {low}<=x<=256"
+        in result.output
+    )
+    assert sorted(os.listdir(tmp_path)) == ["pt"]
