@@ -340,3 +340,41 @@ def test_without_isal_zlib_writes_every_level(tmp_path):
                           capture_output=True, text=True)  # fmt: skip
     assert proc.returncode == 0 and proc.stdout == "ok\n", proc.stderr
     assert proc.stderr.count("python-isal is not installed") == 1
+
+
+def _memory_limited(gib: int):
+    def limit():
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (gib << 30, gib << 30))
+
+    return limit
+
+
+@pytest.mark.parametrize("reader", ["check-table", "LineBlocks"])
+def test_an_endless_line_is_one_line_error_under_a_memory_limit(reader):
+    """``check-table /dev/zero`` read one endless line until a MemoryError traceback; a line
+    longer than the reader's bound is now an error naming the file and line 1."""
+    if reader == "check-table":
+        code = "from phrasescore.cli import main; main()"
+        args = ["check-table", "/dev/zero"]
+    else:  # rescore's reader
+        code = (
+            "import sys\nfrom phrasescore.errors import InputError\n"
+            "from phrasescore.files.reading import LineBlocks\n"
+            "try:\n    LineBlocks('/dev/zero').take(3)\n"
+            "except InputError as exc:\n    sys.exit(f'phrasescore: error: {exc}')"
+        )
+        args = []
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        preexec_fn=_memory_limited(2),
+        timeout=300,
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == (
+        "phrasescore: error: /dev/zero:1: a line longer than 64 MiB: not a file of text lines "
+        "(a binary file, /dev/zero?)\n"
+    )

@@ -21,6 +21,10 @@ from phrasescore.errors import InputError
 from phrasescore.files.kinds import IO_BUFFER, display_name, is_pipe
 
 GZIP_MAGIC = b"\x1f\x8b"
+MAX_LINE_BYTES = 64 << 20
+"""The longest line read (64 MiB): a phrase-table, n-best or corpus line is far shorter, and a
+file without newlines (``/dev/zero``, a binary file) would otherwise be read into memory whole
+as one line until the memory runs out."""
 _LF = 10  # "\n"
 
 
@@ -112,13 +116,15 @@ def iter_raw_lines(path: str, position: ReadPosition | None = None) -> Iterator[
     try:
         while True:
             try:
-                line = handle.readline()
+                line = handle.readline(MAX_LINE_BYTES + 1)
             except READ_ERRORS as exc:
                 raise InputError(
                     f"corrupt or truncated gzip stream ({exc})", name, lineno + 1
                 ) from None
             if not line:
                 return
+            if len(line) > MAX_LINE_BYTES:
+                raise _line_too_long(name, lineno + 1)
             lineno += 1
             yield line
     finally:
@@ -151,6 +157,7 @@ class LineBlocks:
         self._buffer = b""
         self._buffer_newlines = np.zeros(0, dtype=np.int64)  # positions of "\n" in it
         self._newlines = 0  # newlines read from the file so far (buffer included)
+        self._open_line = 0  # bytes read after the last newline
         self._end = False
 
     def _fill(self) -> bytes:
@@ -179,6 +186,12 @@ class LineBlocks:
                 block = self._fill()
                 newlines = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == _LF)
                 self._newlines += len(newlines)
+                if len(newlines):
+                    self._open_line = len(block) - int(newlines[-1]) - 1
+                else:
+                    self._open_line += len(block)
+                if self._open_line > MAX_LINE_BYTES:
+                    raise _line_too_long(self.name, self._newlines + 1)
             self._buffer = b""
             if not block:
                 break
@@ -199,6 +212,15 @@ class LineBlocks:
                 self.position.bytes_read()  # the final position, kept after the file is closed
             if self.path != "-":
                 self._handle.close()
+
+
+def _line_too_long(name: str, lineno: int) -> InputError:
+    return InputError(
+        f"a line longer than {MAX_LINE_BYTES >> 20} MiB: not a file of text lines (a binary "
+        "file, /dev/zero?)",
+        name,
+        lineno,
+    )
 
 
 def count_lines(data: bytes) -> int:
