@@ -190,3 +190,27 @@ def read_tuner_output(path: Path, names: list[str]) -> dict[str, list[float]]:
     if first and _KBMIRA_NAME.match(first):
         return read_kbmira_weights(path, names)
     return read_tuned_weights(path, names)
+
+
+def read_reference(path: str) -> list[str]:
+    """The lines of a reference translation that Moses' tuning tools read (``extractor``,
+    ``mert-moses.pl``), without their ``\\n``; a carriage return in a line (CRLF endings) is an
+    :class:`InputError` naming its line. ``extractor`` splits lines on spaces only, so the
+    ``\\r`` of a Windows line ending is part of the last word of every sentence: it would tune
+    on other n-gram statistics than the BLEU phrasescore reports (which reads the line
+    without it), with nothing to tell. The one check of a reference before any tool sees it."""
+    lines = []
+    for lineno, line in enumerate(iter_lines(path, keep_ends=True), 1):
+        body = line[:-1] if line.endswith("\n") else line
+        if "\r" in body:
+            where = "ends with a carriage return (CRLF, Windows line endings)"
+            if not body.endswith("\r"):
+                where = "holds a carriage return (\\r)"
+            raise InputError(
+                f"the reference line {where}: Moses' extractor would read it as part of a word; "
+                "convert the file (dos2unix, or tr -d '\\r')",
+                path,
+                lineno,
+            )
+        lines.append(body)
+    return lines

@@ -45,7 +45,7 @@ from phrasescore.jobs.feature_specs import FeatureModel
 from phrasescore.jobs.tuning.ab_rerank import RerankStep, rerank_models
 from phrasescore.jobs.tuning.moses_tools import RERANK_TUNERS, MosesInstall, Programs
 from phrasescore.moses.ini import read_weights
-from phrasescore.moses.tuning import weight_line
+from phrasescore.moses.tuning import read_reference, weight_line
 
 log = logging.getLogger(__name__)
 
@@ -472,7 +472,7 @@ def compare_systems(
         for name, src, ref in tests
     ]
     for test in [dev_set] + test_sets:
-        if _line_count(test.source) != _line_count(test.reference):
+        if _line_count(test.source) != len(read_reference(str(test.reference))):
             raise InputError(
                 f"{test.name}: source and reference differ in line count", path=str(test.reference)
             )
