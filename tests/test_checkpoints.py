@@ -166,6 +166,16 @@ def test_a_directory_given_as_a_model_is_named_a_directory(tmp_path):
         )
 
 
+def test_a_device_given_as_a_model_is_named_not_a_file():
+    """``info /dev/null`` said "no such model file"."""
+    proc = run_cli("info", "/dev/null")
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip() == (
+        "phrasescore: error: /dev/null: is not a regular file (a device or a pipe): give the "
+        "model file"
+    )
+
+
 def test_a_diverging_run_is_one_line_its_log_lines_whole_and_nothing_left(tmp_path, corpus_files):
     """Issue 41: the last validation line printed "(; 69 s"; a run whose validation perplexity
     was never finite ended "no such model file" (``--lr inf``; now refused at parse time, but a

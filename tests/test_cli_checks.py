@@ -322,3 +322,24 @@ def test_a_number_of_processes_beyond_any_machine_is_a_usage_error(tmp_path, com
         in result.output
     )
     assert sorted(os.listdir(tmp_path)) == ["pt"]
+
+
+def test_a_cuda_device_that_is_not_there_is_named_as_given():
+    """``--device cuda:7`` said "--device cuda was asked for"; and on a machine with fewer
+    devices the index is checked against their count."""
+    import torch
+
+    from phrasescore.errors import InputError
+    from phrasescore.hardware import resolve_device
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    with pytest.raises(InputError) as info:
+        resolve_device(f"cuda:{count + 7}")
+    if count == 0:
+        expected = f"--device cuda:{count + 7} was asked for, but PyTorch sees no CUDA device"
+    else:
+        expected = (
+            f"--device cuda:{count + 7} was asked for, but PyTorch sees {count} CUDA device(s) "
+            f"(cuda:0 to cuda:{count - 1})"
+        )
+    assert str(info.value) == expected
