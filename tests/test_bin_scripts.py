@@ -529,6 +529,13 @@ def test_train_recipe_models_trains_a_subset_and_replaces_only_it(tmp_path):
     assert "trained l2r lstm in" in done.stdout
     assert "not in " in done.stdout and "--models column,r2l,inverse trains them" in done.stdout
     assert "rescore" not in done.stdout and "rerank-tune" not in done.stdout  # models missing
+    # no step can be run yet: what is missing, not a bare "next:"
+    assert done.stdout.rstrip().splitlines()[-2:] == [
+        "next: the column needs column.safetensors and --table; re-ranking needs l2r, r2l, lstm "
+        "and",
+        "  inverse: train the missing ones with --models, then run this script again to see the "
+        "steps",
+    ]
     # one model again: only it is replaced
     l2r_stamp = (nn / "l2r.safetensors").stat().st_mtime_ns
     lstm_bytes = (nn / "lstm.safetensors").read_bytes()
