@@ -378,3 +378,43 @@ def test_an_endless_line_is_one_line_error_under_a_memory_limit(reader):
         "phrasescore: error: /dev/zero:1: a line longer than 64 MiB: not a file of text lines "
         "(a binary file, /dev/zero?)\n"
     )
+
+
+def _damaged_gzip(tmp_path, damage: str) -> tuple[Path, int]:
+    """A gzip of 3,000 table lines cut in the middle or followed by bytes that are not gzip,
+    and the line to name: the first not read whole (what ``zcat`` gives complete, plus one)."""
+    lines = b"".join(b"a%d ||| b ||| 0.5\n" % i for i in range(3000))
+    data = gzip.compress(lines, mtime=0)
+    path = tmp_path / f"{damage}.gz"
+    if damage == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+        whole = zlib.decompressobj(31).decompress(data[: len(data) // 2]).count(b"\n")
+    else:
+        path.write_bytes(data + b"garbage after the gzip data\n")
+        whole = 3000
+    return path, whole + 1
+
+
+@pytest.mark.parametrize("damage", ["truncated", "trailing garbage"])
+def test_a_damaged_gzip_is_named_at_the_same_line_by_every_reader(tmp_path, damage):
+    """check-table named a truncated gzip's line 139 and rescore's reader line 1; bytes after
+    complete gzip data were "corrupt ... at line 2985" of 3,000."""
+    path, line = _damaged_gzip(tmp_path, damage)
+    messages = []
+    with pytest.raises(InputError) as info:
+        for _ in iter_raw_lines(str(path)):
+            pass
+    messages.append(str(info.value))
+    blocks = LineBlocks(str(path))
+    with pytest.raises(InputError) as info:
+        while blocks.take(100):
+            pass
+    messages.append(str(info.value))
+    if damage == "truncated":
+        expected = f"{path}:{line}: corrupt or truncated gzip stream ("
+    else:
+        expected = (
+            f"{path}:3001: bytes that are not gzip after the end of the gzip data, which holds "
+            "3000 lines (gzip -t: trailing garbage); cut them off or recompress the data"
+        )
+    assert [m[: len(expected)] for m in messages] == [expected, expected]

@@ -11,6 +11,7 @@ import io
 import os
 import re
 import sys
+import zlib
 from collections.abc import Iterator
 from typing import BinaryIO
 
@@ -118,9 +119,7 @@ def iter_raw_lines(path: str, position: ReadPosition | None = None) -> Iterator[
             try:
                 line = handle.readline(MAX_LINE_BYTES + 1)
             except READ_ERRORS as exc:
-                raise InputError(
-                    f"corrupt or truncated gzip stream ({exc})", name, lineno + 1
-                ) from None
+                raise gzip_damage(exc, path, lineno + 1) from None
             if not line:
                 return
             if len(line) > MAX_LINE_BYTES:
@@ -167,9 +166,7 @@ class LineBlocks:
         try:  # read1: what is there (a pipe's writer may be slow), up to a block
             block = self._read(IO_BUFFER)
         except READ_ERRORS as exc:
-            raise InputError(
-                f"corrupt or truncated gzip stream ({exc})", self.name, self._newlines + 1
-            ) from None
+            raise gzip_damage(exc, self.path, self._newlines + 1) from None
         if not block:
             self.close()
             return b""
@@ -212,6 +209,50 @@ class LineBlocks:
                 self.position.bytes_read()  # the final position, kept after the file is closed
             if self.path != "-":
                 self._handle.close()
+
+
+def gzip_damage(exc: BaseException, path: str, lineno: int) -> InputError:
+    """The one-line error of a gzip file that cannot be read to its end, the same from every
+    reader: the line named is found by decompressing the file again up to the damage
+    (:func:`_lines_before_damage`), since where a reader meets it depends on how far it reads
+    ahead; a pipe cannot be read again, so there the reader's ``lineno`` is named. Bytes that
+    are not gzip after complete gzip data (``gzip -t``'s "trailing garbage") are said so."""
+    name = display_name(path)
+    if is_pipe(path):
+        return InputError(f"corrupt or truncated gzip stream ({exc})", name, lineno)
+    whole, trailing = _lines_before_damage(path)
+    if trailing:
+        return InputError(
+            f"bytes that are not gzip after the end of the gzip data, which holds {whole} "
+            "lines (gzip -t: trailing garbage); cut them off or recompress the data",
+            name,
+            whole + 1,
+        )
+    return InputError(f"corrupt or truncated gzip stream ({exc})", name, whole + 1)
+
+
+def _lines_before_damage(path: str) -> tuple[int, bool]:
+    """(newlines decompressed before the damage, whether the damage is bytes that follow a
+    complete gzip member and do not start another), by zlib over the file's members."""
+    newlines = 0
+    with open(path, "rb") as fh:
+        member = zlib.decompressobj(31)
+        data = fh.read(IO_BUFFER)
+        while data:
+            try:
+                newlines += member.decompress(data).count(b"\n")
+            except zlib.error:
+                return newlines, False
+            if not member.eof:
+                data = fh.read(IO_BUFFER)
+                continue
+            data = member.unused_data or fh.read(IO_BUFFER)
+            if len(data) == 1:
+                data += fh.read(1)
+            if data and not data.startswith(GZIP_MAGIC):
+                return newlines, True
+            member = zlib.decompressobj(31)
+    return newlines, False
 
 
 def _line_too_long(name: str, lineno: int) -> InputError:
