@@ -116,6 +116,9 @@ POSITIVE = click.IntRange(min=1)
 NON_NEGATIVE = click.IntRange(min=0)
 """Optional counts where 0 means none."""
 SEED = click.IntRange(0, 2**32 - 1)
+MAX_PROCESSES = 256
+"""The most ``--workers`` or ``--io-workers``: each is a forked process with its pipes, and
+far more than a machine has cores fails on its limits (open files) instead of going faster."""
 """Random seeds (numpy takes 0 .. 2^32 - 1)."""
 
 
@@ -128,9 +131,19 @@ class FiniteFloat(click.FloatRange):
     command takes one of these types; ``tests/test_cli_checks.py`` enumerates them from the
     commands."""
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.min is None and self.max is None:
+            self.name = "float"  # no range: --help shows FLOAT, not FLOAT RANGE with x<=None
+
+    def _describe_range(self) -> str:
+        return "" if self.min is None and self.max is None else super()._describe_range()
+
     def convert(self, value, param, ctx):
         if isinstance(value, str) and "_" in value:  # Python's 1_0 is 10; no user means that
             self.fail(f"{value!r} is not a number: write it without '_'", param, ctx)
+        if isinstance(value, str) and not value.isascii():  # Python's float reads ٥ as 5
+            self.fail(f"{value!r} is not a number: write it in ASCII digits", param, ctx)
         number = click.FLOAT.convert(value, param, ctx)
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number", param, ctx)
@@ -169,7 +182,7 @@ threads_option = click.option(
 no_progress_option = click.option("--no-progress", is_flag=True, help="No progress bar.")
 workers_option = click.option(
     "--workers",
-    type=POSITIVE,
+    type=click.IntRange(1, MAX_PROCESSES),
     default=1,
     show_default=True,
     help="Score in this many processes of one thread each (CPU; same bytes as one process of one thread: --threads 1). "
@@ -288,7 +301,7 @@ def _echo(result, err: bool = False) -> None:
     """Print what a job returned: its ``lines()``, on standard output or (``err``) standard
     error. A full disk under standard output is one line and exit 1 (click.echo flushes each
     line, so a write that fails fails here)."""
-    from phrasescore.files import disk_errors
+    from phrasescore.files.disk import disk_errors
 
     with disk_errors("-"):
         for line in result.lines():
@@ -737,7 +750,7 @@ def info(model_path):
 @workers_option
 @click.option(
     "--io-workers",
-    type=click.IntRange(0),
+    type=click.IntRange(0, MAX_PROCESSES),
     default=0,
     show_default=True,
     help="Processes that parse, look up ids and write while this one scores (for a GPU: one "
@@ -1546,7 +1559,7 @@ def main() -> None:
     """Console-script entry point. A disk's write error that no command caught (click writing
     ``--help`` or ``--version`` to a full disk: ``phrasescore --help > /dev/full``) is one line
     and exit 1, as a command's."""
-    from phrasescore.files import write_error
+    from phrasescore.files.disk import write_error
 
     try:
         cli(prog_name="phrasescore")

@@ -251,7 +251,7 @@ def test_a_sigterm_as_the_temporary_file_is_made_leaves_nothing(tmp_path, monkey
     """SIGTERM (every command's Ctrl-C) landing between the creation of a temporary file and
     the recording of its name would leave the file behind for ever, unknown to the clean-up:
     the signal is held back until the name is known."""
-    from phrasescore import files
+    from phrasescore.files import outputs as files
 
     made = files._temporary_beside
 
@@ -285,7 +285,7 @@ def test_a_sigterm_as_the_temporary_file_is_made_leaves_nothing(tmp_path, monkey
 
 
 def test_an_interrupt_at_the_rename_leaves_nothing(tmp_path, monkeypatch):
-    from phrasescore import files
+    from phrasescore.files import outputs as files
 
     def interrupted(src, dst):
         raise KeyboardInterrupt

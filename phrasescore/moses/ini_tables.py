@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 
 from phrasescore.errors import InputError
-from phrasescore.files import iter_lines
+from phrasescore.files.reading import iter_lines
 from phrasescore.moses.ini import IniTable, list_phrase_tables
 
 NO_PATH = "-"

@@ -35,10 +35,8 @@ from collections.abc import Callable, Iterable
 
 from phrasescore.compression import TABLE_LEVEL, compress_member
 from phrasescore.errors import InputError, RunStopped
-from phrasescore.files import (
-    DISK_ERRORS,
-    AtomicOutput,
-)
+from phrasescore.files.disk import DISK_ERRORS
+from phrasescore.files.outputs import AtomicOutput
 from phrasescore.runners.shards import (
     Shard,
     manifest_path,

@@ -40,9 +40,7 @@ import torch
 
 from phrasescore import __version__
 from phrasescore.errors import InputError
-from phrasescore.files import (
-    AtomicOutput,
-)
+from phrasescore.files.outputs import AtomicOutput
 
 log = logging.getLogger(__name__)
 

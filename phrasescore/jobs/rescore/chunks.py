@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from phrasescore.errors import InputError
-from phrasescore.files import (
+from phrasescore.files.kinds import display_name
+from phrasescore.files.reading import (
     LineBlocks,
     ReadPosition,
     count_lines,
     decode_lines,
     decode_text,
-    display_name,
 )
 from phrasescore.jobs.rescore.columns import NewColumns, is_too_long
 from phrasescore.moses.columnar import parse_chunk

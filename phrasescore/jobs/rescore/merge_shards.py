@@ -9,7 +9,9 @@ import os
 from dataclasses import dataclass
 
 from phrasescore.errors import InputError
-from phrasescore.files import check_output_paths, is_stream_target, refuse_outputs_onto_inputs
+from phrasescore.files.guards import refuse_outputs_onto_inputs
+from phrasescore.files.kinds import is_stream_target
+from phrasescore.files.outputs import check_output_paths
 from phrasescore.jobs.rescore.ini_update import IniUpdate, default_ini_out, ini_report_lines
 from phrasescore.runners.merge import check_not_a_part, check_parts, merge_shards, recorded_inputs
 from phrasescore.runners.shards import NBEST, PHRASE_TABLE, manifest_path
