@@ -148,9 +148,9 @@ def check_inputs(options) -> Inputs:
     table = choose_table(ini, options.table)
     f, e = options.f, options.e
     corpus = check_pair("--corpus", options.corpus, f, e)
-    valid = check_pair("--valid", options.valid or options.dev, f, e)
     dev = check_pair("--dev", options.dev, f, e)
     test = check_pair("--test", options.test, f, e)
+    valid = check_pair("--valid", options.valid, f, e) if options.valid else dev
     if not os.path.isfile(table):
         raise InputError("no such phrase table", table)
     check_phrase_table(table)
