@@ -122,6 +122,11 @@ def phrasescore_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "phrasescore", *args]
 
 
+def placement(box: Machine) -> list[str]:
+    """Where a phrasescore step runs (the device is in its settings: it may change the scores)."""
+    return ["--no-progress", "--device", box.device, "--threads", str(box.threads)]
+
+
 def train_steps(options: RecipeOptions, inputs: Inputs, at: Layout, box: Machine) -> list[Step]:
     """One step per model, each a run of bin/phrasescore-train-recipe for that model alone."""
     budget = []
@@ -163,15 +168,7 @@ def rescore_step(inputs: Inputs, at: Layout, box: Machine) -> Step:
         inputs=[inputs.table, inputs.ini, at.model("column")],
         outputs=[str(at.table), str(at.ini)],
         settings={"rescore": stable, "device": box.device},
-        command=phrasescore_command(
-            "rescore",
-            *stable,
-            "--no-progress",
-            "--device",
-            box.device,
-            "--threads",
-            str(box.threads),
-        ),  # fmt: skip
+        command=phrasescore_command("rescore", *stable, *placement(box)),
         gpu=box.device == "cuda",
     )
 
@@ -273,15 +270,7 @@ def rerank_steps(options: RecipeOptions, inputs: Inputs, at: Layout, box: Machin
                 inputs=[nbest, at.data(name, f), *models],
                 outputs=[at.lists(f"{name}.scored.nbest")],
                 settings={"nbest": stable, "device": box.device},
-                command=phrasescore_command(
-                    "nbest",
-                    *stable,
-                    "--no-progress",
-                    "--device",
-                    box.device,
-                    "--threads",
-                    str(box.threads),
-                ),  # fmt: skip
+                command=phrasescore_command("nbest", *stable, *placement(box)),
                 gpu=box.device == "cuda",
             )
         )
