@@ -18,9 +18,8 @@ refuses, each time with one :class:`~phrasescore.errors.ModelFileError` line: a 
 other kind or of no kind, a newer format, damaged JSON, insane sizes, a signature that does not
 match, tensors that do not fit the configuration -- all before a network is allocated.
 
-The networks use the special ids of :mod:`phrasescore.model.constants`; the vocabularies give
-their special symbols the ids of :mod:`phrasescore.text.vocab`. This module refuses to import
-unless the two agree, so that neither layer needs to import the other.
+The networks and the vocabularies use the one set of special ids of
+:mod:`phrasescore.special_ids`.
 """
 
 from __future__ import annotations
@@ -45,9 +44,7 @@ from phrasescore.model.checkpoint import (
     save_network_file,
 )
 from phrasescore.model.config import ModelConfig
-from phrasescore.model.constants import SPECIAL_IDS
 from phrasescore.model.cslm import FeedForwardLM, LMConfig
-from phrasescore.text import vocab as text_vocab
 from phrasescore.text.tokenize import TextNormalizer
 from phrasescore.text.vocab import Vocabulary, vocabulary_from_state
 
@@ -55,10 +52,6 @@ FORMAT = "phrasescore-model"
 FORMAT_VERSION = 1
 LM_FORMAT = "phrasescore-lm"
 LM_FORMAT_VERSION = 1
-
-_TEXT_IDS = (text_vocab.PAD_ID, text_vocab.UNK_ID, text_vocab.BOS_ID, text_vocab.EOS_ID)
-if _TEXT_IDS != SPECIAL_IDS:  # pragma: no cover - a programming error
-    raise ImportError(f"vocabulary special ids {_TEXT_IDS} differ from the networks' {SPECIAL_IDS}")
 
 
 def _json(value: Any) -> str:

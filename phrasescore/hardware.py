@@ -45,8 +45,16 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise InputError("--device cuda was asked for, but PyTorch sees no CUDA device")
-    return torch.device(name)
+        raise InputError(f"--device {name} was asked for, but PyTorch sees no CUDA device")
+    device = torch.device(name)
+    if device.type == "cuda" and device.index is not None:
+        count = torch.cuda.device_count()
+        if device.index >= count:
+            raise InputError(
+                f"--device {name} was asked for, but PyTorch sees {count} CUDA device(s) "
+                f"(cuda:0 to cuda:{count - 1})"
+            )
+    return device
 
 
 def deterministic_kernels(device: torch.device) -> None:

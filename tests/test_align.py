@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -62,6 +64,35 @@ def test_plots_are_one_valid_png_per_pair(pairs, attention_model, tmp_path):
     for png in pngs:
         assert png.read_bytes()[:8] == PNG_MAGIC
     assert len(out.read_text(encoding="utf-8").splitlines()) == len(src)
+
+
+@pytest.mark.parametrize("held", ["the model itself", "a link to the source"])
+def test_a_plot_folder_that_holds_an_input_is_refused_before_any_work(
+    pairs, attention_model, tmp_path, held
+):
+    """The plots are named 000001.png, 000002.png, ...: an input of such a name in the plot
+    folder (the model given as plots/000002.png, or a link there to the source) would be
+    replaced by a picture."""
+    _, s, t, _, _ = pairs
+    plots = tmp_path / "plots"
+    plots.mkdir()
+    model = attention_model
+    if held == "the model itself":
+        model = plots / "000002.png"
+        model.write_bytes(Path(attention_model).read_bytes())
+        role, path = "model", model
+    else:
+        (plots / "000001.png").symlink_to(s)
+        role, path = "source", s
+    before = {p.name: p.read_bytes() for p in plots.iterdir()}
+    result = invoke(s, t, "-m", model, "-o", tmp_path / "out.txt", "--plot", plots)
+    assert result.exit_code == 1, result.output
+    assert result.output == (
+        f"phrasescore: error: --plot {plots} holds the {role} ({path}): the tools write their "
+        "files there under their own names and would overwrite it; give a folder of its own\n"
+    )
+    assert {p.name: p.read_bytes() for p in plots.iterdir()} == before
+    assert not (tmp_path / "out.txt").exists()
 
 
 def test_a_model_without_attention_is_refused_in_one_line(pairs, tiny_model_path):

@@ -104,6 +104,25 @@ def test_an_input_where_the_chain_writes_is_refused_before_any_work(tmp_path, wh
     ][::-1] + [test_ref.name]
 
 
+def test_a_link_to_an_input_in_the_tuning_folder_is_refused_before_any_work(tmp_path):
+    """rerank-tune's extractor writes WORKDIR/tune/scores.dat: a link there to DEV_REF had the
+    reference replaced by its statistics."""
+    files = [tmp_path / name for name in ("moses.ini", "d.en", "d.fr", "t.en", "t.fr")]
+    for path in files:
+        path.write_text("x\n")
+    (tmp_path / "work" / "tune").mkdir(parents=True)
+    (tmp_path / "work" / "tune" / "scores.dat").symlink_to("../../d.fr")
+    done = run_script(*files, "-m", "X=m", "--workdir", "work", cwd=tmp_path)
+    assert done.returncode == 1
+    [line] = done.stderr.splitlines()
+    assert line == (
+        "phrasescore-rerank: error: WORKDIR/tune work/tune holds the DEV_REF "
+        f"({tmp_path}/d.fr): the tools write their files there under their own names and would "
+        "overwrite it; give a folder of its own"
+    ), line
+    assert (tmp_path / "d.fr").read_text() == "x\n"
+
+
 def head_list(source: Path, out: Path, sentences: int) -> Path:
     """The hypotheses of the first ``sentences`` ids of a shipped list."""
     with gzip.open(source, "rt", encoding="utf-8") as lines:

@@ -530,6 +530,13 @@ def test_train_recipe_models_trains_a_subset_and_replaces_only_it(tmp_path):
     assert "trained l2r lstm in" in done.stdout
     assert "not in " in done.stdout and "--models column,r2l,inverse trains them" in done.stdout
     assert "rescore" not in done.stdout and "rerank-tune" not in done.stdout  # models missing
+    # no step can be run yet: what is missing, not a bare "next:"
+    assert done.stdout.rstrip().splitlines()[-2:] == [
+        "next: the column needs column.safetensors and --table; re-ranking needs l2r, r2l, lstm "
+        "and",
+        "  inverse: train the missing ones with --models, then run this script again to see the "
+        "steps",
+    ]
     # one model again: only it is replaced
     l2r_stamp = (nn / "l2r.safetensors").stat().st_mtime_ns
     lstm_bytes = (nn / "lstm.safetensors").read_bytes()
@@ -691,6 +698,55 @@ def test_mert_runs_mert_moses_and_removes_the_stale_feature_list(tmp_path):
     ]
     assert seen.read_text() == ""  # features.list and filtered/ were gone
     assert f"{work}/moses.ini" in done.stdout
+
+
+@pytest.mark.parametrize(
+    "held, role",
+    [
+        ("features.list", "DEV_F"),  # the stale feature list the script removes
+        ("filtered/phrase-table.gz", "phrase table TranslationModel0"),  # the stale model
+        ("moses.ini -> the ini", "MOSES_INI"),  # mert-moses.pl's tuned ini, through a link
+    ],
+)
+def test_mert_refuses_a_workdir_that_holds_an_input_before_any_work(tmp_path, held, role):
+    """The script's clean-up (features.list, filtered/) and mert-moses.pl's own files would
+    delete or replace an input that lives in WORKDIR, or that a link there points at."""
+    ini, dev_f, dev_e = mert_inputs(tmp_path)
+    moses = tmp_path / "mosesdecoder"
+    ran = tmp_path / "ran"
+    make_executable(
+        moses / "scripts" / "training" / "mert-moses.pl", f'#!/usr/bin/env bash\ntouch "{ran}"\n'
+    )
+    make_executable(moses / "bin" / "moses", "#!/usr/bin/env bash\nexit 0\n")
+    work = tmp_path / "mert-work"
+    (work / "filtered").mkdir(parents=True)
+    table = tmp_path / "phrase-table.gz"
+    if held == "features.list":
+        dev_f = work / "features.list"
+        dev_f.write_text("a man .\n")
+        path = dev_f
+    elif held.startswith("filtered/"):
+        table = work / held
+        path = table
+    else:
+        (work / "moses.ini").symlink_to(ini)
+        path = ini
+    table.write_bytes(gzip.compress(b"a ||| un ||| 0.5 0.5 0.5 0.5 ||| ||| \n"))
+    ini.write_text(
+        "[feature]\nPhraseDictionaryMemory name=TranslationModel0 num-features=4 "
+        f"path={table} input-factor=0 output-factor=0\n"
+    )
+    before = {p: p.read_bytes() for p in (ini, dev_f, dev_e, table)}
+    done = run_script(
+        "phrasescore-mert", work, ini, dev_f, dev_e, cwd=tmp_path, env_extra={"MOSES": str(moses)}
+    )
+    assert done.returncode == 1, done.stderr
+    assert error_lines(done.stderr) == [
+        f"phrasescore-mert: error: WORKDIR {work} holds the {role} ({path}): the tools write "
+        "their files there under their own names and would overwrite it; give a folder of its own"
+    ]
+    assert {p: p.read_bytes() for p in before} == before
+    assert not ran.exists()
 
 
 def test_mert_missing_ini(tmp_path):

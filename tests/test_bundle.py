@@ -18,7 +18,7 @@ from phrasescore.model.checkpoint import (
     read_tensors,
     save_network_file,
 )
-from phrasescore.model.constants import SPECIAL_IDS
+from phrasescore.special_ids import SPECIAL_IDS
 from phrasescore.text import vocab
 
 from .conftest import sample_pairs
@@ -37,8 +37,13 @@ def _rewrite(src: str, dst: str, change) -> None:
     save_file(tensors, dst, metadata=metadata)
 
 
-def test_vocabularies_and_networks_agree_on_special_ids():
-    assert (vocab.PAD_ID, vocab.UNK_ID, vocab.BOS_ID, vocab.EOS_ID) == SPECIAL_IDS
+def test_a_vocabulary_gives_its_special_symbols_the_networks_special_ids():
+    """Words take the ids after the four special ones (PAD, UNK, BOS, EOS), an unknown word the
+    networks' UNK, and decoding skips the networks' PAD, BOS and EOS."""
+    words = vocab.WordVocabulary.build([["a", "b"], ["b"]])
+    assert words.encode(["b", "a", "never-seen"]) == [len(SPECIAL_IDS), len(SPECIAL_IDS) + 1, 1]
+    assert SPECIAL_IDS[1] == vocab.UNK_ID == 1
+    assert words.decode([*SPECIAL_IDS, len(SPECIAL_IDS)]) == ["<unk>", "b"]
 
 
 def test_insane_sizes_are_refused_before_a_network_is_built(tmp_path, tiny_model_path):

@@ -166,6 +166,16 @@ def test_a_directory_given_as_a_model_is_named_a_directory(tmp_path):
         )
 
 
+def test_a_device_given_as_a_model_is_named_not_a_file():
+    """``info /dev/null`` said "no such model file"."""
+    proc = run_cli("info", "/dev/null")
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip() == (
+        "phrasescore: error: /dev/null: is not a regular file (a device or a pipe): give the "
+        "model file"
+    )
+
+
 def test_a_diverging_run_is_one_line_its_log_lines_whole_and_nothing_left(tmp_path, corpus_files):
     """A run whose validation perplexity is never finite (a huge finite --lr; ``--lr inf`` is
     refused at parse time) writes whole validation lines (inf, its seconds and rate), ends with

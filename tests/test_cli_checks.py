@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from phrasescore.errors import InputError
-from phrasescore.files import check_output_path
+from phrasescore.files.outputs import check_output_path
 from phrasescore.hardware import resolve_device
 
 from .conftest import DATA, run_cli
@@ -205,6 +205,7 @@ def test_every_float_option_refuses_non_finite_values_at_parse_time(command, opt
         ("-0.0e3", "is a negative zero: give 0"),
         ("1_0", "is not a number: write it without '_'"),
         ("1e-400", "is too small for a number: it would be read as 0"),
+        ("\u0665", "is not a number: write it in ASCII digits"),
     ],
 )
 @pytest.mark.parametrize("command, option", FLOAT_OPTIONS, ids=lambda x: x)
@@ -220,6 +221,20 @@ def test_every_float_option_refuses_what_python_reads_as_another_number(
     result = CliRunner().invoke(cli, [command, f"{option}={value}"])
     assert result.exit_code == 2, result.output
     assert f"Invalid value for '{option}': {value!r} {reason}" in result.output
+
+
+@pytest.mark.parametrize("command", ["rescore", "merge-shards"])
+def test_an_unbounded_float_option_shows_no_range_in_its_help(command):
+    """``--weight``'s help showed ``FLOAT RANGE ... x<=None``."""
+    from click.testing import CliRunner
+
+    from phrasescore.cli import cli
+
+    result = CliRunner().invoke(cli, [command, "--help"])
+    assert result.exit_code == 0
+    text = " ".join(result.output.split())  # as wrapped for the terminal
+    assert "--weight FLOAT Initial weight" in text and "[default: 0.2]" in text
+    assert "None" not in text
 
 
 def test_zero_and_small_numbers_are_still_numbers():
@@ -307,3 +322,50 @@ def test_lstm_options_of_another_architecture_name_layers_first_whatever_the_ord
         "phrasescore: error: --layers is an option of --arch lstm, not of --arch cho"
     )
     assert not (tmp_path / "m.st").exists()
+
+
+@pytest.mark.parametrize(
+    "command, option",
+    [("rescore", "--io-workers"), ("rescore", "--workers"), ("nbest", "--workers")],
+)
+def test_a_number_of_processes_beyond_any_machine_is_a_usage_error(tmp_path, command, option):
+    """``--io-workers 99999999999999999999`` went on to fork until os.pipe failed (``Too many
+    open files``, a traceback and a .partial left)."""
+    from click.testing import CliRunner
+
+    from phrasescore.cli import cli
+
+    table = tmp_path / "pt"
+    table.write_text("a ||| b ||| 0.5\n")
+    low = 0 if option == "--io-workers" else 1
+    args = [command, str(table), "-m", str(tmp_path / "m"), "-o", str(tmp_path / "out")]
+    if command == "nbest":
+        args += ["--source", str(table)]
+    result = CliRunner().invoke(cli, [*args, option, "99999999999999999999"])
+    assert result.exit_code == 2, result.output
+    assert (
+        f"Invalid value for '{option}': 99999999999999999999 is not in the range {low}<=x<=256"
+        in result.output
+    )
+    assert sorted(os.listdir(tmp_path)) == ["pt"]
+
+
+def test_a_cuda_device_that_is_not_there_is_named_as_given():
+    """``--device cuda:7`` said "--device cuda was asked for"; and on a machine with fewer
+    devices the index is checked against their count."""
+    import torch
+
+    from phrasescore.errors import InputError
+    from phrasescore.hardware import resolve_device
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    with pytest.raises(InputError) as info:
+        resolve_device(f"cuda:{count + 7}")
+    if count == 0:
+        expected = f"--device cuda:{count + 7} was asked for, but PyTorch sees no CUDA device"
+    else:
+        expected = (
+            f"--device cuda:{count + 7} was asked for, but PyTorch sees {count} CUDA device(s) "
+            f"(cuda:0 to cuda:{count - 1})"
+        )
+    assert str(info.value) == expected

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from phrasescore.bundle import load_model
-from phrasescore.engine.scoring import PairScorer
+from phrasescore.engine.scoring import CpuScorer
 from phrasescore.moses.nbest import iter_nbest_groups, read_nbest
 from phrasescore.moses.phrase_table import format_entry, read_phrase_table
 from phrasescore.training.trainer import Trainer
@@ -56,8 +56,8 @@ def test_training_learns_and_the_model_scores_the_same_on_the_cpu(tmp_path, arch
     assert result.unigram_valid_ppl > 50
     assert result.best_valid_ppl < 5.0  # the 20 pairs nearly learnt by heart
     pairs = sample_pairs(20)
-    on_cpu = PairScorer(load_model(str(path))).score_phrases(*pairs).logprob
-    on_device = PairScorer(load_model(str(path), DEVICE), DEVICE).score_phrases(*pairs).logprob
+    on_cpu = CpuScorer(load_model(str(path))).score_phrases(*pairs).logprob
+    on_device = CpuScorer(load_model(str(path), DEVICE), DEVICE).score_phrases(*pairs).logprob
     assert np.isfinite(on_cpu).all() and (on_cpu < 0).all()
     np.testing.assert_allclose(on_device, on_cpu, rtol=1e-4, atol=1e-4)
     # the mean of the training pairs' log p is the validation perplexity's (EOS counted)
@@ -143,7 +143,7 @@ def test_translate_on_the_gpu_gives_hypotheses_whose_scores_the_cpu_confirms(
     assert proc.returncode == 0, proc.stderr
     groups = list(iter_nbest_groups(read_nbest(str(out))))
     assert [g[0].id for g in groups] == list(range(8))
-    scorer = PairScorer(load_model(tiny_model_path))
+    scorer = CpuScorer(load_model(tiny_model_path))
     for group, line in zip(groups, src, strict=True):
         values = [e.parsed_features()[0][1][0] for e in group]
         assert values == sorted(values, reverse=True)
@@ -191,14 +191,14 @@ def test_compiled_bucketed_loss_on_cuda_equals_eager(arch):
 
 @pytest.mark.parametrize("arch", ["cho", "attention", "lstm"])
 def test_the_gpu_engine_replays_its_graphs_as_the_cpu_scores(arch):
-    """The GPU engine (engine/device_scoring.py), what ``rescore`` and ``nbest`` get on CUDA:
+    """The GPU engine (engine/graph_scoring.py), what ``rescore`` and ``nbest`` get on CUDA:
     each batch shape captured once in a CUDA graph; the table's pairs score as on the CPU
     (fp32, TF32 off), as without graphs, the same bytes on a replay, and a block waits for the
     device once (the scores' copy back), however many batches it has; nothing is captured
     again once the buffers have their size."""
     import warnings
 
-    from phrasescore.engine.device_scoring import DeviceScorer
+    from phrasescore.engine.graph_scoring import CudaGraphScorer
     from phrasescore.engine.protocol import build_scorer
 
     from .test_device_engine import table_model, table_pairs
@@ -207,15 +207,15 @@ def test_the_gpu_engine_replays_its_graphs_as_the_cpu_scores(arch):
     torch.backends.cudnn.allow_tf32 = False
     src, tgt = table_pairs()
     model = table_model(arch, "written")
-    expected = PairScorer(model).score_phrases(src, tgt).logprob
+    expected = CpuScorer(model).score_phrases(src, tgt).logprob
     engine = build_scorer(table_model(arch, "written"), device=DEVICE)
     if DEVICE == "cuda":
-        assert isinstance(engine, DeviceScorer)
+        assert isinstance(engine, CudaGraphScorer)
         engine.buckets.batch_pairs = 64  # many batches, several shapes
     engine.score_phrases(src, tgt)  # the shapes captured, the input buffers grown to size
     first = engine.score_phrases(src, tgt).logprob
     np.testing.assert_allclose(first, expected, rtol=1e-4, atol=1e-4)
-    eager = DeviceScorer(table_model(arch, "written"), device=DEVICE, graphs=False)
+    eager = CudaGraphScorer(table_model(arch, "written"), device=DEVICE, graphs=False)
     np.testing.assert_allclose(eager.score_phrases(src, tgt).logprob, first, rtol=1e-5, atol=1e-5)
     if DEVICE != "cuda":
         return
@@ -235,3 +235,55 @@ def test_the_gpu_engine_replays_its_graphs_as_the_cpu_scores(arch):
     graphs = dict(engine.captured.graphs)
     engine.score_ids(ids.src_ids, ids.tgt_ids)
     assert engine.captured.graphs == graphs  # the same graph objects: none captured again
+
+
+def test_graphs_capture_again_after_their_input_buffers_grow():
+    """A block of small batches first, then blocks of larger ones: each input buffer grows
+    (twice as large, the graphs captured into it dropped) and the shapes are captured again
+    into the same memory pool. Every capture succeeds (no fallback to uncaptured scoring) and
+    the scores stay the CPU's."""
+    from phrasescore.engine.graph_scoring import CapturedShapes, CudaGraphScorer
+
+    from .test_device_engine import table_model, table_pairs
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    src, tgt = table_pairs()
+    expected = CpuScorer(table_model("cho", "written")).score_phrases(src, tgt).logprob
+    engine = CudaGraphScorer(table_model("cho", "written"), device=DEVICE, batch_pairs=64)
+    for n in (8, 40, 120, len(src), len(src)):
+        got = engine.score_phrases(src[:n], tgt[:n]).logprob
+        np.testing.assert_allclose(got, expected[:n], rtol=1e-4, atol=1e-4)
+        assert engine.graph_failure is None
+    if DEVICE != "cuda":
+        return
+    assert engine.captured.enabled and len(engine.captured.graphs) >= 2
+    captured = CapturedShapes(torch.device(DEVICE))
+    for rows in (16, 64, 256, 1024, 64, 16):  # three growths, then shapes captured before
+        x = torch.arange(rows * 8, dtype=torch.float32, device=DEVICE).view(rows, 8)
+        (out,) = captured.run(("sum", (rows, 8)), lambda v: (v.square().sum(1),), (x,))
+        torch.testing.assert_close(out, x.square().sum(1))
+        assert captured.failure is None and captured.enabled
+
+
+@pytest.mark.parametrize("kernel", ["liger", "cce"])
+def test_fused_linear_cross_entropy_libraries_equal_the_chunked_torch_output_layer(kernel):
+    """liger-kernel's and cut-cross-entropy's fused output layers (CUDA, where installed) give
+    the log p of the torch reference (target_logprobs: row chunks, checked against the full
+    log-softmax in tests/test_device_engine.py)
+    within 1e-4 in fp32, the bias included."""
+    from phrasescore.model.output_layer import library_gold_logprobs, target_logprobs
+
+    if DEVICE != "cuda":
+        pytest.skip("Triton kernels: CUDA only")
+    pytest.importorskip({"liger": "liger_kernel", "cce": "cut_cross_entropy"}[kernel])
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.manual_seed(0)
+    vocab, width = 11_000, 500
+    layer = torch.nn.Linear(width, vocab).to(DEVICE)
+    features = torch.randn(3000, width, device=DEVICE)
+    gold = torch.randint(0, vocab, (3000,), device=DEVICE)
+    with torch.no_grad():
+        expected = target_logprobs(layer, features, gold, vocab, chunk_rows=512)
+        got = library_gold_logprobs(kernel, features, layer, gold)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)

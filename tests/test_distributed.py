@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from phrasescore.jobs.rescore.rescore import RescoreOptions, rescore_table
-from phrasescore.runners.shards import Shard, merge_shards
+from phrasescore.runners.merge import merge_shards
+from phrasescore.runners.shards import Shard
 
 from .conftest import DATA, TEXT, train_tiny
 

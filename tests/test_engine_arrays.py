@@ -1,6 +1,6 @@
-"""The engine over arrays. Phrase ids from the cache equal encode_phrases'; the batch plan's
-pieces (distinct sources, id matrices, exact buckets) equal plain Python loops over lists; scores
-of the padded policy equal the exact policy's within the engine's tolerance; every scorer
+"""The engine over arrays. Phrase ids from the cache equal encode_phrases'; the batch
+plan's pieces (distinct sources, id matrices, exact buckets) equal plain Python loops over lists; scores
+of the fixed-shape plan equal the exact plan's within the engine's tolerance; every scorer
 implements the protocol."""
 
 from __future__ import annotations
@@ -13,14 +13,15 @@ import pytest
 
 from phrasescore.engine.batching import (
     ExactBuckets,
+    FixedShapeBuckets,
     IdPairs,
-    PaddedBuckets,
     distinct_sequences,
     id_matrix,
 )
 from phrasescore.engine.constant_scoring import ConstantScorer
-from phrasescore.engine.protocol import IdScorer, Scorer, build_scorer
-from phrasescore.engine.scoring import EnsembleScorer, PairScorer
+from phrasescore.engine.graph_scoring import CudaGraphScorer
+from phrasescore.engine.protocol import IdScorer, Scorer, build_scorer, engine_for
+from phrasescore.engine.scoring import CpuScorer, EnsembleScorer, phrase_tokens
 from phrasescore.text.phrase_ids import PhraseIds
 
 from .conftest import DATA
@@ -80,7 +81,7 @@ def test_exact_buckets_equal_a_loop_over_runs_of_one_length():
 
 @pytest.mark.parametrize("lowercase", [False, True])
 @pytest.mark.parametrize("reverse", [False, True])
-def test_phrase_ids_equal_encode_phrases(tiny_model, lowercase, reverse):
+def test_phrase_ids_equal_the_tokens_through_the_vocabulary(tiny_model, lowercase, reverse):
     model = tiny_model
     src, tgt = table_pairs()
     src += ["a\tb", "UPPER Case", "", "été  x", "<unk> x"]
@@ -89,7 +90,11 @@ def test_phrase_ids_equal_encode_phrases(tiny_model, lowercase, reverse):
     model.src_text.lowercase = model.tgt_text.lowercase = lowercase
     model.config.reverse_target = reverse
     try:
-        expected = ConstantScorer(model).encode_phrases(src, tgt)
+        # the reference: the tokeniser's tokens through the vocabulary, one phrase at a time
+        expected = ConstantScorer(model).encoder.encode_tokens(
+            [phrase_tokens(model.src_text, s) for s in src],
+            [phrase_tokens(model.tgt_text, t) for t in tgt],
+        )
         src_ids = PhraseIds(model.src_vocab, model.src_text)
         tgt_ids = PhraseIds(
             model.tgt_vocab, model.tgt_text, model.config.target_order if reverse else None
@@ -101,7 +106,7 @@ def test_phrase_ids_equal_encode_phrases(tiny_model, lowercase, reverse):
         one_pass = tgt_ids.encode(b"".join(p + b"\n" for p in plain))
         assert one_pass.offsets.tolist() == t.offsets[: len(plain) + 1].tolist()
         assert one_pass.ids.tolist() == t.ids[: one_pass.offsets[-1]].tolist()
-        pairs = IdPairs(s.ids, s.offsets, t.ids, t.offsets)
+        pairs = IdPairs(s, t)
         expected_pairs = IdPairs.from_lists(expected.src_ids, expected.tgt_ids)
         for a, b in zip(
             (pairs.src_ids, pairs.src_offsets, pairs.tgt_ids, pairs.tgt_offsets),
@@ -117,22 +122,47 @@ def test_phrase_ids_equal_encode_phrases(tiny_model, lowercase, reverse):
 
 
 @pytest.mark.parametrize("include_eos", [True, False])
-def test_padded_buckets_score_as_exact_lengths(tiny_model, include_eos):
-    """The GPU's policy (few padded buckets, big batches, results kept on the device) run on
-    the CPU: the scores of the table's pairs equal the exact policy's within 1e-4 in log p (the
+def test_fixed_shape_plan_scores_as_exact_lengths(tiny_model, include_eos):
+    """The plan of a device that is neither CPU nor CUDA (fixed shapes, no graphs) run on the
+    CPU: the scores of the table's pairs equal the exact plan's within 1e-4 in log p (the
     engine's documented tolerance for other batch shapes)."""
     src, tgt = table_pairs()
     exact = build_scorer(tiny_model, include_eos=include_eos)
     assert isinstance(exact.buckets, ExactBuckets)
-    padded = build_scorer(
-        tiny_model, include_eos=include_eos, buckets=PaddedBuckets(batch_pairs=64)
+    assert engine_for("mps") is CudaGraphScorer
+    padded = CudaGraphScorer(
+        tiny_model, "cpu", include_eos=include_eos, buckets=FixedShapeBuckets(batch_pairs=64)
     )
+    assert not padded.captured.enabled
     a = exact.score_phrases(src, tgt, per_token=True)
     b = padded.score_phrases(src, tgt, per_token=True)
     assert np.abs(a.logprob - b.logprob).max() < 1e-4
     for x, y in zip(a.token_logprobs, b.token_logprobs, strict=True):
         assert x.shape == y.shape
         assert np.abs(x - y).max() < 1e-4
+
+
+def test_phrases_score_as_their_tokens_a_line_break_inside_one_included(tiny_model):
+    """score_phrases encodes each side in one pass (PhraseIds); the scores, token counts and
+    unknown-word counts are those of the tokens' path, also for phrases the one pass cannot
+    take (a tab, a run of spaces, an empty phrase, a line break inside a phrase)."""
+    src, tgt = table_pairs(40)
+    src += ["a\tb", "", "x  y"]
+    tgt += ["c  d", "", "x\ny"]
+    scorer = build_scorer(tiny_model)
+    got = scorer.score_phrases(src, tgt, per_token=True)
+    expected = scorer.score_tokens(
+        [phrase_tokens(tiny_model.src_text, s) for s in src],
+        [phrase_tokens(tiny_model.tgt_text, t) for t in tgt],
+        per_token=True,
+    )
+    assert got.logprob.tobytes() == expected.logprob.tobytes()
+    for field in ("n_tokens", "src_unknown", "tgt_unknown"):
+        assert getattr(got, field).tolist() == getattr(expected, field).tolist(), field
+    assert got.src_unknown.sum() > 0
+    # without the line break: the one pass (another block: its batches' floats may differ)
+    ok = scorer.score_phrases(src[:-1], tgt[:-1]).logprob
+    np.testing.assert_allclose(ok, got.logprob[:-1], rtol=0, atol=1e-5)
 
 
 def test_score_arrays_equal_score_ids(tiny_model):
@@ -146,7 +176,7 @@ def test_score_arrays_equal_score_ids(tiny_model):
 
 def test_every_scorer_implements_the_protocol(tiny_model):
     pair = build_scorer(tiny_model)
-    assert isinstance(pair, PairScorer)
+    assert isinstance(pair, CpuScorer)
     assert isinstance(pair, IdScorer)
     assert isinstance(ConstantScorer(tiny_model), IdScorer)
     assert isinstance(EnsembleScorer([pair, build_scorer(tiny_model)]), Scorer)

@@ -178,23 +178,30 @@ def test_the_pool_names_the_dead_worker_and_its_chunk():
 
 # ---------------------------------------------------------------------------- n-best stopped
 @pytest.mark.parametrize("workers", [1, 2])
-def test_nbest_stopped_by_sigterm_leaves_nothing_behind(tiny_model_path, tmp_path, workers):
+def test_nbest_stopped_by_sigterm_keeps_its_partial_output_for_resume(
+    tiny_model_path, tmp_path, workers
+):
     listing = gzip.open(NBEST_LIST, "rt", encoding="utf-8").read().splitlines(True)
     out = tmp_path / "out.gz"
     flags = ["--source", NBEST_SOURCE, "-m", tiny_model_path, "--chunk-lines", "30"]
     flags += ["--no-progress", "-o", out]
     flags += ["--workers", str(workers)] if workers > 1 else ["--threads", "1"]
+    state = tmp_path / ".out.gz.partial.json"
     with _started(["nbest", "-", *flags], listing[:200]) as proc:
-        # the temporary output exists once the first block is written through it
-        _wait_for(
-            lambda: any(name.endswith(".tmp") for name in os.listdir(tmp_path)), "the temp file"
-        )
+        # id 0's 100 hypotheses are one chunk; id 1's is open until the list goes on
+        _wait_for(lambda: _lines_done(state) >= 100, "the first chunk written")
         os.kill(proc.pid, signal.SIGTERM)
         _, err = proc.communicate(timeout=DEADLINE)
         assert proc.returncode == 143, err.decode()
         assert err.decode().strip().splitlines()[-1] == "phrasescore: terminated (SIGTERM)"
         _wait_for(lambda: _group(proc.pid) == [], "the workers to end")
-    assert os.listdir(tmp_path) == []
+    assert sorted(os.listdir(tmp_path)) == [".out.gz.partial", ".out.gz.partial.json"]
+    resumed = run_cli("nbest", "-", *flags, "--resume", input="".join(listing))
+    assert resumed.returncode == 0, resumed.stderr
+    assert "(resumed after 100 hypotheses)" in resumed.stderr
+    one = ["--source", NBEST_SOURCE, "-m", tiny_model_path, "--chunk-lines", "30", "--threads", "1"]
+    alone = run_cli("nbest", "-", *one, "--no-progress", "-o", "-", input="".join(listing))
+    assert gzip.decompress(out.read_bytes()).decode() == alone.stdout
 
 
 # ------------------------------------------------------------------ a worker's death wakes the pool
@@ -244,7 +251,7 @@ def test_a_sigterm_as_the_temporary_file_is_made_leaves_nothing(tmp_path, monkey
     """SIGTERM (every command's Ctrl-C) landing between the creation of a temporary file and
     the recording of its name would leave the file behind for ever, unknown to the clean-up:
     the signal is held back until the name is known."""
-    from phrasescore import files
+    from phrasescore.files import outputs as files
 
     made = files._temporary_beside
 
@@ -278,7 +285,7 @@ def test_a_sigterm_as_the_temporary_file_is_made_leaves_nothing(tmp_path, monkey
 
 
 def test_an_interrupt_at_the_rename_leaves_nothing(tmp_path, monkeypatch):
-    from phrasescore import files
+    from phrasescore.files import outputs as files
 
     def interrupted(src, dst):
         raise KeyboardInterrupt

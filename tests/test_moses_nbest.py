@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import math
 from pathlib import Path
 
 import pytest
@@ -168,6 +169,15 @@ def test_non_contiguous_ids_are_refused(tmp_path):
         (b"0 ||| a ||| F= 1 ||| total\n", "the total score is not a number: 'total'"),
         (b"0 ||| a ||| LM0= x42.0539 ||| 1\n", "feature value is not a number: 'x42.0539'"),
         (b"0 ||| \xe9 ||| F= 1 ||| 1\n", "invalid UTF-8 at byte 6"),
+        # what Python's float reads and Moses' strtod does not: 10, 5, 0.5, 0
+        (b"0 ||| a ||| F= 1_0 ||| 1\n", "feature value is not a number: '1_0' (write it without"),
+        (
+            "0 ||| a ||| F= \u0665 ||| 1\n".encode(),
+            "feature value is not a number: '\u0665' (Moses",
+        ),
+        ("0 ||| a ||| F= \uff10.\uff15 ||| 1\n".encode(), "feature value is not a number: '"),
+        (b"0 ||| a ||| F= 1e-400 ||| 1\n", "feature value is 1e-400: too small for a number"),
+        (b"0 ||| a ||| F= 1 ||| 1_0\n", "the total score is not a number: '1_0'"),
     ],
 )
 def test_malformed_lines_are_refused(tmp_path, data, message):
@@ -239,3 +249,33 @@ def test_total_score_with_a_new_feature(tmp_path):
     with pytest.raises(InputError, match="1 values but 2 weights"):
         total_score(features, weights)
     assert total_score([("sparse_x", [3.0])], {}) == 0.0
+
+
+@pytest.mark.parametrize(
+    "weight, message",
+    [
+        ("1_0", "weight is not a number: '1_0' (write it without '_')"),
+        ("\u0661", "weight is not a number: '\u0661' (Moses reads ASCII digits only)"),
+        ("\uff15", "weight is not a number: '\uff15' (Moses reads ASCII digits only)"),
+        ("1e-400", "weight is 1e-400: too small for a number, it would be read as 0"),
+    ],
+)
+def test_a_weights_file_refuses_what_moses_does_not_read_as_written(tmp_path, weight, message):
+    """A --weights file once read ``1_0`` as 10 and other scripts' digits as numbers, and
+    ``1e-400`` as 0: not the weights Moses would use, nor what the option parser takes."""
+    path = tmp_path / "w.txt"
+    path.write_text(f"LM0= 0.5\nTM0= 0.2 {weight}\n", encoding="utf-8")
+    with pytest.raises(InputError) as info:
+        read_weights(str(path))
+    assert str(info.value).startswith(f"{path}:2: {message}")
+
+
+def test_a_negative_zero_in_a_file_is_read_as_zero(tmp_path):
+    """strtod reads ``-0`` as a negative zero, 0 in every sum Moses makes; it is read as 0, so
+    that it is never written back as ``-0``."""
+    path = tmp_path / "w.txt"
+    path.write_text("LM0= -0 0.5\n", encoding="utf-8")
+    [(name, [zero, half])] = read_weights(str(path)).items()
+    assert (name, zero, half, math.copysign(1.0, zero)) == ("LM0", 0.0, 0.5, 1.0)
+    [(_, [value])] = parse_features(" F= -0.0e5 ")
+    assert value == 0.0 and math.copysign(1.0, value) == 1.0

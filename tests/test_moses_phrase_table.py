@@ -5,7 +5,10 @@ from __future__ import annotations
 import gzip
 import logging
 import math
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -200,7 +203,32 @@ BAD_TABLES = [
         "score 2 is not a number: 'abc'",
         id="non-numeric",
     ),
-    pytest.param(b"a ||| b ||| 1_0\n", 1, "score 1 is not a number: '1_0'", id="underscore"),
+    pytest.param(
+        b"a ||| b ||| 1_0\n",
+        1,
+        "score 1 is not a number: '1_0' (write it without '_')",
+        id="underscore",
+    ),
+    pytest.param(
+        "a ||| b ||| 0.5 \u0660.\u0665\n".encode(),
+        1,
+        "score 2 is not a number: '\u0660.\u0665' (Moses reads ASCII digits only)",
+        id="arabic-indic-digits",
+    ),
+    pytest.param(
+        "a ||| b ||| 0.5 0.5\nc ||| d ||| \uff15 0.5\n".encode(),
+        2,
+        "score 1 is not a number: '\uff15' (Moses reads ASCII digits only)",
+        id="fullwidth-digit",
+    ),
+    pytest.param(
+        b"a ||| b ||| 0.5 1e-400\n",
+        1,
+        "score 2 is 1e-400: too small for a number, it would be read as 0 (the smallest is "
+        "4.9e-324)",
+        id="underflow-to-zero",
+    ),
+    pytest.param(b"a ||| b ||| 0x1p-1\n", 1, "score 1 is not a number: '0x1p-1'", id="hex"),
     pytest.param(b"a ||| b ||| 0.5 nan\n", 1, "score 2 is not a finite number: 'nan'", id="nan"),
     pytest.param(b"a ||| b ||| inf 0.5\n", 1, "score 1 is not a finite number: 'inf'", id="inf"),
     pytest.param(
@@ -438,3 +466,23 @@ def test_whitespace_normalised_exactly_as_the_readme_says(tmp_path):
         "a  b ||| c ||| 0.5 0.5 0.25 |||  0-0\t ||| x\n",
         "a ||| b ||| 1 1 0.25\n",
     ]
+
+
+def test_copy_table_is_refused_while_another_run_writes_its_output(tmp_path):
+    """copy-table ignored another run's lock on -o, so whichever run ended last won."""
+    from phrasescore.files.locks import output_lock
+
+    table = write(tmp_path / "pt", b"a ||| b ||| 0.5\n")
+    out = tmp_path / "copy.gz"
+    with output_lock(str(out)):  # a live run of this process holds it
+        done = subprocess.run(
+            [sys.executable, "-m", "phrasescore", "copy-table", table, "-o", str(out)],
+            capture_output=True,
+            text=True,
+        )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == (
+        f"phrasescore: error: {out}: another run is writing this output (process {os.getpid()} "
+        "holds its lock .copy.gz.lock): wait for it to end, or stop it\n"
+    )
+    assert sorted(os.listdir(tmp_path)) == ["pt"]

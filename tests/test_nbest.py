@@ -269,7 +269,7 @@ def test_a_later_run_removes_the_temporaries_a_killed_run_left(tmp_path, tiny_mo
     import subprocess
     import sys
 
-    from phrasescore.files import _temporary_beside
+    from phrasescore.files.outputs import _temporary_beside
 
     out = tmp_path / "out.gz"
     fd, stale = _temporary_beside(str(out))  # the very name a killed run leaves
@@ -281,7 +281,7 @@ def test_a_later_run_removes_the_temporaries_a_killed_run_left(tmp_path, tiny_mo
     args = ["nbest", str(MULTI30K_LIST), "--source", str(MULTI30K_SRC), "-m", tiny_model_path]
     args += ["-o", str(out), "--no-progress"]
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from phrasescore.files import output_lock\n"
+        [sys.executable, "-c", "import sys; from phrasescore.files.locks import output_lock\n"
          "with output_lock(sys.argv[1]):\n    print('locked', flush=True); sys.stdin.read()",
          str(out)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,

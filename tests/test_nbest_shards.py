@@ -21,7 +21,8 @@ from phrasescore.cli import cli
 from phrasescore.jobs.nbest.nbest import NBestOptions, rescore_nbest
 from phrasescore.jobs.rescore.rescore import RescoreOptions, rescore_table
 from phrasescore.moses.nbest import iter_nbest_groups, read_nbest
-from phrasescore.runners.shards import Shard, merge_shards
+from phrasescore.runners.merge import merge_shards
+from phrasescore.runners.shards import Shard
 
 from .conftest import DATA, write_lines
 

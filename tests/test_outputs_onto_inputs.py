@@ -31,7 +31,7 @@ from click.testing import CliRunner
 
 from phrasescore.cli import cli
 from phrasescore.errors import InputError
-from phrasescore.files import output_lock
+from phrasescore.files.locks import output_lock
 from phrasescore.moses.nbest import read_weights
 
 from .conftest import DATA, run_cli, train_tiny, write_lines

@@ -76,7 +76,7 @@ def test_a_job_imports_its_own_product_and_the_shared_jobs_never_another_product
 def test_a_network_knows_ids_not_vocabularies_and_no_moses_file():
     """model/ holds the networks: they read and give ids, so no module of model/ imports text/
     (vocabularies, tokenisers), moses/ or the CLI; the special ids they share with text/ are
-    model/constants.py's, which bundle.py checks against text/vocab.py's."""
+    phrasescore/special_ids.py's, below both."""
     for path in (ROOT / "phrasescore" / "model").rglob("*.py"):
         prefixes = ("phrasescore.text", "phrasescore.moses", "phrasescore.cli")
         bad = {n for n in _imports(path) if n.startswith(prefixes)}

@@ -86,12 +86,17 @@ def test_train_into_a_log_writes_a_line_per_log_interval_not_per_second(
 
     from .conftest import train_tiny
 
-    trainer = sys.modules[train.Trainer._step.__module__]  # the step's module, wherever it is
+    # the modules of the run's start (its clock) and of the step, wherever they are
+    modules = {
+        sys.modules[train.Trainer._start.__module__],
+        sys.modules[train.Trainer._step.__module__],
+    }
 
     log = io.StringIO()  # not a terminal
     monkeypatch.setattr(progress.sys, "stderr", log)
     clock = itertools.count(0.0, 2.0)
-    monkeypatch.setattr(trainer, "time", SimpleNamespace(monotonic=lambda: next(clock)))
+    for module in modules:
+        monkeypatch.setattr(module, "time", SimpleNamespace(monotonic=lambda: next(clock)))
     monkeypatch.setattr(tqdm.std, "time", lambda: 0.0)
     train_tiny(tmp_path / "m.safetensors", *corpus_files, max_steps=8, valid_every=4, seed=3)
     bars = _bar_lines(log.getvalue(), "step")

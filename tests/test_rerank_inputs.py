@@ -8,6 +8,8 @@ import gzip
 import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -205,7 +207,9 @@ HELD = {  # case: (the input given in wd, its role, the file it is a copy of)
 }
 
 
-@pytest.mark.parametrize("case", [*HELD, "a hard link of --reference in wd"])
+@pytest.mark.parametrize(
+    "case", [*HELD, "a hard link of --reference in wd", "a symlink to --reference in wd"]
+)
 def test_rerank_tune_refuses_a_workdir_that_holds_an_input(tmp_path, monkeypatch, case):
     """A workdir that holds an input (by name or by a hard link) is refused in one line and
     every file left as it was: the extractor would replace ``--reference wd/scores.dat`` with
@@ -223,9 +227,12 @@ def test_rerank_tune_refuses_a_workdir_that_holds_an_input(tmp_path, monkeypatch
         else:
             shutil.copy(copy_of, held)
         inputs[role] = held
-    else:  # the reference given by its own name, a hard link of it in wd
+    elif case.startswith("a hard link"):  # the reference given by its own name
         role, held = "--reference", "ref.fr"
         os.link("ref.fr", "wd/scores.dat")
+    else:  # where the extractor writes its statistics, a link to the reference
+        role, held = "--reference", "ref.fr"
+        os.symlink("../ref.fr", "wd/scores.dat")
     before = _bytes_of(tmp_path)
     args = ["rerank-tune", inputs["n-best list"], "--reference", inputs["--reference"]]
     args += ["--start", inputs["--start"], "--workdir", "wd", "-o", "w.txt"]
@@ -307,3 +314,54 @@ def test_nbest_warns_of_ids_without_hypotheses_and_keeps_the_lines_aligned(tmp_p
     if flags:
         best = out.read_text().split("\n")
         assert len(best) == 6 and best[1] == best[3] == "" and best[0] and best[2] and best[4]
+
+
+# ---------------------------------------------------------------------------- what the tools read
+@pytest.mark.parametrize("ending", ["\r\n", "\r"])
+def test_rerank_tune_refuses_a_reference_with_carriage_returns(tmp_path, ending):
+    """extractor counted the \\r of CRLF endings as part of the last word and tuned on other
+    statistics than phrasescore's BLEU (which strips it), with nothing said."""
+    lines = REFERENCE.read_text(encoding="utf-8").splitlines()
+    reference = tmp_path / "ref.fr"
+    if ending == "\r\n":
+        reference.write_bytes("".join(line + "\r\n" for line in lines).encode())
+        where = "ends with a carriage return (CRLF, Windows line endings)"
+    else:  # a lone CR inside the second line
+        lines[1] = lines[1].replace(" ", " \r", 1)
+        reference.write_bytes("".join(line + "\n" for line in lines).encode())
+        where = "holds a carriage return (\\r)"
+    line = 1 if ending == "\r\n" else 2
+    args = ["rerank-tune", LIST, "--reference", reference, "-o", tmp_path / "w.txt"]
+    fails_in_one_line(
+        args,
+        tmp_path / "w.txt",
+        f"{reference}:{line}: the reference line {where}",
+        "Moses' extractor would read it as part of a word; convert the file",
+    )
+
+
+@pytest.mark.parametrize("piped", ["the n-best list", "--reference"])
+def test_rerank_tune_refuses_a_pipe_it_would_read_twice(tmp_path, piped):
+    """``<(cat ref)`` was read by phrasescore, then found empty by extractor, and the error
+    blamed extractor or the features file."""
+    plain_list = tmp_path / "list.nbest"
+    plain_list.write_bytes(gzip.decompress(LIST.read_bytes()))
+    out = tmp_path / "w.txt"
+    nbest = '<(cat "$1")' if piped == "the n-best list" else '"$1"'
+    reference = '<(cat "$2")' if piped == "--reference" else '"$2"'
+    script = (
+        f'{sys.executable} -m phrasescore -q rerank-tune {nbest} --reference {reference} -o "$3"'
+    )
+    done = subprocess.run(
+        ["bash", "-c", script, "_", str(plain_list), str(REFERENCE), str(out)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 1, done.stderr
+    assert re.fullmatch(
+        rf"phrasescore: error: /dev/fd/\d+: {re.escape(piped)} is a pipe or standard input: "
+        r"rerank-tune reads it more than once, and Moses' extractor reads it again; give a file "
+        r"\(a \.gz is fine\)\n",
+        done.stderr,
+    ), done.stderr
+    assert not out.exists()

@@ -208,6 +208,31 @@ def test_bad_input_or_bad_model_leaves_no_output(tiny_model_path, tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("digits", ["\u0660.\u0665", "\uff15"], ids=["arabic-indic", "fullwidth"])
+@pytest.mark.parametrize("command", ["check-table", "rescore"])
+def test_a_score_in_digits_moses_does_not_read_is_refused(
+    tiny_model_path, tmp_path, command, digits
+):
+    """Python's float reads other scripts' digits (0.5, 5); Moses' parser does not, so the
+    table is not the one Moses would load."""
+    bad = tmp_path / "bad.pt"
+    lines = TABLES[4].read_text().splitlines(True)
+    source, target, scores, *tail = lines[6].split(" ||| ")
+    scores = " ".join([digits, *scores.split()[1:]])
+    lines[6] = " ||| ".join([source, target, scores, *tail])
+    bad.write_text("".join(lines), encoding="utf-8")
+    out = tmp_path / "out"
+    args = [bad] if command == "check-table" else [bad, "-m", tiny_model_path, "-o", out]
+    proc = run_cli(command, *args)
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines()[-1] == (
+        f"phrasescore: error: {bad}:7: score 1 is not a number: {digits!r} (Moses reads ASCII "
+        "digits only)"
+    )
+    assert "Traceback" not in proc.stderr
+    assert sorted(os.listdir(tmp_path)) == ["bad.pt"]
+
+
 def test_resume_after_kill_gives_identical_bytes(tiny_model_path, tmp_path):
     lines = gzip.open(EXAMPLE_TABLE, "rt", encoding="utf-8").read().splitlines(True)[:6000]
     table = tmp_path / "pt.gz"

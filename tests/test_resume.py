@@ -352,7 +352,7 @@ def test_an_intact_partial_still_resumes_to_the_same_bytes(interrupted, tiny_mod
 
 _HOLDER = """
 import sys
-from phrasescore.files import output_lock
+from phrasescore.files.locks import output_lock
 with output_lock(sys.argv[1]):
     print("locked", flush=True)
     sys.stdin.read()  # held until the test closes stdin or kills this process
@@ -398,7 +398,7 @@ def test_a_second_run_on_a_live_runs_output_is_refused_in_one_line(interrupted, 
 
 
 def test_a_lock_is_released_when_the_block_ends_however_it_ends(tmp_path):
-    from phrasescore.files import output_lock
+    from phrasescore.files.locks import output_lock
 
     out = tmp_path / "out.gz"
     with pytest.raises(KeyboardInterrupt), output_lock(str(out)):

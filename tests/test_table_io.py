@@ -18,7 +18,7 @@ from phrasescore import compression
 from phrasescore.bundle import load_model
 from phrasescore.engine.constant_scoring import ConstantScorer
 from phrasescore.errors import InputError
-from phrasescore.files import LineBlocks, iter_raw_lines
+from phrasescore.files.reading import LineBlocks, iter_raw_lines
 from phrasescore.jobs.rescore.columns import NewColumns
 from phrasescore.jobs.rescore.merge_shards import run_merge
 from phrasescore.jobs.rescore.rescore import RescoreOptions, rescore_table
@@ -326,7 +326,7 @@ def test_without_isal_zlib_writes_every_level(tmp_path):
         "sys.modules['isal'] = None\n"
         "logging.basicConfig(level=logging.WARNING)\n"
         "from phrasescore import compression\n"
-        "from phrasescore.files import LineBlocks\n"
+        "from phrasescore.files.reading import LineBlocks\n"
         "assert not compression.have_isal() and compression.compressor(1) == 'zlib:1'\n"
         "data = b'a ||| b ||| 0.5\\n' * 1000\n"
         "one = compression.compress_member(data, 1)\n"
@@ -340,3 +340,81 @@ def test_without_isal_zlib_writes_every_level(tmp_path):
                           capture_output=True, text=True)  # fmt: skip
     assert proc.returncode == 0 and proc.stdout == "ok\n", proc.stderr
     assert proc.stderr.count("python-isal is not installed") == 1
+
+
+def _memory_limited(gib: int):
+    def limit():
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (gib << 30, gib << 30))
+
+    return limit
+
+
+@pytest.mark.parametrize("reader", ["check-table", "LineBlocks"])
+def test_an_endless_line_is_one_line_error_under_a_memory_limit(reader):
+    """``check-table /dev/zero`` read one endless line until a MemoryError traceback; a line
+    longer than the reader's bound is now an error naming the file and line 1."""
+    if reader == "check-table":
+        code = "from phrasescore.cli import main; main()"
+        args = ["check-table", "/dev/zero"]
+    else:  # rescore's reader
+        code = (
+            "import sys\nfrom phrasescore.errors import InputError\n"
+            "from phrasescore.files.reading import LineBlocks\n"
+            "try:\n    LineBlocks('/dev/zero').take(3)\n"
+            "except InputError as exc:\n    sys.exit(f'phrasescore: error: {exc}')"
+        )
+        args = []
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        preexec_fn=_memory_limited(2),
+        timeout=300,
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == (
+        "phrasescore: error: /dev/zero:1: a line longer than 64 MiB: not a file of text lines "
+        "(a binary file, /dev/zero?)\n"
+    )
+
+
+def _damaged_gzip(tmp_path, damage: str) -> tuple[Path, int]:
+    """A gzip of 3,000 table lines cut in the middle or followed by bytes that are not gzip,
+    and the line to name: the first not read whole (what ``zcat`` gives complete, plus one)."""
+    lines = b"".join(b"a%d ||| b ||| 0.5\n" % i for i in range(3000))
+    data = gzip.compress(lines, mtime=0)
+    path = tmp_path / f"{damage}.gz"
+    if damage == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+        whole = zlib.decompressobj(31).decompress(data[: len(data) // 2]).count(b"\n")
+    else:
+        path.write_bytes(data + b"garbage after the gzip data\n")
+        whole = 3000
+    return path, whole + 1
+
+
+@pytest.mark.parametrize("damage", ["truncated", "trailing garbage"])
+def test_a_damaged_gzip_is_named_at_the_same_line_by_every_reader(tmp_path, damage):
+    """check-table named a truncated gzip's line 139 and rescore's reader line 1; bytes after
+    complete gzip data were "corrupt ... at line 2985" of 3,000."""
+    path, line = _damaged_gzip(tmp_path, damage)
+    messages = []
+    with pytest.raises(InputError) as info:
+        for _ in iter_raw_lines(str(path)):
+            pass
+    messages.append(str(info.value))
+    blocks = LineBlocks(str(path))
+    with pytest.raises(InputError) as info:
+        while blocks.take(100):
+            pass
+    messages.append(str(info.value))
+    if damage == "truncated":
+        expected = f"{path}:{line}: corrupt or truncated gzip stream ("
+    else:
+        expected = (
+            f"{path}:3001: bytes that are not gzip after the end of the gzip data, which holds "
+            "3000 lines (gzip -t: trailing garbage); cut them off or recompress the data"
+        )
+    assert [m[: len(expected)] for m in messages] == [expected, expected]

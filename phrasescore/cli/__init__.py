@@ -1,7 +1,7 @@
 """The ``phrasescore`` command line: parses options and calls one library function per command.
 
 One module per product folder of :mod:`phrasescore.jobs` (``training``, ``analysis``,
-``rescore``, ``nbest``, ``tuning``; ``scripts`` for the bin/ scripts' check) adds its commands to
+``rescore``, ``nbest``, ``tuning``, ``recipe``; ``scripts`` for the bin/ scripts' check) adds its commands to
 the group of :mod:`~phrasescore.cli.group`, which ends every command the same way on a user's
 error or a signal; :mod:`~phrasescore.cli.options` holds the option types and the options that
 several commands share.
@@ -10,7 +10,7 @@ several commands share.
 from __future__ import annotations
 
 # importing a command module adds its commands to the group
-from phrasescore.cli import analysis, nbest, rescore, scripts, training, tuning  # noqa: F401
+from phrasescore.cli import analysis, nbest, recipe, rescore, scripts, training, tuning  # noqa: F401
 from phrasescore.cli.group import cli, main
 
 __all__ = ["cli", "main"]

@@ -92,7 +92,7 @@ def echo(result, err: bool = False) -> None:
     """Print what a job returned: its ``lines()``, on standard output or (``err``) standard
     error. A full disk under standard output is one line and exit 1 (click.echo flushes each
     line, so a write that fails fails here)."""
-    from phrasescore.files import disk_errors
+    from phrasescore.files.disk import disk_errors
 
     with disk_errors("-"):
         for line in result.lines():
@@ -139,7 +139,7 @@ def main() -> None:
     """Console-script entry point. A disk's write error that no command caught (click writing
     ``--help`` or ``--version`` to a full disk: ``phrasescore --help > /dev/full``) is one line
     and exit 1, as a command's."""
-    from phrasescore.files import write_error
+    from phrasescore.files.disk import write_error
 
     try:
         cli(prog_name="phrasescore")

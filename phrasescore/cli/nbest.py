@@ -63,6 +63,7 @@ from phrasescore.cli.options import (
 @device_option
 @threads_option
 @workers_option
+@click.option("--resume", is_flag=True, help="Continue an interrupted run from its last chunk.")
 @no_progress_option
 def nbest_command(**params):
     """Add log p(hypothesis | source) to every line of a Moses n-best list NBEST (- for stdin).

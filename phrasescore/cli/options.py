@@ -123,6 +123,9 @@ NON_NEGATIVE = click.IntRange(min=0)
 """Optional counts where 0 means none."""
 SEED = click.IntRange(0, 2**32 - 1)
 """Random seeds (numpy takes 0 .. 2^32 - 1)."""
+MAX_PROCESSES = 256
+"""The most ``--workers`` or ``--io-workers``: each is a forked process with its pipes, and
+far more than a machine has cores fails on its limits (open files) instead of going faster."""
 
 
 class FiniteFloat(click.FloatRange):
@@ -134,9 +137,19 @@ class FiniteFloat(click.FloatRange):
     command takes one of these types; ``tests/test_cli_checks.py`` enumerates them from the
     commands."""
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.min is None and self.max is None:
+            self.name = "float"  # no range: --help shows FLOAT, not FLOAT RANGE with x<=None
+
+    def _describe_range(self) -> str:
+        return "" if self.min is None and self.max is None else super()._describe_range()
+
     def convert(self, value, param, ctx):
         if isinstance(value, str) and "_" in value:  # Python's 1_0 is 10; no user means that
             self.fail(f"{value!r} is not a number: write it without '_'", param, ctx)
+        if isinstance(value, str) and not value.isascii():  # Python's float reads ٥ as 5
+            self.fail(f"{value!r} is not a number: write it in ASCII digits", param, ctx)
         number = click.FLOAT.convert(value, param, ctx)
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number", param, ctx)
@@ -215,7 +228,7 @@ no_progress_option = click.option(
 )
 workers_option = click.option(
     "--workers",
-    type=POSITIVE,
+    type=click.IntRange(1, MAX_PROCESSES),
     default=1,
     show_default=True,
     help="Score in this many processes of one thread each (CPU; same bytes as one process of one thread: --threads 1). "

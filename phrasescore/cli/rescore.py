@@ -7,6 +7,7 @@ import click
 
 from phrasescore.cli.group import cli, echo, echo_on_rank_0
 from phrasescore.cli.options import (
+    MAX_PROCESSES,
     POSITIVE,
     as_list,
     device_option,
@@ -99,7 +100,7 @@ from phrasescore.cli.options import (
 @workers_option
 @click.option(
     "--io-workers",
-    type=click.IntRange(0),
+    type=click.IntRange(0, MAX_PROCESSES),
     default=0,
     show_default=True,
     help="Processes that parse, look up ids and write while this one scores (for a GPU: one "

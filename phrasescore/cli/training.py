@@ -139,9 +139,10 @@ from phrasescore.cli.options import (
     is_flag=True,
     default=None,
     help="Run the written-out recurrences' steps (the GRU of eq. 5-8, the attention decoder's "
-    "step) through torch.compile: the same equations in fewer kernels, for GPUs (off by "
-    "default; the first steps compile). PHRASESCORE_COMPILE_MODE=reduce-overhead asks for CUDA "
-    "graphs.",
+    "step) through torch.compile: the same equations in fewer kernels (off by default). Not a "
+    "speed-up: measured, the compilation is not won back within a 10-minute training on the "
+    "CPU or on a GPU (docs/benchmarks.md); it is there to study compiled steps "
+    "(PHRASESCORE_COMPILE_MODE=reduce-overhead: CUDA graphs, with --bucket).",
 )
 @click.option(
     "--chunked-output",

@@ -1,5 +1,5 @@
 """The batch plan of the scoring engine, numpy over arrays: pairs as flat ids and
-offsets (:class:`IdPairs`), their distinct sources, the batches of a bucket policy, and the
+offsets (:class:`IdPairs`, two ragged arrays of phrases), their distinct sources, the batches of a bucket policy, and the
 order in which results go back.
 
 No Python step per pair or per token: a block of pairs arrives as four arrays, the distinct
@@ -8,22 +8,17 @@ checked against its representative, so that a collision can only cost time, neve
 score), batches are cut from the sorted lengths by runs, and each batch's id matrix is one
 gather from the flat ids.
 
-Bucket policies (:class:`ExactBuckets`, :class:`PaddedBuckets`), chosen per device by
-:func:`bucket_policy`:
+Bucket policies, one per engine (:mod:`phrasescore.engine.scoring`):
 
-* **exact** (the CPU): every batch has targets of one exact length within a token budget, so no
-  padding is ever computed (on the CPU a padded position costs as much as a real one). The
-  batches, their order and the summation are those of a plain loop over runs of one length
-  (tests/test_engine_arrays.py): the same scores to the bit.
-* **fixed shapes** (the GPU engine, :mod:`phrasescore.engine.device_scoring`): the padded
-  policy with every batch padded to its bucket's width and its rows to a power of two
-  (:class:`FixedShapeBuckets`), so that the shapes repeat and each is captured once in a CUDA
-  graph.
-* **padded** (a GPU without the engine): a few length buckets (targets up to 4, 8, 16, 32, ... tokens) and batches
-  of up to ``batch_pairs`` pairs (tens of thousands), the positions after a target's end masked;
-  the results stay on the device and come back in one copy per block instead of one per batch.
-  Scores equal the exact policy's within the engine's tolerance (float32 sums over other batch
-  shapes: < 1e-4 in log p, tests/test_engine_arrays.py).
+* **exact** (:class:`ExactBuckets`, the CPU engine): every batch has targets of one exact length
+  within a token budget, so no padding is ever computed (on the CPU a padded position costs as
+  much as a real one). The batches, their order and the summation are those of the engine over
+  id lists before it: the same scores to the bit.
+* **fixed shapes** (:class:`FixedShapeBuckets`, the CUDA-graph engine and any device that is
+  neither CPU nor CUDA): lengths rounded up to a few bucket widths, every batch padded to its
+  bucket's width and its rows to a power of two, so that the shapes repeat and each is captured
+  once in a CUDA graph. Scores equal the exact policy's within the engine's tolerance (float32
+  sums over other batch shapes: < 1e-4 in log p, tests/test_device_engine.py).
 """
 
 from __future__ import annotations
@@ -33,7 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from phrasescore.text.corpus import flatten_ids, gather_sequences, offsets_from_lengths
+from phrasescore.text.corpus import gather_sequences
+from phrasescore.text.phrase_ids import PhraseArrays
 from phrasescore.text.vocab import BOS_ID, EOS_ID
 
 _HASH_WEIGHTS = np.random.default_rng(46).integers(1, 2**63, size=1024, dtype=np.uint64) | 1
@@ -41,39 +37,51 @@ _HASH_WEIGHTS = np.random.default_rng(46).integers(1, 2**63, size=1024, dtype=np
 
 @dataclass
 class IdPairs:
-    """(source, target) id sequences laid end to end: pair ``i``'s source is
-    ``src_ids[src_offsets[i]:src_offsets[i + 1]]``, its target likewise (no BOS or EOS)."""
+    """(source, target) pairs: two :class:`~phrasescore.text.phrase_ids.PhraseArrays` of as
+    many phrases, pair ``i`` the source ``src``'s phrase ``i`` and the target ``tgt``'s (no BOS
+    or EOS)."""
 
-    src_ids: np.ndarray
-    src_offsets: np.ndarray  # int64 [n + 1], src_offsets[0] == 0
-    tgt_ids: np.ndarray
-    tgt_offsets: np.ndarray
+    src: PhraseArrays
+    tgt: PhraseArrays
 
     def __len__(self) -> int:
-        return len(self.src_offsets) - 1
+        return len(self.src.offsets) - 1
 
     @classmethod
     def from_lists(
         cls, src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]]
     ) -> IdPairs:
-        """Pairs given as id lists (what :meth:`PairScorer.score_ids` takes)."""
+        """Pairs given as id lists (what
+        :meth:`~phrasescore.engine.scoring.BlockScorer.score_ids` takes)."""
         if len(src_ids) != len(tgt_ids):
             raise ValueError("src_ids and tgt_ids differ in length")
-        src, src_lengths = flatten_ids(src_ids, np.int64)
-        tgt, tgt_lengths = flatten_ids(tgt_ids, np.int64)
-        return cls(src, offsets_from_lengths(src_lengths), tgt, offsets_from_lengths(tgt_lengths))
+        return cls(PhraseArrays.from_lists(src_ids), PhraseArrays.from_lists(tgt_ids))
+
+    @property
+    def src_ids(self) -> np.ndarray:
+        return self.src.ids
+
+    @property
+    def src_offsets(self) -> np.ndarray:
+        return self.src.offsets
+
+    @property
+    def tgt_ids(self) -> np.ndarray:
+        return self.tgt.ids
+
+    @property
+    def tgt_offsets(self) -> np.ndarray:
+        return self.tgt.offsets
 
     def src_lengths(self) -> np.ndarray:
-        return np.diff(self.src_offsets)
+        return self.src.lengths()
 
     def tgt_lengths(self) -> np.ndarray:
-        return np.diff(self.tgt_offsets)
+        return self.tgt.lengths()
 
     def take(self, index: np.ndarray) -> IdPairs:
         """The pairs ``index`` (in that order)."""
-        src, src_off = gather_sequences(self.src_ids, self.src_offsets, index)
-        tgt, tgt_off = gather_sequences(self.tgt_ids, self.tgt_offsets, index)
-        return IdPairs(src, src_off, tgt, tgt_off)
+        return IdPairs(self.src.take(index), self.tgt.take(index))
 
 
 def id_matrix(flat: np.ndarray, offsets: np.ndarray, index: np.ndarray, width: int) -> np.ndarray:
@@ -200,8 +208,9 @@ def _distinct_by_tuples(flat, offsets) -> tuple[np.ndarray, np.ndarray]:
 
 # ---------------------------------------------------------------------------- bucket policies
 @dataclass(frozen=True)
-class Batch:
-    """Rows ``index`` (into the block's pairs or sources), padded to ``width`` tokens."""
+class BatchRows:
+    """One batch of a bucket policy: rows ``index`` (into the block's pairs or sources), padded
+    to ``width`` tokens (a training batch of tensors is :class:`phrasescore.text.corpus.Batch`)."""
 
     index: np.ndarray
     width: int
@@ -229,15 +238,19 @@ def equal_runs(sorted_lengths: np.ndarray) -> Iterator[tuple[int, int, int]]:
 
 class ExactBuckets:
     """Batches of one exact length within ``batch_tokens`` (rows x (length + extra)): the
-    CPU's policy (module docstring); results come back to the host per batch."""
+    CPU's policy (module docstring)."""
 
-    padded = False
-    keep_on_device = False
+    pads_sources = False
+    """Sources are never padded to a bucket width (their encodings are joined as they are)."""
 
     def __init__(self, batch_tokens: int = 8192):
         self.batch_tokens = batch_tokens
 
-    def batches(self, lengths: np.ndarray, order: np.ndarray, extra: int) -> list[Batch]:
+    def source_rows(self, length: int) -> int:
+        """The most sources of ``length`` ids (+ EOS) an encoder batch holds."""
+        return max(1, self.batch_tokens // (length + 1))
+
+    def batches(self, lengths: np.ndarray, order: np.ndarray, extra: int) -> list[BatchRows]:
         """The batches of the rows ``order`` (sorted by ``lengths``, not decreasing), as the
         engine cut them over id lists: from each start, up to ``batch_tokens // (length +
         extra)`` rows of that length."""
@@ -245,42 +258,7 @@ class ExactBuckets:
         for start, end, length in equal_runs(lengths[order]):
             rows = max(1, self.batch_tokens // (length + extra))
             for s in range(start, end, rows):
-                out.append(Batch(order[s : min(end, s + rows)], length, True))
-        return out
-
-
-class PaddedBuckets:
-    """A GPU's policy: lengths rounded up to a few bucket widths (``bounds``), batches of up to
-    ``batch_pairs`` rows and ``batch_tokens`` padded tokens, results kept on the device."""
-
-    padded = True
-    keep_on_device = True
-
-    def __init__(
-        self,
-        batch_pairs: int = 32768,
-        batch_tokens: int = 1 << 19,
-        bounds: Sequence[int] = (4, 8, 16, 32, 64, 128, 256),
-    ):
-        self.batch_pairs = batch_pairs
-        self.batch_tokens = batch_tokens
-        self.bounds = np.array(sorted(bounds), dtype=np.int64)
-
-    def width(self, length: np.ndarray) -> np.ndarray:
-        """The bucket width of each length (a length above the last bound: itself)."""
-        at = np.searchsorted(self.bounds, length)
-        inside = at < len(self.bounds)
-        return np.where(inside, self.bounds[np.minimum(at, len(self.bounds) - 1)], length)
-
-    def batches(self, lengths: np.ndarray, order: np.ndarray, extra: int) -> list[Batch]:
-        widths = self.width(lengths[order])
-        out = []
-        for start, end, width in equal_runs(widths):
-            rows = max(1, min(self.batch_pairs, self.batch_tokens // (width + extra)))
-            for s in range(start, end, rows):
-                index = order[s : min(end, s + rows)]
-                longest = int(lengths[index].max()) if len(index) else 0
-                out.append(Batch(index, longest, bool((lengths[index] == longest).all())))
+                out.append(BatchRows(order[s : min(end, s + rows)], length, True))
         return out
 
 
@@ -305,13 +283,15 @@ def fill_rows(index: np.ndarray, rows: int) -> np.ndarray:
     return np.concatenate([index, np.full(rows - len(index), index[-1], dtype=index.dtype)])
 
 
-class FixedShapeBuckets(PaddedBuckets):
-    """The GPU engine's policy: batches of a few shapes only, so that each shape's work is
+class FixedShapeBuckets:
+    """The fixed-shape policy: batches of a few shapes only, so that each shape's work is
     captured once (a CUDA graph) and replayed. Widths are the bucket bounds themselves (a length
     above the last: itself), row counts powers of two (:func:`fixed_rows`, at most
     ``batch_pairs`` and ``batch_tokens // (width + extra)``); a batch's last row is repeated to
-    fill its row count (:attr:`Batch.real`). Results stay on the device, as :class:`PaddedBuckets`'.
-    """
+    fill its row count (:attr:`BatchRows.real`). The sources' positional outputs (attention's
+    annotations) are padded to a bucket width too (:attr:`pads_sources`)."""
+
+    pads_sources = True
 
     def __init__(
         self,
@@ -319,13 +299,25 @@ class FixedShapeBuckets(PaddedBuckets):
         batch_tokens: int = 1 << 19,
         bounds: Sequence[int] = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256),
     ):
-        super().__init__(batch_pairs, batch_tokens, bounds)
+        self.batch_pairs = batch_pairs
+        self.batch_tokens = batch_tokens
+        self.bounds = np.array(sorted(bounds), dtype=np.int64)
+
+    def width(self, length: np.ndarray) -> np.ndarray:
+        """The bucket width of each length (a length above the last bound: itself)."""
+        at = np.searchsorted(self.bounds, length)
+        inside = at < len(self.bounds)
+        return np.where(inside, self.bounds[np.minimum(at, len(self.bounds) - 1)], length)
 
     def row_cap(self, width: int, extra: int) -> int:
         """The most rows of a batch of ``width`` (+ ``extra``) positions, a power of two."""
         return power_of_two_floor(min(self.batch_pairs, self.batch_tokens // (width + extra)))
 
-    def batches(self, lengths: np.ndarray, order: np.ndarray, extra: int) -> list[Batch]:
+    def source_rows(self, length: int) -> int:
+        """The most sources of ``length`` ids (+ EOS) an encoder batch holds."""
+        return self.row_cap(length, 1)
+
+    def batches(self, lengths: np.ndarray, order: np.ndarray, extra: int) -> list[BatchRows]:
         widths = self.width(lengths[order])
         out = []
         for start, end, width in equal_runs(widths):
@@ -334,15 +326,5 @@ class FixedShapeBuckets(PaddedBuckets):
                 own = order[s : min(end, s + cap)]
                 index = fill_rows(own, fixed_rows(len(own), cap))
                 exact = bool((lengths[own] == width).all())
-                out.append(Batch(index, width, exact, len(own)))
+                out.append(BatchRows(index, width, exact, len(own)))
         return out
-
-
-def bucket_policy(device, batch_tokens: int = 8192, padded: bool | None = None):
-    """The policy for ``device`` (a ``torch.device``): exact lengths on the CPU, padded
-    buckets elsewhere (``padded`` overrides, e.g. to test the padded policy on the CPU)."""
-    if padded is None:
-        padded = getattr(device, "type", str(device)) != "cpu"
-    if padded:
-        return PaddedBuckets(batch_tokens=max(batch_tokens, 1 << 19))
-    return ExactBuckets(batch_tokens)

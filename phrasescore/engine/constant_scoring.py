@@ -54,7 +54,7 @@ class ConstantScorer:
         tgt_ids: Sequence[Sequence[int]],
         per_token: bool = False,
     ) -> tuple[np.ndarray, list[np.ndarray] | None]:
-        """:meth:`score_arrays` of the lists laid end to end (as :class:`~phrasescore.engine.scoring.PairScorer` does)."""
+        """:meth:`score_arrays` of the lists laid end to end (as :class:`~phrasescore.engine.scoring.BlockScorer` does)."""
         return self.score_arrays(IdPairs.from_lists(src_ids, tgt_ids), per_token)
 
     def score_arrays(

@@ -6,9 +6,13 @@ dtype, and uses it through :class:`Scorer` alone (:class:`IdScorer` where it han
 processes, as ``rescore --io-workers`` does). A new engine (a GPU engine, say) is registered in
 :data:`ENGINES` for its device type and every job gets it; nothing else changes.
 
-* :class:`~phrasescore.engine.scoring.PairScorer`: the CPU's engine, one resident model.
-* :class:`~phrasescore.engine.device_scoring.DeviceScorer`: the GPU engine (fixed-shape batches
-  captured in CUDA graphs, no host sync inside a block).
+* :class:`~phrasescore.engine.scoring.CpuScorer`: the CPU's engine, one resident model.
+* :class:`~phrasescore.engine.graph_scoring.CudaGraphScorer`: the GPU engine (fixed-shape
+  batches captured in CUDA graphs, no host sync inside a block); on a device that is neither
+  CPU nor CUDA, the same fixed-shape plan without graphs.
+
+Both are :class:`~phrasescore.engine.scoring.BlockScorer`'s one plan with their own batch
+kernel.
 * :class:`~phrasescore.engine.scoring.EnsembleScorer`: several models averaged (phrase level).
 * :class:`~phrasescore.engine.constant_scoring.ConstantScorer`: the same log p for every pair,
   no network (``tools/bench-io``).
@@ -23,11 +27,11 @@ import numpy as np
 
 from phrasescore.bundle import TrainedModel
 from phrasescore.engine.batching import IdPairs
-from phrasescore.engine.device_scoring import DeviceScorer
+from phrasescore.engine.graph_scoring import CudaGraphScorer
 from phrasescore.engine.scoring import (
+    CpuScorer,
     EncodedPairs,
     EnsembleScorer,
-    PairScorer,
     ScoredPairs,
 )
 
@@ -73,21 +77,25 @@ class IdScorer(Scorer, Protocol):
     ) -> tuple[np.ndarray, list[np.ndarray] | None]: ...
 
 
-ENGINES: dict[str, Callable[..., IdScorer]] = {"cpu": PairScorer, "cuda": DeviceScorer}
-"""The scorer class per device type (``torch.device.type``); other types take ``"cpu"``'s
-signature with :class:`PairScorer` (e.g. ``mps``)."""
+ENGINES: dict[str, Callable[..., IdScorer]] = {"cpu": CpuScorer, "cuda": CudaGraphScorer}
+"""The scorer class per device type (``torch.device.type``); other types (e.g. ``mps``) take
+:class:`CudaGraphScorer`'s fixed-shape plan, which captures nothing off CUDA."""
 
 
 def build_scorer(model: TrainedModel, device="cpu", dtype: str = "float32", **options) -> IdScorer:
     """The scorer of ``model`` on ``device`` in ``dtype`` (the engine registered for the
     device's type in :data:`ENGINES`); ``options`` are the engine's own, passed as they are
-    (:class:`PairScorer`'s: ``batch_tokens``, ``chunk_rows``, ``include_eos``, ``scoring``,
-    ``model_path``, ``buckets``: the batch policy, default the device's; :class:`DeviceScorer`
+    (:class:`CpuScorer`'s: ``batch_tokens``, ``chunk_rows``, ``include_eos``, ``scoring``,
+    ``model_path``, ``buckets``: the batch policy, default the engine's; :class:`CudaGraphScorer`
     adds ``graphs`` and ``batch_pairs``)."""
+    return engine_for(device)(model, device=device, dtype=dtype, **options)
+
+
+def engine_for(device) -> Callable[..., IdScorer]:
+    """The engine class of ``device``'s type (:data:`ENGINES`; the fixed-shape plan elsewhere)."""
     import torch
 
-    engine = ENGINES.get(torch.device(device).type, PairScorer)
-    return engine(model, device=device, dtype=dtype, **options)
+    return ENGINES.get(torch.device(device).type, CudaGraphScorer)
 
 
 def build_ensemble(scorers: Sequence[IdScorer]) -> Scorer:

@@ -13,6 +13,10 @@ This is the loop ``rescore``, ``nbest`` and the analyses call. For a block of pa
    vocabulary] matrix for a whole batch nor a log-softmax for a chunk;
 4. scatters the results back to input order.
 
+Steps 1, 2 and 4 are the one plan of every engine (:class:`BlockScorer`); each engine adds its
+batch kernel: :class:`CpuScorer` (batches of one exact target length, step 3 as written) and
+:class:`~phrasescore.engine.graph_scoring.CudaGraphScorer` (fixed shapes, CUDA graphs).
+
 The batch plan depends only on the pairs and the flags, so the same input and flags give the same
 bytes; different batch sizes change float32 sums only in the last digits (< 1e-4 in log p).
 
@@ -28,7 +32,7 @@ Scoring modes (``scoring``):
                      (:meth:`~phrasescore.model.base.EncoderDecoder.target_logits`) instead of
                      the [tokens x vocabulary] product. The sum can be above 0: each pair's log p
                      is clamped at 0 (p ≤ 1) and the clamped pairs are counted
-                     (:attr:`PairScorer.clamped`).
+                     (:attr:`BlockScorer.clamped`).
 
 Ensembles: :class:`EnsembleScorer` scores the same pairs with several models of one target
 vocabulary and direction and averages their probabilities token by token (teacher-forced, each
@@ -46,11 +50,12 @@ import torch
 
 from phrasescore.bundle import TrainedModel
 from phrasescore.engine.batching import (
-    Batch,
+    BatchRows,
     ExactBuckets,
+    FixedShapeBuckets,
     IdPairs,
-    bucket_policy,
     distinct_sequences,
+    equal_runs,
     sorted_runs,
     source_matrix,
     teacher_forcing,
@@ -58,6 +63,7 @@ from phrasescore.engine.batching import (
 from phrasescore.errors import InputError
 from phrasescore.hardware import resolve_dtype
 from phrasescore.model.base import EncoderDecoder, EncoderOutput, select_rows
+from phrasescore.text.phrase_ids import PhraseArrays, PhraseIds
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +111,7 @@ class ScoredPairs:
 
 @dataclass
 class EncodedPairs:
-    """A block of pairs as ids (:meth:`PairScorer.encode_phrases`), in input order."""
+    """A block of pairs as ids (:meth:`BlockScorer.encode_phrases`), in input order."""
 
     src_ids: list[list[int]]
     tgt_ids: list[list[int]]  # in the model's reading order (reversed for right-to-left)
@@ -116,21 +122,55 @@ class EncodedPairs:
 
 class PhraseEncoder:
     """The text half of a scorer: phrases to ids in a model's vocabularies (no network), what
-    :class:`PairScorer` and every other scorer of the protocol
-    (:class:`~phrasescore.engine.protocol.Scorer`) share."""
+    :class:`BlockScorer` and every other scorer of the protocol
+    (:class:`~phrasescore.engine.protocol.Scorer`) share. Each side's phrases go through
+    :class:`~phrasescore.text.phrase_ids.PhraseIds` (the one home of phrases to ids: the
+    phrase's tokens, :func:`phrase_tokens`, in the model's reading order, then the
+    vocabulary's ids), all of a side in one pass."""
 
     def __init__(self, model: TrainedModel, include_eos: bool = True):
         self.model = model
         self.include_eos = include_eos
+        config = model.config
+        self.src = PhraseIds(model.src_vocab, model.src_text)
+        self.tgt = PhraseIds(
+            model.tgt_vocab, model.tgt_text, config.target_order if config.reverse_target else None
+        )
+
+    def encode_arrays(self, sources: Sequence[str], targets: Sequence[str]) -> IdPairs:
+        """The ids of already-tokenised phrase pairs as the engine takes them (each side's
+        unknown-word counts in its :class:`~phrasescore.text.phrase_ids.PhraseArrays`)."""
+        if len(sources) != len(targets):
+            raise ValueError("sources and targets differ in length")
+        if any("\n" in p for p in sources) or any("\n" in p for p in targets):
+            # a line break inside a phrase (never in a table or an n-best list) would cut the
+            # one-pass text: the tokens' path, which keeps it inside its token
+            src_tok = [phrase_tokens(self.model.src_text, p) for p in sources]
+            tgt_tok = [phrase_tokens(self.model.tgt_text, p) for p in targets]
+            ids = self.encode_tokens(src_tok, tgt_tok)
+            return IdPairs(
+                PhraseArrays(*PhraseArrays.from_lists(ids.src_ids)[:2], ids.src_unknown),
+                PhraseArrays(*PhraseArrays.from_lists(ids.tgt_ids)[:2], ids.tgt_unknown),
+            )
+        src = self.src.encode_list([p.encode("utf-8") for p in sources])
+        tgt = self.tgt.encode_list([p.encode("utf-8") for p in targets])
+        return IdPairs(src, tgt)
+
+    def token_counts(self, pairs: IdPairs) -> np.ndarray:
+        """The target tokens scored per pair (EOS counted unless ``include_eos`` is False)."""
+        return pairs.tgt_lengths() + (1 if self.include_eos else 0)
 
     def encode_phrases(
         self, sources: Sequence[str], targets: Sequence[str], counts: bool = True
     ) -> EncodedPairs:
-        """The ids of already-tokenised phrase pairs, what :meth:`PairScorer.score_ids` takes.
-        Without ``counts`` the unknown-word counts are left out (None)."""
-        src_tok = [phrase_tokens(self.model.src_text, s) for s in sources]
-        tgt_tok = [phrase_tokens(self.model.tgt_text, t) for t in targets]
-        return self.encode_tokens(src_tok, tgt_tok, counts)
+        """The ids of already-tokenised phrase pairs as id lists (:meth:`encode_arrays`), what
+        :meth:`BlockScorer.score_ids` takes. Without ``counts`` the unknown-word counts are
+        left out (None)."""
+        pairs = self.encode_arrays(sources, targets)
+        src_unk, tgt_unk = (pairs.src.unknown, pairs.tgt.unknown) if counts else (None, None)
+        return EncodedPairs(
+            pairs.src.to_lists(), pairs.tgt.to_lists(), src_unk, tgt_unk, self.token_counts(pairs)
+        )
 
     def encode_tokens(
         self, src_tokens: Sequence[list[str]], tgt_tokens: Sequence[list[str]], counts: bool = True
@@ -150,31 +190,33 @@ class PhraseEncoder:
         return EncodedPairs(src_ids, tgt_ids, src_unk, tgt_unk, n_tokens)
 
 
-class PairScorer:
-    """Scores (source, target) pairs with one resident model on one device and dtype."""
+class BlockScorer:
+    """The scoring plan every engine shares, for one resident model on one device and dtype:
+    the text half (:class:`PhraseEncoder`), then for a block of pairs the module docstring's
+    steps (distinct sources encoded once, pairs ordered by target length then source, cut into
+    the batches of the engine's bucket policy, the results back in input order, the
+    self-normalised clamp). An engine adds its batch kernel alone (:meth:`_batch_scores`):
+    :class:`CpuScorer` and :class:`~phrasescore.engine.graph_scoring.CudaGraphScorer`.
+
+    ``include_eos=False`` leaves the end-of-sequence term out of log p (and of the token count):
+    the probability of the target words alone, a fragment's score under a model trained on
+    whole sentences (docs/benchmarks.md: "Which model to train for the column (history)").
+    ``scoring``: ``exact`` or ``self-normalized`` (module docstring; refused, naming
+    ``model_path``, for a model not trained with ``--self-normalize``). ``buckets``: the batch
+    policy (:mod:`phrasescore.engine.batching`)."""
 
     def __init__(
         self,
         model: TrainedModel,
-        device: str | torch.device = "cpu",
-        dtype: str = "float32",
-        batch_tokens: int = 8192,
-        chunk_rows: int | None = None,
-        include_eos: bool = True,
-        scoring: str = EXACT,
-        model_path: str | None = None,
-        buckets=None,
+        device: str | torch.device,
+        dtype: str,
+        batch_tokens: int,
+        chunk_rows: int | None,
+        include_eos: bool,
+        scoring: str,
+        model_path: str | None,
+        buckets: ExactBuckets | FixedShapeBuckets,
     ):
-        """``include_eos=False`` leaves the end-of-sequence term out of log p (and of the token
-        count): the probability of the target words alone, a fragment's score under a model
-        trained on whole sentences (docs/benchmarks.md:
-        "Which model to train for the column (history)").
-
-        ``scoring``: ``exact`` or ``self-normalized`` (module docstring; refused, naming
-        ``model_path``, for a model not trained with ``--self-normalize``).
-
-        ``buckets``: the batch policy (:mod:`phrasescore.engine.batching`; default: the
-        device's, exact lengths on the CPU, padded buckets on a GPU)."""
         check_scoring(model, scoring, model_path)
         self.scoring = scoring
         self.self_normalized = scoring == SELF_NORMALIZED
@@ -188,28 +230,23 @@ class PairScorer:
         self.chunk_rows = chunk_rows
         network: EncoderDecoder = model.network
         self.network = network.to(self.device, self.dtype).eval()
-        self.buckets = buckets or bucket_policy(self.device, batch_tokens)
+        self.buckets = buckets
+        self.positional = bool(network.POSITIONAL_OUTPUTS) and buckets.pads_sources
         self.encoder = PhraseEncoder(model, include_eos)
 
     def warm_up(self) -> None:
-        """Score two one-word pairs so that the compiled kernels are built now: one row chunk
-        of 3 rows and one of 1 (torch.compile specialises a dimension of size 1)."""
-        saved = self.chunk_rows, self.clamped
-        self.chunk_rows = 3
-        try:
-            src, tgt = len(self.model.src_vocab) - 1, len(self.model.tgt_vocab) - 1
-            self.score_ids([[src]] * 2, [[tgt]] * 2)
-        finally:
-            self.chunk_rows, self.clamped = saved
+        """Build what the engine compiles before worker processes fork (nothing here)."""
 
     # ------------------------------------------------------------------ text level
     def score_phrases(
         self, sources: Sequence[str], targets: Sequence[str], per_token: bool = False
     ) -> ScoredPairs:
-        """Score already-tokenised phrase pairs (phrase-table or n-best text)."""
-        src_tok = [phrase_tokens(self.model.src_text, s) for s in sources]
-        tgt_tok = [phrase_tokens(self.model.tgt_text, t) for t in targets]
-        return self.score_tokens(src_tok, tgt_tok, per_token=per_token)
+        """Score already-tokenised phrase pairs (phrase-table or n-best text): their ids
+        (:meth:`PhraseEncoder.encode_arrays`), then :meth:`score_arrays`."""
+        pairs = self.encoder.encode_arrays(sources, targets)
+        logprob, per_tok = self.score_arrays(pairs, per_token)
+        n_tokens = self.encoder.token_counts(pairs)
+        return ScoredPairs(logprob, n_tokens, pairs.src.unknown, pairs.tgt.unknown, per_tok)
 
     def encode_phrases(
         self, sources: Sequence[str], targets: Sequence[str], counts: bool = True
@@ -253,29 +290,30 @@ class PairScorer:
     def score_arrays(
         self, pairs: IdPairs, per_token: bool = False
     ) -> tuple[np.ndarray, list[np.ndarray] | None]:
-        """log p(y | x) for pairs given as flat ids and offsets (:class:`IdPairs`), the
-        engine's own input: the batch plan is numpy over these arrays
-        (:mod:`~phrasescore.engine.batching`)."""
+        """log p(y | x) (Cho et al. 2014, eq. 4) for pairs given as flat ids and offsets
+        (:class:`IdPairs`), the engine's own input, in input order: the module docstring's
+        steps, the batch plan numpy over these arrays (:mod:`~phrasescore.engine.batching`).
+        The sums stay where the engine computes them and come back in one copy per block."""
         n = len(pairs)
-        result = np.zeros(n, dtype=np.float64)
-        per_tok: list[np.ndarray] | None = [np.empty(0)] * n if per_token else None
         if n == 0:
-            return result, per_tok
+            return np.zeros(0, dtype=np.float64), [] if per_token else None
         # 1. distinct sources, encoded once each
         first, pair_source = distinct_sequences(pairs.src_ids, pairs.src_offsets)
-        enc_all = self._encode_distinct(pairs.src_ids, pairs.src_offsets, first)
-        # 2. targets by length (the policy's buckets), token-budget batches
+        enc_all, src_width = self._encode_distinct(pairs.src_ids, pairs.src_offsets, first)
+        # 2. targets by length (the policy's buckets), then by source: a batch's sources are runs
         tgt_len = pairs.tgt_lengths()
         order = np.lexsort((pair_source, tgt_len))
-        on_device = None
-        if self.buckets.keep_on_device:  # one copy back per block, not one per batch
-            on_device = torch.zeros(n, dtype=torch.float64, device=self.device)
-        for batch in self.buckets.batches(tgt_len, order, 1):
-            self._score_batch(
-                enc_all, batch, pair_source, pairs, tgt_len, result, per_tok, on_device
-            )
-        if on_device is not None:
-            result = on_device.cpu().numpy()
+        sums = torch.zeros(n, dtype=torch.float64, device=self._sums_device)
+        extra = 1 + src_width  # positions a row holds beside its target's
+        kept: list[tuple[np.ndarray, torch.Tensor]] = []
+        for batch in self.buckets.batches(tgt_len, order, extra):
+            own = batch.index[: batch.own_rows]
+            batch_sums, values = self._score_batch(enc_all, batch, pair_source, pairs, tgt_len)
+            sums[self._index(own)] = batch_sums[: len(own)]
+            if per_token:
+                kept.append((own, values[: len(own)]))
+        result = sums.cpu().numpy()  # the block's one wait for the device
+        per_tok = self._per_token(kept, tgt_len, n) if per_token else None
         if self.self_normalized:
             # Σ_t u_{y_t} approximates log p and can exceed 0: keep p a probability (≤ 1)
             above = result > 0.0
@@ -283,20 +321,50 @@ class PairScorer:
             result[above] = 0.0
         return result, per_tok
 
-    def _encode_distinct(self, flat: np.ndarray, offsets: np.ndarray, first: np.ndarray):
+    @property
+    def _sums_device(self) -> torch.device:
+        """Where the block's sums are gathered: where the kernel returns them."""
+        return self.device
+
+    def _index(self, index: np.ndarray) -> torch.Tensor:
+        return (
+            self._to_device(index) if self._sums_device.type != "cpu" else torch.from_numpy(index)
+        )
+
+    @staticmethod
+    def _per_token(
+        kept: list[tuple[np.ndarray, torch.Tensor]], tgt_len: np.ndarray, n: int
+    ) -> list[np.ndarray]:
+        """Each pair's log p(y_t | y_<t, x) [length + 1] (EOS last), in input order."""
+        per_tok: list[np.ndarray] = [np.empty(0)] * n
+        for index, values in kept:
+            rows = values.double().cpu().numpy()
+            for row, i in enumerate(index.tolist()):
+                per_tok[i] = rows[row, : tgt_len[i] + 1]
+        return per_tok
+
+    def _encode_distinct(
+        self, flat: np.ndarray, offsets: np.ndarray, first: np.ndarray
+    ) -> tuple[EncoderOutput, int]:
         """Encode each distinct source (sequence ``first[k]`` of ``flat``, ``offsets``) once,
-        in batches of one exact length; rows in the order of ``first``."""
+        in batches of one exact length (the encoder is told there is no padding:
+        ``encode(src, None)``), the policy's rows a batch: (rows in the order of ``first``,
+        the width positional outputs are padded to, 0 where the policy pads none)."""
         lengths = offsets[first + 1] - offsets[first]
-        # a stable sort of small integers (16 bits: numpy's radix sort), the order of the lengths'
+        # a stable sort of small integers (16 bits: numpy's radix sort): equal lengths keep their order
         small = lengths.astype(np.int16) if lengths.max(initial=0) < 1 << 15 else lengths
         order = np.argsort(small, kind="stable")
         pieces: list[tuple[np.ndarray, EncoderOutput]] = []
-        for batch in ExactBuckets(self.buckets.batch_tokens).batches(lengths, order, 1):
-            idx, length = batch.index, batch.width
-            ids = source_matrix(flat, offsets, first[idx], length)
-            # one exact length: no lengths to look at (None)
-            pieces.append((idx, self.network.encode(self._to_device(ids), None)))
-        return self._merge_encodings(pieces)
+        for start, end, length in equal_runs(lengths[order]):
+            rows = self.buckets.source_rows(length)
+            for s in range(start, end, rows):
+                idx = order[s : min(end, s + rows)]
+                ids = source_matrix(flat, offsets, first[idx], length)
+                pieces.append((idx, self.network.encode(self._to_device(ids), None)))
+        width = 0
+        if self.positional:
+            width = int(self.buckets.width(np.array([int(lengths.max()) + 1]))[0])
+        return self._merge_encodings(pieces, width), width
 
     def _merge_encodings(
         self, pieces: list[tuple[np.ndarray, EncoderOutput]], width: int = 0
@@ -315,7 +383,7 @@ class PairScorer:
         tensor = torch.from_numpy(array)
         if self.device.type == "cuda":
             return tensor.pin_memory().to(self.device, non_blocking=True)
-        return tensor
+        return tensor.to(self.device)
 
     def _pair_encodings(
         self, enc_all: EncoderOutput, idx: np.ndarray, pair_source: np.ndarray
@@ -332,53 +400,93 @@ class PairScorer:
 
     def _score_batch(
         self,
-        enc_all,
-        batch: Batch,
+        enc_all: EncoderOutput,
+        batch: BatchRows,
         pair_source: np.ndarray,
         pairs: IdPairs,
         tgt_len: np.ndarray,
-        result: np.ndarray,
-        per_tok,
-        on_device: torch.Tensor | None,
-    ) -> None:
-        idx, length = batch.index, batch.width
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(each row's log p [rows] float64, each position's log p [rows, width + 1]) of one
+        batch: its pairs' encodings (:meth:`_pair_encodings`), the decoder's teacher-forced ids,
+        then the engine's kernel (:meth:`_batch_scores`)."""
+        idx, width = batch.index, batch.width
         enc = self._pair_encodings(enc_all, idx, pair_source)
-        n = len(idx)
         lengths = tgt_len[idx]
-        rows = np.arange(n)
-        tgt_in, tgt_out = teacher_forcing(pairs.tgt_ids, pairs.tgt_offsets, idx, length, lengths)
-        mask = None
-        if not batch.exact:  # padded: the positions after each target's EOS are masked
-            mask = self._to_device(np.arange(length + 1)[None, :] <= lengths[:, None])
+        tgt_in, tgt_out = teacher_forcing(pairs.tgt_ids, pairs.tgt_offsets, idx, width, lengths)
+        return self._batch_scores(enc, batch, tgt_in, tgt_out, lengths)
+
+    def _batch_scores(
+        self,
+        enc: EncoderOutput,
+        batch: BatchRows,
+        tgt_in: np.ndarray,
+        tgt_out: np.ndarray,
+        lengths: np.ndarray,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The engine's batch kernel: what :meth:`_score_batch` returns."""
+        raise NotImplementedError
+
+
+class CpuScorer(BlockScorer):
+    """The CPU's engine: :class:`BlockScorer`'s plan with batches of one exact target length
+    (:class:`~phrasescore.engine.batching.ExactBuckets`: no padding is ever computed; on the
+    CPU a padded position costs as much as a real one), each batch's token terms summed on
+    the host in float64."""
+
+    def __init__(
+        self,
+        model: TrainedModel,
+        device: str | torch.device = "cpu",
+        dtype: str = "float32",
+        batch_tokens: int = 8192,
+        chunk_rows: int | None = None,
+        include_eos: bool = True,
+        scoring: str = EXACT,
+        model_path: str | None = None,
+        buckets: ExactBuckets | None = None,
+    ):
+        if buckets is None:
+            buckets = ExactBuckets(batch_tokens)
+        if not isinstance(buckets, ExactBuckets):
+            raise TypeError("the CPU engine cuts batches of one exact length (ExactBuckets)")
+        super().__init__(
+            model, device, dtype, batch_tokens, chunk_rows, include_eos, scoring, model_path,
+            buckets,
+        )  # fmt: skip
+
+    def warm_up(self) -> None:
+        """Score two one-word pairs so that the compiled kernels are built now: one row chunk
+        of 3 rows and one of 1 (torch.compile specialises a dimension of size 1)."""
+        saved = self.chunk_rows, self.clamped
+        self.chunk_rows = 3
+        try:
+            src, tgt = len(self.model.src_vocab) - 1, len(self.model.tgt_vocab) - 1
+            self.score_ids([[src]] * 2, [[tgt]] * 2)
+        finally:
+            self.chunk_rows, self.clamped = saved
+
+    @property
+    def _sums_device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def _batch_scores(self, enc, batch, tgt_in, tgt_out, lengths):
+        """Every position of a batch of one exact length (no mask), summed in float64 on the
+        host (Cho et al. 2014, eq. 4; without the EOS term for ``include_eos=False``)."""
         token_lp = self.network.token_logprobs(
             enc,
             self._to_device(tgt_in),
             self._to_device(tgt_out),
-            mask,
+            None,
             self.chunk_rows,
             self_normalized=self.self_normalized,
         )
-        if on_device is not None:
-            values = token_lp.double()
-            sums = values.sum(dim=1)
-            if not self.include_eos:
-                sums -= values[torch.arange(n, device=self.device), self._to_device(lengths)]
-            on_device[self._to_device(idx)] = sums
-            if per_tok is None:
-                return
-            token_lp = values.cpu().numpy()
-        else:
-            token_lp = token_lp.double().cpu().numpy()
-            if batch.exact:
-                result[idx] = token_lp.sum(axis=1) if self.include_eos else token_lp[:, :-1].sum(1)
-            else:
-                sums = token_lp.sum(axis=1)
-                if not self.include_eos:
-                    sums -= token_lp[rows, lengths]
-                result[idx] = sums
-        if per_tok is not None:
-            for row, i in enumerate(idx.tolist()):
-                per_tok[i] = token_lp[row, : lengths[row] + 1]
+        values = token_lp.double().cpu().numpy()
+        sums = values.sum(axis=1) if self.include_eos else values[:, :-1].sum(1)
+        return torch.from_numpy(sums), torch.from_numpy(values)
+
+
+PairScorer = CpuScorer
+"""The CPU engine's former name, still imported by tests and tools outside the engine."""
 
 
 def check_ensemble(models: Sequence[TrainedModel], paths: Sequence[str]) -> None:
@@ -405,7 +513,7 @@ def check_ensemble(models: Sequence[TrainedModel], paths: Sequence[str]) -> None
 
 
 class EnsembleScorer:
-    """Several :class:`PairScorer` as one: log p(y | x) = Σ_t log (1/K Σ_k p_k(y_t | y_<t, x)),
+    """Several :class:`BlockScorer` as one: log p(y | x) = Σ_t log (1/K Σ_k p_k(y_t | y_<t, x)),
     the average of the K models' next-token probabilities at each step (the ensemble of
     Sutskever et al. 2014, §3.6, here teacher-forced: every model reads the same prefix y_<t,
     so each model's token terms are computed alone and averaged afterwards).
@@ -413,7 +521,7 @@ class EnsembleScorer:
     The models must share the target vocabulary and direction (:func:`check_ensemble`); the
     sources may have different vocabularies (unknown-word counts are the first model's)."""
 
-    def __init__(self, scorers: Sequence[PairScorer]):
+    def __init__(self, scorers: Sequence[BlockScorer]):
         if any(scorer.self_normalized for scorer in scorers):
             raise InputError(
                 "an ensemble scores exactly: --scoring self-normalized needs one model"
@@ -430,7 +538,7 @@ class EnsembleScorer:
     def score_phrases(
         self, sources: Sequence[str], targets: Sequence[str], per_token: bool = False
     ) -> ScoredPairs:
-        """:meth:`PairScorer.score_phrases` of the ensemble."""
+        """:meth:`BlockScorer.score_phrases` of the ensemble."""
         scored = [scorer.score_phrases(sources, targets, per_token=True) for scorer in self.scorers]
         first = scored[0]
         if not len(first.logprob):

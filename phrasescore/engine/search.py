@@ -25,7 +25,7 @@ hypothesis, it is removed from the beam and is added to the set of complete hypo
   sentences. Without normalisation a model without attention prefers short outputs.
 * log p of a hypothesis is the model's own: the softmax is over the whole target vocabulary and
   PAD, BOS (and UNK with ``forbid_unk``) are removed *after* it, so the score returned equals the
-  teacher-forced log p(y | x) of :class:`phrasescore.engine.scoring.PairScorer` (EOS included).
+  teacher-forced log p(y | x) of :class:`phrasescore.engine.scoring.CpuScorer` (EOS included).
 * ``beam`` may not exceed the number of tokens the search can emit (the target vocabulary less
   PAD and BOS, less UNK with ``forbid_unk``): a larger beam is an :class:`InputError`, not capped
   silently. ``nbest`` may not exceed ``beam``.

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from phrasescore.errors import InputError
-from phrasescore.files import check_input_file
+from phrasescore.files.inputs import check_input_file
 from phrasescore.moses.nbest import check_feature_name
 
 

@@ -6,12 +6,8 @@ every work folder is checked to hold no input, by the same functions as every co
 
 from __future__ import annotations
 
-from phrasescore.files import (
-    check_work_folder,
-    lock_path,
-    refuse_outputs_onto_inputs,
-    with_locks,
-)
+from phrasescore.files.guards import check_work_folder, refuse_outputs_onto_inputs, with_locks
+from phrasescore.files.locks import lock_path
 from phrasescore.training.trainer import training_outputs
 
 

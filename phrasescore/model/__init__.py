@@ -1,6 +1,6 @@
 """The networks (ids in, scores out: no file, text or vocabulary here) and their plumbing.
 
-* :mod:`~phrasescore.model.constants` -- the special ids PAD/UNK/BOS/EOS;
+* :mod:`~phrasescore.special_ids` -- the special ids PAD/UNK/BOS/EOS (shared with text/);
 * :mod:`~phrasescore.model.config` -- sizes, training settings, presets, learning rates;
 * :mod:`~phrasescore.model.builders` -- the architecture registry and :func:`build_network`;
 * :mod:`~phrasescore.model.initialization` -- each paper's initial weights;

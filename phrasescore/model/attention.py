@@ -56,7 +56,6 @@ from torch import Tensor, nn
 
 from phrasescore.model.base import EncoderDecoder, EncoderOutput, full_lengths, padded_lengths
 from phrasescore.model.config import ModelConfig
-from phrasescore.model.constants import PAD_ID
 from phrasescore.model.gru import (
     compiled_step,
     gru_encoder_step,
@@ -66,6 +65,7 @@ from phrasescore.model.gru import (
 from phrasescore.model.initialization import init_attention
 from phrasescore.model.lstm import reverse_within
 from phrasescore.model.output_layer import maxout, summed_linear
+from phrasescore.special_ids import PAD_ID
 
 
 def source_mask(src: Tensor, lengths: Tensor | None) -> Tensor:

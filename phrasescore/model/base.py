@@ -234,16 +234,31 @@ class EncoderDecoder(nn.Module):
         else:
             rows = features[tgt_mask]
             gold = tgt_out[tgt_mask]
-        if self_normalized:
-            values = self.target_logits(rows, gold)
-        else:
-            vocab = self.config.tgt_vocab_size
-            values = target_logprobs(self.logits, rows, gold, vocab, chunk_rows)
+        values = self.gold_logprobs(rows, gold, chunk_rows, self_normalized)
         if tgt_mask is None:
             out.view(-1).copy_(values)
         else:
             out[tgt_mask] = values
         return out
+
+    def gold_logprobs(
+        self,
+        rows: Tensor,
+        gold: Tensor,
+        chunk_rows: int | None = None,
+        self_normalized: bool = False,
+        sync_free: bool = False,
+    ) -> Tensor:
+        """log p(gold[i] | rows[i]) in float32 for feature rows [N, R], the scoring modes written
+        once for every engine. Exact: u_{gold[i]} - log Z over the vocabulary, row chunk by row
+        chunk (:func:`~phrasescore.model.output_layer.target_logprobs`; ``sync_free``: nothing
+        that makes a GPU wait for the host). Self-normalised: u_{gold[i]} alone
+        (:meth:`target_logits`), the approximation log p ≈ u_{y_t} (Devlin et al. 2014, §2.1),
+        which may exceed 0."""
+        if self_normalized:
+            return self.target_logits(rows, gold)
+        vocab = self.config.tgt_vocab_size
+        return target_logprobs(self.logits, rows, gold, vocab, chunk_rows, sync_free)
 
 
 def real_positions(x: Tensor, where: Tensor) -> Tensor:

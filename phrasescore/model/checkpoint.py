@@ -31,7 +31,7 @@ from safetensors.torch import save_file
 
 from phrasescore import __version__
 from phrasescore.errors import ModelFileError
-from phrasescore.files import atomic_path
+from phrasescore.files.outputs import atomic_path
 
 MAX_DIM = 1 << 16
 """Largest width of any layer or embedding (the papers use at most 3072)."""
@@ -119,8 +119,12 @@ def read_header(path: str, what: str = "model") -> dict[str, str]:
     """The metadata header of a safetensors file; :class:`ModelFileError` for anything else."""
     if os.path.isdir(path):
         raise ModelFileError(f"is a directory, not a {what} file", path)
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise ModelFileError(f"no such {what} file", path)
+    if not os.path.isfile(path):  # /dev/null, a pipe: safetensors reads a file by its size
+        raise ModelFileError(
+            f"is not a regular file (a device or a pipe): give the {what} file", path
+        )
     if is_torch_checkpoint(path):
         raise ModelFileError(
             f"is a training checkpoint (MODEL.checkpoint), not a {what} file: give the "

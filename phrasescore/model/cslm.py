@@ -47,9 +47,9 @@ from torch import Tensor, nn
 
 from phrasescore.model.base import LossTerms, bf16_autocast
 from phrasescore.model.config import TrainConfig
-from phrasescore.model.constants import BOS_ID, PAD_ID
 from phrasescore.model.initialization import init_cslm
 from phrasescore.model.output_layer import token_nll
+from phrasescore.special_ids import BOS_ID, PAD_ID
 
 
 @dataclass

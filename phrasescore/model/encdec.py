@@ -39,7 +39,6 @@ from torch import Tensor, nn
 
 from phrasescore.model.base import EncoderDecoder, EncoderOutput, padded_lengths
 from phrasescore.model.config import ModelConfig
-from phrasescore.model.constants import PAD_ID
 from phrasescore.model.gru import (
     compiled_step,
     gru_decoder_loop_step,
@@ -51,6 +50,7 @@ from phrasescore.model.gru import (
 )
 from phrasescore.model.initialization import init_cho
 from phrasescore.model.output_layer import maxout, summed_linear
+from phrasescore.special_ids import PAD_ID
 
 
 class ChoEncoderDecoder(EncoderDecoder):

@@ -29,7 +29,7 @@ import math
 import torch
 from torch import nn
 
-from phrasescore.model.constants import PAD_ID
+from phrasescore.special_ids import PAD_ID
 
 ATTENTION_INIT_STD = 0.001
 """Standard deviation of W_a and U_a (Bahdanau et al. App. B.1)."""

@@ -50,8 +50,8 @@ from torch import Tensor, nn
 
 from phrasescore.model.base import EncoderDecoder, EncoderOutput, full_lengths, padded_lengths
 from phrasescore.model.config import ModelConfig
-from phrasescore.model.constants import PAD_ID
 from phrasescore.model.initialization import init_lstm
+from phrasescore.special_ids import PAD_ID
 
 
 def reverse_within(x: Tensor, lengths: Tensor) -> Tensor:

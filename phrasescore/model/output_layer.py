@@ -10,8 +10,7 @@ The last layer of each network is a softmax over the target vocabulary,
 * scoring's log p(y_t | y_<t, x) = u_{y_t} - log Z (eq. 4's factors) over row chunks, the
   log-sum-exp and the reference word's logit in one pass (:func:`target_logprobs`,
   :func:`fused_logsumexp_gather`), compiled where torch.compile works (:func:`_run_kernel`);
-  over every position of a padded batch without a host sync for the GPU engine
-  (:func:`padded_target_logprobs`);
+  without a host sync for the CUDA-graph engine (``sync_free``);
 * the layers under the softmax: maxout (Goodfellow et al. 2013; Cho et al. A.1.2, Bahdanau et
   al. A.2.2: :func:`maxout`) and its pre-activation, a sum of linear maps (:func:`summed_linear`).
 
@@ -151,7 +150,7 @@ def _lse_gather(logits: Tensor, gold: Tensor) -> Tensor:
 def _exact_lse_gather(logits: Tensor, gold: Tensor) -> Tensor:
     """``logits[i, gold[i]] - logsumexp(logits[i])`` in float32, shifted by the row's maximum:
     finite for any finite logits, so nothing is looked at afterwards (no host sync on a GPU;
-    :func:`padded_target_logprobs`). Two reductions over the row in one compiled kernel."""
+    :func:`target_logprobs`'s ``sync_free``). Two reductions over the row in one compiled kernel."""
     x = logits.float()
     return x.gather(1, gold[:, None]).squeeze(1) - _exact_log_z_rows(x)
 
@@ -227,13 +226,23 @@ def fused_logsumexp_gather(logits: Tensor, gold: Tensor) -> Tensor:
 
 
 def target_logprobs(
-    logits_of, rows: Tensor, gold: Tensor, vocab: int, chunk_rows: int | None = None
+    logits_of,
+    rows: Tensor,
+    gold: Tensor,
+    vocab: int,
+    chunk_rows: int | None = None,
+    sync_free: bool = False,
 ) -> Tensor:
-    """log p(gold[i] | rows[i]) in float32 for feature rows [N, R] and the vocabulary projection
-    ``logits_of`` onto ``vocab`` words (bf16 products accumulated in fp32 by the matrix library where rows are bf16).
-
-    Row chunks of ``chunk_rows`` (default: :data:`LOGIT_CHUNK_ELEMENTS` logits a chunk); per chunk
-    one logit product and :func:`fused_logsumexp_gather`.
+    """log p(gold[i] | rows[i]) = u_{gold[i]} - log Σ_v exp(u_v) in float32 (eq. 4's factors)
+    for feature rows [N, R] and the vocabulary projection ``logits_of`` onto ``vocab`` words
+    (bf16 products accumulated in fp32 by the matrix library where rows are bf16): the output
+    layer without the [N x vocabulary] logits, over row chunks of ``chunk_rows`` (default:
+    :data:`LOGIT_CHUNK_ELEMENTS` logits a chunk), so that its peak memory is one chunk's logits
+    whatever N. Per chunk one logit product, then the log-sum-exp and the gather of the
+    reference word in one pass: :func:`fused_logsumexp_gather` (shifted by the head's maximum,
+    overflowing rows computed again), or with ``sync_free`` :func:`_exact_lse_gather` (shifted
+    by the row's maximum: no boolean selection and no look at a value, so that a GPU runs it
+    without waiting on the host and a CUDA graph can hold it).
     """
     values = torch.empty(rows.shape[0], dtype=torch.float32, device=rows.device)
     if rows.shape[0] == 0:
@@ -241,26 +250,48 @@ def target_logprobs(
     chunk = chunk_rows or max(16, LOGIT_CHUNK_ELEMENTS // vocab)
     for begin in range(0, rows.shape[0], chunk):
         end = min(begin + chunk, rows.shape[0])
-        values[begin:end] = fused_logsumexp_gather(logits_of(rows[begin:end]), gold[begin:end])
+        logits = logits_of(rows[begin:end])
+        if sync_free:
+            values[begin:end] = _run_kernel(_exact_lse_gather, vocab, logits, gold[begin:end])
+        else:
+            values[begin:end] = fused_logsumexp_gather(logits, gold[begin:end])
     return values
 
 
-def padded_target_logprobs(
-    logits_of, features: Tensor, gold: Tensor, vocab: int, chunk_rows: int
-) -> Tensor:
-    """log p(gold[b, t] | features[b, t]) in float32 [B, T] for every position of a padded batch,
-    the padded ones included (the caller masks them): no boolean selection and no look at a
-    value, so that a GPU runs a batch without waiting on the host (and a CUDA graph can hold
-    it). Row chunks of ``chunk_rows`` positions, each one logit product and one log-sum-exp with
-    the gather (:func:`_exact_lse_gather`, compiled where torch.compile works)."""
-    rows = features.reshape(-1, features.shape[-1])
-    flat_gold = gold.reshape(-1)
-    values = torch.empty(rows.shape[0], dtype=torch.float32, device=rows.device)
-    for begin in range(0, rows.shape[0], chunk_rows):
-        end = min(begin + chunk_rows, rows.shape[0])
-        logits = logits_of(rows[begin:end])
-        values[begin:end] = _run_kernel(_exact_lse_gather, vocab, logits, flat_gold[begin:end])
-    return values.view(gold.shape)
+OUTPUT_KERNELS = ("torch", "liger", "cce")
+"""The output layer's kernels for log p of the reference words: ``torch`` (:func:`target_logprobs`,
+row chunks, everywhere) and, on CUDA where the package is importable, liger-kernel's fused linear
+cross-entropy or Apple's cut-cross-entropy (Triton kernels: the product, the log-sum-exp and the
+gather without the [rows x vocabulary] logits in memory). tools/gpu-score measures each."""
+
+
+def library_gold_logprobs(kernel: str, features: Tensor, layer: nn.Linear, gold: Tensor) -> Tensor:
+    """log p(gold[i] | features[i]) = -CE(layer(features_i), gold_i) in float32 from a fused
+    linear cross-entropy library (``kernel``: ``liger`` or ``cce``; :data:`OUTPUT_KERNELS`),
+    with per-row losses (``reduction="none"``). cut-cross-entropy takes no bias: the bias is its
+    classifier's last column, the features' a column of ones (padded with zeros to a multiple
+    of 16 columns), the same sums. ImportError where the package is missing."""
+    if kernel == "liger":
+        from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
+        loss = liger_fused_linear_cross_entropy(
+            features, layer.weight, gold, layer.bias, reduction="none"
+        )
+        return -loss.float()
+    if kernel == "cce":
+        from cut_cross_entropy import linear_cross_entropy
+
+        weight, bias = layer.weight, layer.bias
+        if bias is not None:
+            width = -(-(weight.shape[1] + 1) // 16) * 16
+            pad = width - weight.shape[1] - 1
+            ones = features.new_ones(features.shape[0], 1)
+            features = torch.cat([features, ones, features.new_zeros(features.shape[0], pad)], 1)
+            extra = [bias[:, None].to(weight.dtype), weight.new_zeros(weight.shape[0], pad)]
+            weight = torch.cat([weight, *extra], 1)
+        loss = linear_cross_entropy(features, weight, gold, reduction="none")
+        return -loss.float()
+    raise ValueError(f"unknown output kernel {kernel!r} (one of {', '.join(OUTPUT_KERNELS)})")
 
 
 def maxout(x: Tensor, pool: int = 2) -> Tensor:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from phrasescore.files import decode_text
+from phrasescore.files.reading import decode_text
 from phrasescore.moses.phrase_table import (
     PhraseTableEntry,
     format_entry,

@@ -44,7 +44,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from phrasescore.errors import InputError
-from phrasescore.files import AtomicOutput, iter_lines
+from phrasescore.files.outputs import AtomicOutput
+from phrasescore.files.reading import iter_lines
+from phrasescore.moses.numbers import NotANumber, parse_number
 
 DEFAULT_WEIGHT = 0.2
 """The weight ``train-model.perl`` gives every phrase-table score before tuning."""
@@ -626,8 +628,10 @@ def _floats(tokens: list[str], message: str, path: str | None, index: int) -> li
     """The weights ``tokens`` as numbers; a non-number (``message``) or a non-finite weight
     (``nan``, ``inf``, ``1e999``: no total could be computed with it) is an error at its line."""
     try:
-        values = [float(token) for token in tokens]
-    except ValueError:
+        values = [parse_number(token) for token in tokens]
+    except NotANumber as exc:
+        if exc.underflow or not exc.text.isascii() or "_" in exc.text:
+            raise InputError(exc.message("weight"), path, index + 1) from None
         raise InputError(message, path, index + 1) from None
     for token, value in zip(tokens, values, strict=True):
         if not math.isfinite(value):

@@ -17,8 +17,8 @@ import os
 from dataclasses import dataclass
 
 from phrasescore.errors import InputError
-from phrasescore.files import iter_lines
-from phrasescore.moses.ini import IniTable, list_phrase_tables
+from phrasescore.files.reading import iter_lines
+from phrasescore.moses.ini import IniTable, _Ini, list_phrase_tables
 
 NO_PATH = "-"
 """What :func:`format_table_rows` prints for a phrase table that has no ``path=``."""
@@ -69,3 +69,14 @@ def format_table_rows(tables: list[ResolvedTable], factors: bool = False) -> lis
                 raise InputError(f"phrase table {table.name}: a tab or newline in {value!r}")
         rows.append("\t".join(fields))
     return rows
+
+
+def feature_paths(ini_path: str) -> list[tuple[str, str]]:
+    """(feature name, path as written) of every ``[feature]`` line of ``ini_path`` with a
+    ``path=``: the files Moses reads to load the system (tables, language models, reordering)."""
+    text = "".join(iter_lines(ini_path, keep_ends=True))
+    try:
+        features = _Ini(text).features
+    except InputError as exc:
+        raise exc.located(ini_path) from None
+    return [(name, args["path"]) for _, name, args, _ in features if args.get("path")]

@@ -38,8 +38,10 @@ from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 from phrasescore.errors import InputError
-from phrasescore.files import display_name, iter_lines
+from phrasescore.files.kinds import display_name
+from phrasescore.files.reading import iter_lines
 from phrasescore.moses import ini
+from phrasescore.moses.numbers import NotANumber, parse_number
 
 DELIMITER = "|||"
 
@@ -113,11 +115,9 @@ def read_nbest(path: str) -> Iterator[NBestEntry]:
         parse_features(body[p2 + 3 : p3], name, lineno)  # a non-numeric value is an error here
         total = body[p3 + 3 : end]
         try:
-            float(total)
-        except ValueError:
-            raise InputError(
-                f"the total score is not a number: {total.strip()!r}", name, lineno
-            ) from None
+            parse_number(total.strip())
+        except NotANumber as exc:
+            raise InputError(exc.message("the total score"), name, lineno) from None
         yield NBestEntry(
             lineno=lineno,
             id=int(id_text),
@@ -171,9 +171,9 @@ def parse_features(
             values = []
             features.append(("", values))
         try:
-            values.append(float(token))
-        except ValueError:
-            raise InputError(f"feature value is not a number: {token!r}", path, line) from None
+            values.append(parse_number(token))
+        except NotANumber as exc:
+            raise InputError(exc.message("feature value"), path, line) from None
     return features
 
 

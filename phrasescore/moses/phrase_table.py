@@ -46,7 +46,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple
 
 from phrasescore.errors import InputError
-from phrasescore.files import AtomicOutput, ReadPosition, display_name, iter_lines
+from phrasescore.files.kinds import display_name
+from phrasescore.files.outputs import AtomicOutput
+from phrasescore.files.reading import ReadPosition, iter_lines
+from phrasescore.moses.numbers import NotANumber, parse_number
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +89,8 @@ class PhraseTableEntry(NamedTuple):
         if len(fields) < 2:
             return None
         try:
-            counts = [float(x) for x in fields[1].split()]
-        except ValueError:
+            counts = [parse_number(x) for x in fields[1].split()]
+        except NotANumber:
             return None
         return counts if len(counts) >= 2 else None
 
@@ -250,7 +253,7 @@ def _check_chunk_scores(
 ) -> None:
     """:func:`_check_scores` of every line, in one pass when all are good (the common case)."""
     joined = " ".join(score_texts)
-    if "n" not in joined and "N" not in joined and "_" not in joined:
+    if "n" not in joined and "N" not in joined and "_" not in joined and joined.isascii():
         try:
             values = list(map(float, joined.split()))
             if not values or (min(values) > 0.0 and max(values) < math.inf):
@@ -265,10 +268,11 @@ def _check_scores(text: str, scores: list[str], name: str, lineno: int) -> None:
     """Raise InputError unless every score is a finite number > 0, as Moses needs.
 
     The fast path parses all tokens at once; ``nan``/``inf`` (which contain an ``n``), ``1_0``
-    (which Python's float() accepts and Moses does not) and a number beyond the float range
-    (``1e999``, which float() makes infinity) take the slow path that names the token.
+    and digits of other scripts (which Python's float() accepts and Moses does not) and a number
+    beyond the float range (``1e999``, which float() makes infinity) take the slow path that
+    names the token, read by :func:`~phrasescore.moses.numbers.parse_number`.
     """
-    if "n" not in text and "N" not in text and "_" not in text:
+    if "n" not in text and "N" not in text and "_" not in text and text.isascii():
         try:
             values = list(map(float, scores))
             if min(values) > 0.0 and max(values) < math.inf:
@@ -277,11 +281,9 @@ def _check_scores(text: str, scores: list[str], name: str, lineno: int) -> None:
             pass
     for index, token in enumerate(scores, 1):
         try:
-            if "_" in token:
-                raise ValueError(token)
-            value = float(token)
-        except ValueError:
-            raise InputError(f"score {index} is not a number: {token!r}", name, lineno) from None
+            value = parse_number(token)
+        except NotANumber as exc:
+            raise InputError(exc.message(f"score {index}"), name, lineno) from None
         if math.isinf(value) and "n" not in token.lower():
             raise InputError(
                 f"score {index} is {token}: beyond the largest number a float holds "

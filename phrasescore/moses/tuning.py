@@ -30,7 +30,10 @@ import re
 from pathlib import Path
 
 from phrasescore.errors import InputError
-from phrasescore.files import AtomicOutput, check_files_exist, iter_lines
+from phrasescore.files.inputs import check_files_exist
+from phrasescore.files.outputs import AtomicOutput
+from phrasescore.files.reading import iter_lines
+from phrasescore.moses.numbers import NotANumber, parse_number
 
 FEATURES_HEADER = "FEATURES_TXT_BEGIN_0"
 _VALUE_NAME = re.compile(r"(.+)_(\d+)\Z")
@@ -100,8 +103,10 @@ def write_start_point(path: Path, start: list[float], spread: float = 1.0) -> No
 def _finite(text: str, path: str, lineno: int) -> float:
     """A tuned weight: a finite number, else an error at its line."""
     try:
-        value = float(text)
-    except ValueError:
+        value = parse_number(text)
+    except NotANumber as exc:
+        if exc.underflow:
+            raise InputError(exc.message("weight"), path, lineno) from None
         raise InputError(f"not a number: {text!r}", path, lineno) from None
     if not math.isfinite(value):
         raise InputError(f"weight {text!r} is not a finite number", path, lineno)
@@ -185,3 +190,27 @@ def read_tuner_output(path: Path, names: list[str]) -> dict[str, list[float]]:
     if first and _KBMIRA_NAME.match(first):
         return read_kbmira_weights(path, names)
     return read_tuned_weights(path, names)
+
+
+def read_reference(path: str) -> list[str]:
+    """The lines of a reference translation that Moses' tuning tools read (``extractor``,
+    ``mert-moses.pl``), without their ``\\n``; a carriage return in a line (CRLF endings) is an
+    :class:`InputError` naming its line. ``extractor`` splits lines on spaces only, so the
+    ``\\r`` of a Windows line ending is part of the last word of every sentence: it would tune
+    on other n-gram statistics than the BLEU phrasescore reports (which reads the line
+    without it), with nothing to tell. The one check of a reference before any tool sees it."""
+    lines = []
+    for lineno, line in enumerate(iter_lines(path, keep_ends=True), 1):
+        body = line[:-1] if line.endswith("\n") else line
+        if "\r" in body:
+            where = "ends with a carriage return (CRLF, Windows line endings)"
+            if not body.endswith("\r"):
+                where = "holds a carriage return (\\r)"
+            raise InputError(
+                f"the reference line {where}: Moses' extractor would read it as part of a word; "
+                "convert the file (dos2unix, or tr -d '\\r')",
+                path,
+                lineno,
+            )
+        lines.append(body)
+    return lines

@@ -29,7 +29,8 @@ import numpy as np
 import torch
 
 from phrasescore.errors import InputError
-from phrasescore.files import display_name, iter_lines
+from phrasescore.files.kinds import display_name
+from phrasescore.files.reading import iter_lines
 from phrasescore.moses.phrase_table import read_phrase_table
 from phrasescore.text.tokenize import TextNormalizer
 from phrasescore.text.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Vocabulary

@@ -8,28 +8,30 @@ spaces and one C loop of dict lookups for the whole chunk, the phrase boundaries
 over the bytes (the separators before each ``"\\n"``), a right-to-left model's order by one
 gather; no Python object per phrase.
 
-The ids are those of :meth:`~phrasescore.engine.scoring.PhraseEncoder.encode_phrases`: the
-phrase's tokens (:func:`~phrasescore.engine.scoring.phrase_tokens`: spaces and tabs, the model's
-lowercasing), in the model's reading order for a target (``reverse_target``), then the
-vocabulary's ids (words or subword pieces); the unknown-word count is the vocabulary's
+This is the one home of phrases to ids: the engine's text half
+(:class:`~phrasescore.engine.scoring.PhraseEncoder`, what ``nbest`` and the analyses score
+through) and ``rescore``'s table path both encode here. The ids are the phrase's tokens
+(:meth:`~phrasescore.text.tokenize.TextNormalizer.normalize_tokenized`: spaces and tabs, the
+model's lowercasing), in the model's reading order for a target (``reverse_target``), then the
+vocabulary's ids (words or subword pieces): those of the vocabulary's ``encode_batch`` of the
+tokens (tests/test_engine_arrays.py); the unknown-word count is the vocabulary's
 ``count_unknown`` of the tokens. Phrases that the one-pass split would read differently (a tab
 or a run of spaces inside a phrase, an empty phrase, lowercasing beyond ASCII) and subword
 vocabularies go phrase by phrase, each distinct phrase of the chunk once.
 
-No cache across chunks: on the Multi30k table (839,351 lines, 654,232 distinct targets, 630,216
-runs of one source) a dict of the phrases seen cost 1.58 us per line for the targets against
-0.78 for encoding each chunk's targets in one pass (docs/benchmarks.md, "Ids as arrays"); a
-sorted table's source is encoded once per run of lines by the caller.
+No cache across chunks: a dict of the phrases seen cost twice as much per line as encoding each
+chunk's targets in one pass (docs/benchmarks.md, "Ids as arrays"); a sorted table's source is
+encoded once per run of lines by the caller.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import numpy as np
 
-from phrasescore.text.corpus import offsets_from_lengths
+from phrasescore.text.corpus import flatten_ids, gather_sequences, offsets_from_lengths
 from phrasescore.text.tokenize import TextNormalizer
 from phrasescore.text.vocab import UNK_ID, WordVocabulary
 
@@ -37,16 +39,33 @@ _LF, _SP = 10, 32
 
 
 class PhraseArrays(NamedTuple):
-    """The ids of ``n`` phrases laid end to end: phrase ``i`` is
-    ``ids[offsets[i]:offsets[i + 1]]``, with ``unknown[i]`` unknown words."""
+    """Id sequences (phrases) laid end to end, the one ragged array of the package's scoring
+    path: phrase ``i`` is ``ids[offsets[i]:offsets[i + 1]]``, with ``unknown[i]`` unknown words
+    (None: not counted). A pair of them is the engine's input
+    (:class:`~phrasescore.engine.batching.IdPairs`)."""
 
-    ids: np.ndarray  # int32 [tokens]
+    ids: np.ndarray  # int32 (int64 from lists) [tokens]
     offsets: np.ndarray  # int64 [n + 1], offsets[0] == 0
-    unknown: np.ndarray  # int64 [n]
+    unknown: np.ndarray | None = None  # int64 [n]
+
+    @classmethod
+    def from_lists(cls, id_lists: Sequence[Sequence[int]]) -> PhraseArrays:
+        """The phrases of id lists (int64 ids), unknown words not counted."""
+        flat, lengths = flatten_ids(id_lists, np.int64)
+        return cls(flat, offsets_from_lengths(lengths))
 
     def lengths(self) -> np.ndarray:
         """The number of ids of each phrase."""
         return np.diff(self.offsets)
+
+    def take(self, index: np.ndarray) -> PhraseArrays:
+        """The phrases ``index``, in that order (a phrase may come several times)."""
+        ids, offsets = gather_sequences(self.ids, self.offsets, index)
+        return PhraseArrays(ids, offsets, None if self.unknown is None else self.unknown[index])
+
+    def to_lists(self) -> list[list[int]]:
+        """The phrases as id lists."""
+        return [a.tolist() for a in np.split(self.ids, self.offsets[1:-1])]
 
 
 class PhraseIds:

@@ -1,7 +1,7 @@
 """Vocabularies: tokens to integer ids and back.
 
 Two kinds share one interface and the same special ids (:data:`PAD_ID`, :data:`UNK_ID`,
-:data:`BOS_ID`, :data:`EOS_ID` = 0, 1, 2, 3):
+:data:`BOS_ID`, :data:`EOS_ID` = 0, 1, 2, 3, of :mod:`phrasescore.special_ids`, the networks'):
 
 * :class:`WordVocabulary` -- Cho et al. (2014, §4.1): the K most frequent words of one
   language side (15,000 in the paper, 93% coverage); every other word maps to one unknown-word
@@ -29,13 +29,10 @@ import numpy as np
 import sentencepiece
 
 from phrasescore.errors import InputError, ModelFileError
+from phrasescore.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 logger = logging.getLogger(__name__)
 
-PAD_ID = 0
-UNK_ID = 1
-BOS_ID = 2
-EOS_ID = 3
 
 PAD_TOKEN = "<pad>"
 UNK_TOKEN = "<unk>"

@@ -21,7 +21,8 @@ from typing import Any
 import torch
 
 from phrasescore.errors import InputError
-from phrasescore.files import atomic_path, disk_errors
+from phrasescore.files.disk import disk_errors
+from phrasescore.files.outputs import atomic_path
 from phrasescore.model.checkpoint import is_torch_checkpoint
 
 log = logging.getLogger(__name__)

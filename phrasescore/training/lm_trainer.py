@@ -22,7 +22,7 @@ from typing import Any
 
 from phrasescore.bundle import TrainedLM, read_lm_metadata, save_lm
 from phrasescore.errors import InputError
-from phrasescore.files import iter_lines
+from phrasescore.files.reading import iter_lines
 from phrasescore.model.config import TrainConfig
 from phrasescore.model.cslm import FeedForwardLM, LMConfig
 from phrasescore.text.corpus import ParallelDataset

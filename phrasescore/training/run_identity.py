@@ -19,7 +19,7 @@ import json
 import logging
 from typing import Any
 
-from phrasescore.files import content_digest
+from phrasescore.files.inputs import content_digest
 
 log = logging.getLogger(__name__)
 

@@ -37,14 +37,10 @@ import torch
 from phrasescore.bundle import TrainedModel
 from phrasescore.errors import InputError
 from phrasescore.figures import new_figure, save_figure
-from phrasescore.files import (
-    AtomicOutput,
-    check_files_exist,
-    check_output_dir,
-    check_output_path,
-    iter_lines,
-    refuse_outputs_onto_inputs,
-)
+from phrasescore.files.guards import check_work_folder, refuse_outputs_onto_inputs
+from phrasescore.files.inputs import check_files_exist
+from phrasescore.files.outputs import AtomicOutput, check_output_path
+from phrasescore.files.reading import iter_lines
 from phrasescore.hardware import resolve_device
 from phrasescore.jobs.common import model_for
 from phrasescore.text.corpus import pad_ids
@@ -183,11 +179,10 @@ def align_files(
     model: TrainedModel | None = None,
 ) -> AlignResult:
     """Write the hard alignment of every pair to ``output`` (and PNGs to ``plot_dir``)."""
-    refuse_outputs_onto_inputs(
-        {"source": src_path, "target": tgt_path, "model": model_path}, {"-o": output}
-    )
+    inputs = {"source": src_path, "target": tgt_path, "model": model_path}
+    refuse_outputs_onto_inputs(inputs, {"-o": output})
     check_output_path(output)
-    check_output_dir(plot_dir, "--plot")
+    check_work_folder(plot_dir, inputs, "--plot")  # its NNNNNN.png would replace an input
     dev = resolve_device(device)
     model = model_for(model, model_path, dev)
     arch = model.config.arch

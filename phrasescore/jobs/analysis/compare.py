@@ -35,7 +35,9 @@ from phrasescore.bundle import TrainedModel
 from phrasescore.engine.protocol import build_scorer
 from phrasescore.errors import InputError
 from phrasescore.figures import new_figure, save_figure
-from phrasescore.files import check_output_path, display_name, refuse_outputs_onto_inputs
+from phrasescore.files.guards import refuse_outputs_onto_inputs
+from phrasescore.files.kinds import display_name
+from phrasescore.files.outputs import check_output_path
 from phrasescore.hardware import resolve_device
 from phrasescore.jobs.common import model_for
 from phrasescore.moses.phrase_table import iter_source_groups, read_phrase_table
@@ -180,7 +182,7 @@ class _Reservoir:
 
 
 def _read_sources_file(path: str) -> list[str]:
-    from phrasescore.files import iter_lines
+    from phrasescore.files.reading import iter_lines
 
     sources = [" ".join(line.split()) for line in iter_lines(path) if line.strip()]
     if not sources:

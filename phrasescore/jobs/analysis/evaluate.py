@@ -6,7 +6,8 @@ hypotheses file against a reference file, with sacrebleu's signatures
 from __future__ import annotations
 
 from phrasescore.errors import InputError
-from phrasescore.files import display_name, iter_lines
+from phrasescore.files.kinds import display_name
+from phrasescore.files.reading import iter_lines
 from phrasescore.jobs.bleu import Evaluation, evaluate, require_sacrebleu
 
 

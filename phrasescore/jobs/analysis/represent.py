@@ -49,13 +49,10 @@ import torch
 from phrasescore.bundle import TrainedModel
 from phrasescore.errors import InputError
 from phrasescore.figures import new_figure, save_figure
-from phrasescore.files import (
-    AtomicOutput,
-    check_output_path,
-    display_name,
-    iter_lines,
-    refuse_outputs_onto_inputs,
-)
+from phrasescore.files.guards import refuse_outputs_onto_inputs
+from phrasescore.files.kinds import display_name
+from phrasescore.files.outputs import AtomicOutput, check_output_path
+from phrasescore.files.reading import iter_lines
 from phrasescore.hardware import resolve_device
 from phrasescore.jobs.common import model_for
 from phrasescore.text.vocab import EOS_ID, SPECIAL_TOKENS

@@ -19,7 +19,7 @@ from phrasescore.engine.search import (
     sample,
 )
 from phrasescore.errors import InputError
-from phrasescore.files import iter_lines
+from phrasescore.files.reading import iter_lines
 from phrasescore.hardware import resolve_device
 from phrasescore.jobs.common import model_for
 from phrasescore.moses.phrase_table import read_phrase_table

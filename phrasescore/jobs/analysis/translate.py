@@ -34,12 +34,9 @@ from phrasescore.engine.search import (
     check_beam,
 )
 from phrasescore.errors import InputError
-from phrasescore.files import (
-    AtomicOutput,
-    check_output_path,
-    iter_lines,
-    refuse_outputs_onto_inputs,
-)
+from phrasescore.files.guards import refuse_outputs_onto_inputs
+from phrasescore.files.outputs import AtomicOutput, check_output_path
+from phrasescore.files.reading import iter_lines
 from phrasescore.hardware import resolve_device
 from phrasescore.jobs.bleu import Evaluation, evaluate, require_sacrebleu
 from phrasescore.jobs.common import model_for

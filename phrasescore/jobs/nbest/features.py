@@ -10,6 +10,9 @@ shares). ``nbest`` keeps its older form too (:func:`nbest_feature_models`): plai
 inherit them by fork) and scores a chunk of ``(sources, hypotheses)`` with each, in order; it
 warns once per model when the list looks reversed for it (:meth:`ModelFeatures.warn_direction`,
 the check ``rescore`` makes on a phrase table: :func:`~phrasescore.jobs.common.direction_evidence`).
+
+:func:`load_features` loads every feature of a run (the CSLM's too) and :class:`ChunkFeatures`
+is what scores one chunk with them, in this process or a ``--workers`` one.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from phrasescore.bundle import load_model
+from phrasescore.bundle import load_lm, load_model
+from phrasescore.engine.lm_scoring import LMScorer
 from phrasescore.engine.protocol import Scorer, build_ensemble, build_scorer
 from phrasescore.engine.scoring import check_ensemble
 from phrasescore.errors import InputError
@@ -156,3 +160,65 @@ class ModelFeature:
         else:
             scored = self.scorer.score_phrases(srcs, hyps)
         return scored.logprob / scored.n_tokens if self.normalize else scored.logprob
+
+
+def load_features(
+    features: Sequence[FeatureModel],
+    lm_path: str | None,
+    lm_name: str,
+    device,
+    batch_tokens: int,
+    scoring: str,
+    normalize: bool,
+) -> tuple[list, dict[str, list[str]], ModelFeatures | None]:
+    """(name, score(sources, hypotheses) -> values) of each feature to add, in line order:
+    the CSLM's first (``lm_path``, feature ``lm_name``), then the models' (:class:`ModelFeatures`,
+    one feature per :class:`FeatureModel`); the signatures of the LM and models; and the models'
+    scorers (None without a model)."""
+    scored = []
+    signatures: dict[str, list[str]] = {"lms": [], "models": []}
+    scorer = None
+    if lm_path:
+        lm = load_lm(lm_path, device)
+        signatures["lms"].append(lm.signature)
+        log.info("n-best rescoring with language model %s, feature %s", lm.signature, lm_name)
+        scored.append((lm_name, LMFeature(LMScorer(lm, device))))
+    if features:
+        scorer = ModelFeatures(features, device, batch_tokens, scoring)
+        signatures["models"].extend(scorer.signatures)
+        scored.extend(scorer.scorer_features(normalize))
+    return scored, signatures, scorer
+
+
+@dataclass
+class LMFeature:
+    """The CSLM feature: log p(hypothesis </s> | <s>) of each hypothesis (Schwenk 2007)."""
+
+    scorer: LMScorer
+
+    def __call__(self, srcs: list[str], hyps: list[str]) -> np.ndarray:
+        return self.scorer.score_sentences(hyps).logprob
+
+
+def score_chunk(features, scorer: ModelFeatures | None, pairs) -> tuple[list, int] | None:
+    """Each feature's values for one chunk's ``(sources, hypotheses)`` (None: a chunk not
+    scored here), and the model scores it clamped; the same function runs in this process and
+    in ``--workers`` processes."""
+    if pairs is None:
+        return None
+    srcs, hyps = pairs
+    before = scorer.clamped if scorer is not None else 0
+    values = [np.asarray(score(srcs, hyps), dtype=np.float64) for _, score in features]
+    return values, (scorer.clamped - before if scorer is not None else 0)
+
+
+@dataclass
+class ChunkFeatures:
+    """:func:`score_chunk` with the features and scorer of one run: the function run on each
+    chunk, here or in a ``--workers`` process (which inherits it by ``fork``)."""
+
+    features: list
+    scorer: ModelFeatures | None
+
+    def __call__(self, pairs):
+        return score_chunk(self.features, self.scorer, pairs)

@@ -13,16 +13,15 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from phrasescore.errors import InputError
-from phrasescore.files import (
+from phrasescore.files.kinds import display_name
+from phrasescore.files.reading import (
     LineBlocks,
     ReadPosition,
     count_lines,
     decode_lines,
     decode_text,
-    display_name,
 )
 from phrasescore.jobs.rescore.columns import NewColumns, is_too_long
-from phrasescore.jobs.rescore.partial import ChunkOutput, chunk_bytes
 from phrasescore.moses.columnar import parse_chunk
 from phrasescore.moses.phrase_table import (
     PhraseTableEntry,
@@ -30,6 +29,7 @@ from phrasescore.moses.phrase_table import (
     parse_phrase_table_lines,
 )
 from phrasescore.progress import progress_bar
+from phrasescore.runners.partial import chunk_bytes
 from phrasescore.runners.shards import (
     Shard,
     chunk_record,
@@ -37,6 +37,19 @@ from phrasescore.runners.shards import (
 )
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class ChunkOutput:
+    """What scoring one chunk gives: its bytes and the model scores it clamped (``--scoring
+    self-normalized``; counted here because a worker process's scorers are not the parent's)."""
+
+    data: bytes
+    clamped: int
+    record: dict
+    """:func:`~phrasescore.runners.shards.chunk_record`: lines, runs of one source, first/last source."""
+    too_long: int
+    """Pairs with a phrase over ``max_phrase_length`` tokens (given the floor value)."""
 
 
 class RawChunk(NamedTuple):

@@ -33,7 +33,6 @@ from phrasescore.engine.scoring import (
 )
 from phrasescore.errors import InputError
 from phrasescore.jobs.common import warn_if_reversed
-from phrasescore.jobs.rescore.partial import table_identity
 from phrasescore.moses.columnar import TableChunk, splice
 from phrasescore.moses.phrase_table import (
     format_float_column,
@@ -41,6 +40,7 @@ from phrasescore.moses.phrase_table import (
     format_probability,
     probability_from_logprob,
 )
+from phrasescore.runners.partial import file_identity
 from phrasescore.text.corpus import gather_sequences
 from phrasescore.text.phrase_ids import PhraseArrays, PhraseIds
 
@@ -288,7 +288,7 @@ class NewColumns:
     def identity(self, table: str) -> dict:
         """What a partial output was made from: input, models, flags (the resume key)."""
         identity = {
-            "input": table_identity(table),
+            "input": file_identity(table),
             "models": self.signatures,
             "inverse": self.directions,
             "options": self.options.key(),
@@ -366,7 +366,10 @@ class NewColumns:
                 src, src_line = src_ids.encode(source_text), run_of_line
                 tgt, tgt_line = tgt_ids.encode(target_text), None
             request_pairs.append(
-                IdPairs(*_lines_ids(src, src_line, keep), *_lines_ids(tgt, tgt_line, keep))
+                IdPairs(
+                    PhraseArrays(*_lines_ids(src, src_line, keep)),
+                    PhraseArrays(*_lines_ids(tgt, tgt_line, keep)),
+                )
             )
             eos = 1 if scorer.include_eos else 0  # counted as the scorer counts
             n_tokens = _per_line(tgt.lengths(), tgt_line) + eos

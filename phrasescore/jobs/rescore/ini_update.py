@@ -10,11 +10,9 @@ import os
 
 from phrasescore import __version__
 from phrasescore.errors import InputError
-from phrasescore.files import (
-    StagedFile,
-    display_name,
-    iter_lines,
-)
+from phrasescore.files.kinds import display_name
+from phrasescore.files.outputs import StagedFile
+from phrasescore.files.reading import iter_lines
 from phrasescore.moses.ini import update_moses_ini_text
 from phrasescore.moses.phrase_table import read_phrase_table
 

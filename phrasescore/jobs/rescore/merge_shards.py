@@ -1,5 +1,5 @@
 """``phrasescore merge-shards``: check the parts of ``rescore --shard K/N`` or ``nbest --shard
-K/N`` (complete, one job, every shard once; :mod:`phrasescore.runners.shards`) and join them into
+K/N`` (complete, one job, every shard once; :mod:`phrasescore.runners.merge`) and join them into
 one file, byte-identical to an unsharded run; for a phrase table, also the new moses.ini.
 """
 
@@ -9,17 +9,12 @@ import os
 from dataclasses import dataclass
 
 from phrasescore.errors import InputError
-from phrasescore.files import check_output_paths, is_stream_target, refuse_outputs_onto_inputs
+from phrasescore.files.guards import refuse_outputs_onto_inputs
+from phrasescore.files.kinds import is_stream_target
+from phrasescore.files.outputs import check_output_paths
 from phrasescore.jobs.rescore.ini_update import IniUpdate, default_ini_out, ini_report_lines
-from phrasescore.runners.shards import (
-    NBEST,
-    PHRASE_TABLE,
-    check_not_a_part,
-    check_parts,
-    manifest_path,
-    merge_shards,
-    recorded_inputs,
-)
+from phrasescore.runners.merge import check_not_a_part, check_parts, merge_shards, recorded_inputs
+from phrasescore.runners.shards import NBEST, PHRASE_TABLE, manifest_path
 
 
 @dataclass

@@ -6,7 +6,9 @@ import logging
 from dataclasses import dataclass
 
 from phrasescore.errors import InputError
-from phrasescore.files import check_output_path, refuse_outputs_onto_inputs
+from phrasescore.files.guards import refuse_outputs_onto_inputs
+from phrasescore.files.locks import output_lock
+from phrasescore.files.outputs import check_output_path
 from phrasescore.moses.ini_tables import format_table_rows, read_ini_tables
 from phrasescore.moses.phrase_table import check_phrase_table, copy_phrase_table
 
@@ -30,7 +32,8 @@ def copy_table(table: str, output: str):
     """Copy a phrase table through phrasescore's reader and writer (validating it)."""
     refuse_outputs_onto_inputs({"input table": table}, {"-o": output})
     check_output_path(output)
-    stats = copy_phrase_table(table, output)
+    with output_lock(output):  # as every writer of -o: a second run is refused, not raced
+        stats = copy_phrase_table(table, output)
     log.info(
         "%s: %d lines, %d scores per line, written to %s",
         table,

@@ -8,12 +8,10 @@ CSLM's data, network and model file (its module says what differs).
 from __future__ import annotations
 
 from phrasescore.errors import InputError
-from phrasescore.files import (
-    check_files_exist,
-    check_output_path,
-    is_pipe,
-    refuse_outputs_onto_inputs,
-)
+from phrasescore.files.guards import refuse_outputs_onto_inputs
+from phrasescore.files.inputs import check_files_exist
+from phrasescore.files.kinds import is_pipe
+from phrasescore.files.outputs import check_output_path
 from phrasescore.hardware import set_threads
 from phrasescore.model.cslm import LM_PRESETS, lm_preset
 from phrasescore.runners import distributed

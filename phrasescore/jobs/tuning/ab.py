@@ -36,19 +36,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from phrasescore.errors import InputError
-from phrasescore.files import (
-    AtomicOutput,
-    check_input_file,
-    check_output_dir,
-    check_work_folder,
-    iter_lines,
-)
+from phrasescore.files.guards import check_work_folder
+from phrasescore.files.inputs import check_input_file
+from phrasescore.files.outputs import AtomicOutput, check_output_dir
+from phrasescore.files.reading import iter_lines
 from phrasescore.jobs.bleu import bleu_metric
 from phrasescore.jobs.feature_specs import FeatureModel
 from phrasescore.jobs.tuning.ab_rerank import RerankStep, rerank_models
 from phrasescore.jobs.tuning.moses_tools import RERANK_TUNERS, MosesInstall, Programs
 from phrasescore.moses.ini import read_weights
-from phrasescore.moses.tuning import weight_line
+from phrasescore.moses.tuning import read_reference, weight_line
 
 log = logging.getLogger(__name__)
 
@@ -475,7 +472,7 @@ def compare_systems(
         for name, src, ref in tests
     ]
     for test in [dev_set] + test_sets:
-        if _line_count(test.source) != _line_count(test.reference):
+        if _line_count(test.source) != len(read_reference(str(test.reference))):
             raise InputError(
                 f"{test.name}: source and reference differ in line count", path=str(test.reference)
             )

@@ -21,10 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from phrasescore.errors import InputError
-from phrasescore.files import (
-    check_files_exist,
-    refuse_outputs_onto_inputs,
-)
+from phrasescore.files.guards import refuse_outputs_onto_inputs
+from phrasescore.files.inputs import check_files_exist
 from phrasescore.jobs.feature_specs import FeatureModel, parse_feature_models
 from phrasescore.jobs.tuning.moses_tools import MosesTuning
 from phrasescore.moses.nbest import read_weights

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from phrasescore.errors import InputError
-from phrasescore.files import disk_errors, disk_full_error
+from phrasescore.files.disk import disk_errors, disk_full_error
 from phrasescore.moses.tuning import (
     dense_feature_names,
     read_kbmira_weights,

@@ -32,17 +32,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from phrasescore.errors import InputError
-from phrasescore.files import (
-    GZIP_MAGIC,
-    AtomicOutput,
-    check_files_exist,
-    check_output_path,
-    check_work_folder,
-    display_name,
-    iter_lines,
-    output_lock,
-    refuse_outputs_onto_inputs,
-)
+from phrasescore.files.guards import check_work_folder, refuse_outputs_onto_inputs
+from phrasescore.files.inputs import check_files_exist
+from phrasescore.files.kinds import display_name, is_pipe
+from phrasescore.files.locks import output_lock
+from phrasescore.files.outputs import AtomicOutput, check_output_path
+from phrasescore.files.reading import GZIP_MAGIC, iter_lines
 from phrasescore.jobs.bleu import bleu_metric
 from phrasescore.jobs.tuning.moses_tools import (
     RERANK_TUNERS,
@@ -61,7 +56,7 @@ from phrasescore.moses.nbest import (
     read_weights,
     weighted_totals,
 )
-from phrasescore.moses.tuning import write_weights_file
+from phrasescore.moses.tuning import read_reference, write_weights_file
 
 log = logging.getLogger(__name__)
 
@@ -257,13 +252,20 @@ def rerank_tune(
     if options.runs < 1 or options.restarts < 1:
         raise InputError("--runs and --restarts must be at least 1")
     check_files_exist([nbest, reference, start])
-    if "-" in (nbest, reference, start):
+    for role, path in (("the n-best list", nbest), ("--reference", reference)):
+        if is_pipe(path):  # a pipe is empty by the time the tools read it
+            raise InputError(
+                f"{role} is a pipe or standard input: rerank-tune reads it more than once, and "
+                "Moses' extractor reads it again; give a file (a .gz is fine)",
+                display_name(path),
+            )
+    if start == "-":
         raise InputError("rerank-tune reads its inputs as files (the tools read them too)")
     check_output_path(output)
     inputs = {"n-best list": nbest, "--reference": reference, "--start": start}
     refuse_outputs_onto_inputs(inputs, {"-o": output})
     check_work_folder(options.workdir, inputs)
-    references = list(iter_lines(reference))
+    references = read_reference(reference)
     start_weights = read_weights(start) if start else {}
     hypotheses = check_tuning_list(nbest, len(references), reference)
     moses = MosesInstall.find(moses_home, needs=["extractor", options.tuner])

@@ -1,9 +1,11 @@
-"""The special token ids every network is built around (Joey NMT's ``constants.py``).
+"""The special token ids, defined once for the networks and the vocabularies (Joey NMT's
+``constants.py``).
 
 A network knows ids, not vocabularies: its embeddings keep row :data:`PAD_ID` at zero, the decoder
 starts from :data:`BOS_ID` and a sequence ends with :data:`EOS_ID`. The vocabularies of
-:mod:`phrasescore.text.vocab` give their special symbols the same ids; the model file
-(:mod:`phrasescore.bundle`) checks that the two agree, so neither layer imports the other.
+:mod:`phrasescore.text.vocab` give their special symbols these ids. Both ``model/`` and ``text/``
+import them from here, below both, so neither layer imports the other and nothing has to check
+at run time that two copies agree.
 """
 
 PAD_ID = 0

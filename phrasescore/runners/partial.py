@@ -1,5 +1,6 @@
-"""The output of ``rescore`` while it is written: chunks appended to a partial file and its
-resume state, then renamed into place (or streamed to standard output).
+"""The output of a chunked job (``rescore``, ``nbest``) while it is written: chunks appended to
+a partial file and its resume state, then published under the output's name (the outputs that
+cannot be resumed, streams and outputs written whole, are :mod:`.streams`').
 
 Chunks and resume
 -----------------
@@ -30,16 +31,12 @@ import json
 import logging
 import os
 import zlib
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 
 from phrasescore.compression import TABLE_LEVEL, compress_member
 from phrasescore.errors import InputError, RunStopped
-from phrasescore.files import (
-    DISK_ERRORS,
-    AtomicOutput,
-    WholeWrites,
-    disk_errors,
-)
+from phrasescore.files.disk import DISK_ERRORS
+from phrasescore.files.outputs import AtomicOutput
 from phrasescore.runners.shards import (
     Shard,
     manifest_path,
@@ -59,19 +56,6 @@ def chunk_bytes(text: str | bytes, gzip_level: int | None) -> bytes:
     if gzip_level is None:
         return data
     return compress_member(data, gzip_level)
-
-
-@dataclass
-class ChunkOutput:
-    """What scoring one chunk gives: its bytes and the model scores it clamped (``--scoring
-    self-normalized``; counted here because a worker process's scorers are not the parent's)."""
-
-    data: bytes
-    clamped: int
-    record: dict
-    """:func:`~phrasescore.runners.shards.chunk_record`: lines, runs of one source, first/last source."""
-    too_long: int
-    """Pairs with a phrase over ``max_phrase_length`` tokens (given the floor value)."""
 
 
 def partial_paths(output: str) -> tuple[str, str]:
@@ -98,13 +82,27 @@ def check_work_paths(output: str, shard: Shard | None = None) -> None:
 class PartialOutput:
     """The partial output file and its JSON state (see the module docstring)."""
 
-    def __init__(self, output: str, identity: dict, gzip_level: int = TABLE_LEVEL):
+    resumable = True
+
+    def __init__(
+        self,
+        output: str,
+        identity: dict,
+        gzip_level: int = TABLE_LEVEL,
+        text: TextPublish | None = None,
+    ):
         self.output = output
         self.path, self.state_path = partial_paths(output)
         self.identity = identity
-        self.compress = output.endswith(".gz")
+        self.text = text
+        """None: the partial file holds the output's bytes (a ``.gz`` output's gzip members) and
+        is renamed into place; else it holds plain text that :meth:`publish` writes whole."""
+        self.compress = output.endswith(".gz") and text is None
         self.gzip_level = gzip_level if self.compress else None
         """What :func:`chunk_bytes` compresses with (None: a plain output)."""
+        self.totals: dict | None = None
+        """The job's running totals after the chunks written (kept in the state, restored by
+        a resume)."""
         self.lines_done = 0
         self.bytes_done = 0
         self.last_chunk: list[int] | None = None
@@ -181,7 +179,8 @@ class PartialOutput:
         if state.get("identity") != self.identity:
             raise InputError(
                 "cannot resume: the partial output was made from another input, model or "
-                "flags (run without --resume to start again)",
+                f"flags ({identity_difference(state.get('identity'), self.identity)} differs; "
+                "run without --resume to start again)",
                 self.output,
             )
         lines, size, last = state["lines"], state["bytes"], state["last_chunk"]
@@ -225,6 +224,8 @@ class PartialOutput:
         self.crc = state["crc32"]
         self.input_crc = state.get("input_crc32", 0)
         self.input_crc_recorded = "input_crc32" in state
+        totals = state.get("totals")
+        self.totals = dict(totals) if isinstance(totals, dict) else None
         self.handle.truncate(size)
         self.handle.seek(size)
         return True
@@ -305,9 +306,11 @@ class PartialOutput:
             self.output,
         )
 
-    def append_chunk(self, data: bytes, n_lines: int, source: bytes = b"") -> None:
+    def append_chunk(
+        self, data: bytes, n_lines: int, source: bytes = b"", totals: dict | None = None
+    ) -> None:
         """Append a chunk's bytes (:func:`chunk_bytes`: one gzip member for a ``.gz`` output)
-        made from the input lines ``source``."""
+        made from the input lines ``source``; ``totals``: the job's running totals after it."""
         with self._writing():
             self.handle.write(data)
             self.handle.flush()
@@ -317,6 +320,8 @@ class PartialOutput:
         self.last_chunk = [len(data), zlib.crc32(data)] if data else self.last_chunk
         self.crc = zlib.crc32(data, self.crc)
         self.input_crc = zlib.crc32(source, self.input_crc)
+        if totals is not None:
+            self.totals = dict(totals)
         with self._writing():
             self._write_state()
 
@@ -330,6 +335,7 @@ class PartialOutput:
                     "last_chunk": self.last_chunk,
                     "crc32": self.crc,
                     "input_crc32": self.input_crc,
+                    **({"totals": self.totals} if self.totals is not None else {}),
                 },
                 fh,
             )
@@ -341,8 +347,16 @@ class PartialOutput:
                 self.handle.write(compress_member(b"", self.gzip_level))
             self.handle.close()
 
-    def publish(self) -> None:
-        os.replace(self.path, self.output)
+    def publish(self, before_rename: Callable[[str], None] | None = None) -> None:
+        """Give the output its name (``before_rename(complete file)`` first: a shard's
+        manifest): the partial file renamed, or its text written whole (:class:`TextPublish`)."""
+        if self.text is None or not self.text.rewrites(self.output):
+            if before_rename is not None:
+                before_rename(self.path)
+            os.replace(self.path, self.output)
+        else:
+            self.text.write(self.path, self.output, before_rename)
+            os.unlink(self.path)
         os.unlink(self.state_path)
 
     def close_incomplete(self) -> None:
@@ -357,6 +371,55 @@ class PartialOutput:
         for path in (self.path, self.state_path):
             if os.path.exists(path):
                 os.unlink(path)
+
+
+class TextPublish:
+    """How a partial file of plain text becomes its output: as it is (renamed), or written
+    whole through :class:`~phrasescore.files.AtomicOutput` a line at a time, the lines passed
+    through ``final_lines`` (``nbest --one-best``: the best texts placed by sentence id) and
+    compressed for a ``.gz`` output, one gzip stream (the bytes of :class:`WholeOutput`)."""
+
+    def __init__(self, final_lines: Callable[[Iterable[str]], Iterable[str]] | None = None):
+        self.final_lines = final_lines
+
+    def rewrites(self, output: str) -> bool:
+        """Whether the partial file's bytes are not the output's as they are."""
+        return self.final_lines is not None or output.endswith(".gz")
+
+    def write(self, partial: str, output: str, before_rename) -> None:
+        with open(partial, encoding="utf-8", newline="\n") as fh:  # only "\n" ends a line
+            lines = self.final_lines(fh) if self.final_lines is not None else fh
+            with AtomicOutput(output, before_rename=before_rename) as out:
+                out.writelines(lines)
+
+
+_IDENTITY_PARTS = {
+    "input": "the input file (its path, size or modification time)",
+    "source": "--source",
+    "models": "the models (their signatures)",
+    "inverse": "the models' directions (-m, --inverse-model)",
+    "lms": "--lm",
+    "features": "the features added (-m, --inverse-model, --lm, --name, --lm-name)",
+    "shard": "--shard",
+    "gzip": "the gzip library",
+    "version": "the resume state's version",
+}
+
+
+def identity_difference(recorded, current: dict) -> str:
+    """What differs first between a partial output's resume key and this run's, in words: a
+    flag's name for one of the run's options (``options.chunk_lines`` -> ``--chunk-lines``)."""
+    recorded = recorded if isinstance(recorded, dict) else {}
+    for key in [*current, *(k for k in recorded if k not in current)]:
+        mine, theirs = current.get(key), recorded.get(key)
+        if mine == theirs:
+            continue
+        if key == "options" and isinstance(mine, dict) and isinstance(theirs, dict):
+            for name in [*mine, *(k for k in theirs if k not in mine)]:
+                if mine.get(name) != theirs.get(name):
+                    return "--" + name.replace("_", "-")
+        return _IDENTITY_PARTS.get(key, key)
+    return "nothing"
 
 
 def _valid_state(state: dict) -> bool:
@@ -381,64 +444,9 @@ def _valid_state(state: dict) -> bool:
     )
 
 
-class StdoutOutput:
-    """Standard output (``-``) or a named pipe or device (``output``:
-    :func:`~phrasescore.files.is_stream_target`) as a sink of chunks, written as a stream:
-    nothing to resume, publish or discard. Standard output is written as it is, never gzip; a
-    pipe or device as its name says (a ``.gz`` name: gzip members)."""
-
-    def __init__(self, output: str = "-", gzip_level: int = TABLE_LEVEL):
-        import sys
-
-        self.output = output
-        self.compress = output != "-" and output.endswith(".gz")
-        self.gzip_level = gzip_level if self.compress else None
-        self.stream = WholeWrites(sys.stdout.buffer, owned=False) if output == "-" else None
-        self.written = False
-
-    def open(self, resume: bool) -> int:
-        if resume:
-            where = "standard output" if self.output == "-" else "a named pipe or a device"
-            raise InputError(f"--resume needs an output file, not {where}")
-        if self.stream is None:
-            try:  # appending: /dev/stdout of a shell's >> keeps what the file held
-                self.stream = WholeWrites(open(self.output, "ab"))
-            except OSError as exc:
-                raise InputError(f"cannot write ({exc.strerror})", self.output) from None
-        return 0
-
-    def check_input(self, input_crc: int, before_refusal=None, provable: bool = True) -> None:
-        pass  # nothing resumed
-
-    def append_chunk(self, data: bytes, n_lines: int, source: bytes = b"") -> None:
-        with disk_errors(self.output):
-            self.stream.write(data)
-            self.stream.flush()
-        self.written = self.written or bool(data)
-
-    def complete(self) -> None:
-        with disk_errors(self.output):
-            if self.compress and not self.written:  # an empty table: an empty gzip stream
-                self.stream.write(compress_member(b"", self.gzip_level))
-            self.stream.flush()
-            if self.output != "-":
-                self.stream.close()
-
-    def publish(self) -> None:
-        pass
-
-    def close_incomplete(self) -> None:
-        if self.output != "-" and self.stream is not None and not self.stream.closed:
-            with contextlib.suppress(OSError):
-                self.stream.close()
-
-    def discard(self) -> None:
-        self.close_incomplete()
-
-
-def table_identity(table: str) -> dict:
-    """The input of a partial output (part of its resume key): path, size and mtime."""
-    if table == "-":
+def file_identity(path: str) -> dict:
+    """An input of a partial output (part of its resume key): path, size and mtime."""
+    if path == "-":
         return {"path": "-"}
-    st = os.stat(table)
-    return {"path": os.path.abspath(table), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    st = os.stat(path)
+    return {"path": os.path.abspath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}

@@ -1,0 +1,444 @@
+"""``nbest``'s list scored as a chunked job: its flags (:class:`NBestOptions`), what it reads
+(:class:`NBestRun`), what it gives (:class:`NBestResult`), and :func:`score_list`, the run
+itself, top to bottom: the weights, the source and the features' models loaded
+(:mod:`.features`), the list read in chunks cut at sentence-id groups (:class:`ListChunks`), each
+chunk scored (:class:`~.features.ChunkFeatures`), written (:mod:`.writer`) and appended through
+the runner every chunked job shares (:class:`~phrasescore.runners.chunked_job.ChunkedRun`).
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import logging
+import time
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from phrasescore.errors import InputError
+from phrasescore.files import display_name, iter_lines
+from phrasescore.jobs.feature_specs import FeatureModel
+from phrasescore.jobs.nbest.features import ChunkFeatures, load_features
+from phrasescore.jobs.nbest.writer import ListWriter, OneBestLines, regroup, with_features
+from phrasescore.moses.nbest import NBestEntry, iter_nbest_groups, read_nbest, read_weights
+from phrasescore.progress import progress_bar
+from phrasescore.runners.chunked_job import ChunkedRun, PartKey, PartPlan, RunFlags, Written
+from phrasescore.runners.partial import PartialOutput, TextPublish, file_identity
+from phrasescore.runners.shards import NBEST, Shard, chunk_record, joined_runs
+from phrasescore.runners.streams import WholeOutput
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class NBestOptions:
+    """Flags of ``phrasescore nbest``."""
+
+    name: str | None = None
+    """``--name`` of a plain ``-m MODEL`` (default ``RNNEncDec0``); None with ``NAME=MODEL``."""
+    normalize: bool = False
+    weights: str | None = None
+    one_best: bool = False
+    chunk_lines: int = 4000
+    """Lines per chunk (``--chunk-lines``): a chunk ends after the sentence that reaches it."""
+    batch_tokens: int = 8192
+    lm: str | None = None
+    """A CSLM file (``phrasescore train-lm``): also add ``lm_name= log p(hypothesis)``."""
+    lm_name: str = "CSLM0"
+    scoring: str = "exact"
+    """``exact`` or ``self-normalized`` (:mod:`phrasescore.engine.scoring`; the model's feature only)."""
+    inverse: bool = False
+    """The model is target->source: its feature is log p(source | hypothesis)."""
+    inverse_models: tuple[str, ...] = ()
+    """``--inverse-model NAME=MODEL[,MODEL]`` specs: target->source features."""
+
+
+@dataclass
+class NBestResult:
+    output: str
+    sentences: int
+    hypotheses: int
+    seconds: float
+    changed: int | None = None
+    """With weights: ids whose best hypothesis is not the one with the best original total."""
+    clamped: int = 0
+    """Self-normalized scoring: hypotheses whose log p was above 0, clamped to 0."""
+    scoring: str | None = None
+    """The model's scoring (``exact`` or ``self-normalized``); None without a model."""
+    resumed_hypotheses: int = 0
+    """``--resume``: the hypotheses an earlier run wrote (counted above, not scored here)."""
+    complete_already: bool = False
+    """``--resume --shard`` found the part complete (with its manifest): nothing was done."""
+
+    @property
+    def hypotheses_per_second(self) -> float:
+        return (self.hypotheses - self.resumed_hypotheses) / max(self.seconds, 1e-9)
+
+    def lines(self) -> list[str]:
+        """The summary ``nbest`` prints on standard error."""
+        if self.complete_already:
+            return [
+                f"phrasescore: {self.output} is complete already ({self.hypotheses} hypotheses "
+                f"of {self.sentences} sentences): nothing to do"
+            ]
+        resumed = ""
+        if self.resumed_hypotheses:
+            resumed = f" (resumed after {self.resumed_hypotheses} hypotheses)"
+        changed = "" if self.changed is None else f", best hypothesis changed for {self.changed}"
+        mode = ""
+        if self.scoring is not None:
+            mode = f", {self.scoring} scoring" + (
+                f" ({self.clamped} clamped at log p = 0)" if self.clamped else ""
+            )
+        return [
+            f"phrasescore: {self.hypotheses} hypotheses of {self.sentences} sentences{resumed}, "
+            f"{self.seconds:.1f} s{changed}{mode} -> {self.output}"
+        ]
+
+
+@dataclass
+class NBestRun:
+    """What one n-best run reads: the list, the source, the features and the flags that change
+    the bytes (how it runs, output included, is its
+    :class:`~phrasescore.runners.chunked_job.RunFlags`)."""
+
+    nbest: str
+    source: str
+    features: Sequence[FeatureModel]
+    options: NBestOptions
+    names: list[str]
+    """The features added, in order (the CSLM's first)."""
+    with_model: bool
+    """Whether a model's feature is added (else the CSLM's alone, or re-ranking alone)."""
+
+
+def score_list(run: NBestRun, flags: RunFlags) -> NBestResult:
+    """Add ``run``'s features to every hypothesis of its list into ``flags.output``, one chunk
+    of about ``chunk_lines`` hypotheses at a time (whole sentence-id groups); with
+    ``flags.resume`` after the chunks an earlier run wrote."""
+    options = run.options
+    with ChunkedRun(flags) as chunked:
+        weights = _read_weights(options.weights, run.names) if options.weights else None
+        sources = read_source(run.source)
+        device = chunked.device()
+        with chunked.loading():  # everything loaded before anything is written
+            features, signatures, scorer = load_features(
+                run.features,
+                options.lm,
+                options.lm_name,
+                device,
+                options.batch_tokens,
+                options.scoring,
+                options.normalize,
+            )
+        job = _manifest_job(run, signatures, weights, sources)
+        key = PartKey(NBEST, run.nbest, options.chunk_lines, job)
+        done = chunked.finished_part(key)
+        if done is not None:
+            return _finished(flags.output, done, options.scoring if run.with_model else None)
+        names = [name for name, _ in features]
+        writer = ListWriter(weights, options.weights, options.one_best, len(sources), names)
+        chunks = ListChunks(run.nbest, sources, run.source, options.chunk_lines, flags.shard)
+        chunks.first_chunk = scorer.warn_direction if scorer is not None else None
+        start_line = chunked.open(_output(run, flags, _identity(run, flags, job), len(sources)))
+        started = time.monotonic()
+        with progress_bar(flags.progress, unit=" hyps", unit_scale=True) as bar:
+            totals = chunked.resumed_totals()
+            writer.changed, clamped = totals.get("changed", 0), totals.get("clamped", 0)
+            input_crc = chunks.skip_done(start_line, writer, chunked.records)
+            if start_line:  # standard input: the CRC-32 of the lines read again is the only proof
+                chunked.check_input(input_crc, bar.close, provable=run.nbest != "-")
+            resumed = writer.hypotheses
+            bar.update(resumed)
+            score = ChunkFeatures(features, scorer)
+            warm_up = scorer.warm_up if scorer is not None else None
+            with chunked.scoring(score, warm_up) as scoring:
+                scored = scoring.results(chunks.pairs())
+                clamped = _write_scored(chunked, scored, chunks, writer, bar, clamped)
+                scoring.finish()
+            writer.finish(run.nbest)
+            chunked.complete()
+            chunked.publish(PartPlan(key, sum(chunks.plan), writer.hypotheses, chunks.plan))
+    result = _result(flags.output, writer, time.monotonic() - started, weights, clamped)
+    result.scoring = options.scoring if run.with_model else None
+    result.resumed_hypotheses = resumed
+    return result
+
+
+def _write_scored(chunked: ChunkedRun, scored, chunks: ListChunks, writer, bar, clamped: int):
+    """Append each scored chunk (``(pairs, values)`` in input order; None: another shard's) with
+    its new features; returns the model scores clamped so far."""
+    for _, values in scored:
+        chunk = chunks.pending.popleft()
+        if values is None:
+            writer.skip(chunk.groups)
+            continue
+        columns, chunk_clamped = values
+        clamped += chunk_clamped
+        entries = with_features(chunk.entries, writer.names, columns)
+        text = writer.chunk_text(regroup(entries, chunk.groups))
+        totals = {"changed": writer.changed, "clamped": clamped}
+        chunked.append(
+            Written(text.encode("utf-8"), _lines(text), chunk.source, chunks.record(chunk), totals)
+        )
+        bar.update(len(entries))
+    return clamped
+
+
+def _lines(text: str) -> int:
+    return text.count("\n")
+
+
+def _output(run: NBestRun, flags: RunFlags, identity: dict, n_sources: int):
+    """The list's output: a partial file and its state (``--resume``), published whole (one
+    gzip stream for ``.gz``; ``--one-best``: the best texts placed by id), or a stream."""
+    final = OneBestLines(n_sources) if run.options.one_best else None
+    if flags.stream:
+        return WholeOutput(flags.output, final)
+    return PartialOutput(flags.output, identity, text=TextPublish(final))
+
+
+def _identity(run: NBestRun, flags: RunFlags, job: dict) -> dict:
+    """What a partial output is made from (its resume key): the list, the source, the
+    features' models and the flags that change the bytes, the shard."""
+    options = run.options
+    identity = {
+        "input": file_identity(run.nbest),
+        "source": job["source"],
+        "features": job["features"],
+        "models": job["models"],
+        "lms": job["lms"],
+        "options": {
+            **job["options"],
+            "one_best": options.one_best,
+            "chunk_lines": options.chunk_lines,
+        },
+        "version": 1,
+    }
+    if flags.shard is not None:
+        identity["shard"] = [flags.shard.index, flags.shard.count]
+        log.info(
+            "shard %s: chunks i of about %d hypotheses with i %% %d == %d",
+            flags.shard,
+            options.chunk_lines,
+            flags.shard.count,
+            flags.shard.index - 1,
+        )
+    return identity
+
+
+def _finished(output: str, manifest: dict, scoring: str | None) -> NBestResult:
+    """The result of a part an earlier run finished (``--resume --shard``): nothing done."""
+    part = manifest["part"]
+    return NBestResult(
+        output,
+        joined_runs(list(part["chunks"])),
+        int(part["lines"]),
+        0.0,
+        None,
+        scoring=scoring,
+        complete_already=True,
+    )
+
+
+def read_source(path: str) -> list[str]:
+    """The source sentences, one per line."""
+    return list(iter_lines(path))
+
+
+def _read_weights(path: str, names: list[str]) -> dict[str, list[float]]:
+    """The weights of ``path``, which must weigh each new feature."""
+    weights = read_weights(path)
+    for name in names:
+        if name not in weights:
+            raise InputError(
+                f"gives no weight for the new feature {name}: add a line "
+                f"'{name}= 1.0' (or the weight MERT found) to its [weight] section",
+                display_name(path),
+            )
+        if len(weights[name]) != 1:
+            raise InputError(
+                f"{name} has one value but {len(weights[name])} weights", display_name(path)
+            )
+    return weights
+
+
+class ListChunk(NamedTuple):
+    """One chunk of the list: whole sentence-id groups."""
+
+    index: int
+    """Its index among all the list's chunks (a shard's own: ``index % N == K - 1``)."""
+    groups: list[list[NBestEntry]]
+    entries: list[NBestEntry]
+    """The groups' entries, in order."""
+    sources: list[str]
+    """The source sentence of each entry."""
+
+    @property
+    def source(self) -> bytes:
+        """The chunk's lines as read (a resume proves them the same by their CRC-32)."""
+        return "".join(entry.line() for entry in self.entries).encode("utf-8")
+
+
+def _grouped(groups: Iterable[list[NBestEntry]], size: int) -> Iterator[list[list[NBestEntry]]]:
+    """The groups gathered into chunks: a chunk ends after the group that brings it to ``size``
+    lines or more."""
+    chunk: list[list[NBestEntry]] = []
+    count = 0
+    for group in groups:
+        chunk.append(group)
+        count += len(group)
+        if count >= size:
+            yield chunk
+            chunk, count = [], 0
+    if chunk:
+        yield chunk
+
+
+class ListChunks:
+    """The list's chunks in input order (:func:`_grouped`), each entry's id checked against the
+    source: the chunks an earlier run wrote read past (:meth:`skip_done`), then the pairs each
+    chunk left scores (:meth:`pairs`; None for another shard's), every chunk kept in
+    :attr:`pending` until its scores come back; the sizes of all chunks in :attr:`plan` (a
+    shard's manifest)."""
+
+    def __init__(self, nbest: str, sources: list[str], source_path: str, size: int, shard):
+        self.nbest = nbest
+        self.sources = sources
+        self.source_path = source_path
+        self.size = size
+        self.shard: Shard | None = shard
+        self.plan: list[int] = []
+        self.pending: collections.deque[ListChunk] = collections.deque()
+        self.first_chunk = None
+        """Called with the first scored chunk's ``(sources, hypotheses)`` in this process (the
+        models' direction check, :meth:`~phrasescore.jobs.nbest.features.ModelFeatures.warn_direction`)."""
+        self._chunks = self._read()
+
+    def _read(self) -> Iterator[ListChunk]:
+        groups = iter_nbest_groups(read_nbest(self.nbest))
+        for index, chunk in enumerate(_grouped(groups, self.size)):
+            entries = [e for group in chunk for e in group]
+            self.plan.append(len(entries))
+            srcs = [_source_of(e, self.sources, self.source_path) for e in entries]
+            yield ListChunk(index, chunk, entries, srcs)
+
+    def _owns(self, chunk: ListChunk) -> bool:
+        return self.shard is None or self.shard.owns(chunk.index)
+
+    def record(self, chunk: ListChunk) -> dict | None:
+        """A shard's record of its chunk (:func:`~phrasescore.runners.shards.chunk_record`)."""
+        if self.shard is None:
+            return None
+        return chunk_record(chunk.index, [str(e.id) for e in chunk.entries])
+
+    def skip_done(self, start_line: int, writer: ListWriter, records: list[dict]) -> int:
+        """``--resume``: read past the chunks whose ``start_line`` output lines an earlier run
+        wrote (counted by ``writer``; a shard's records appended to ``records``); the CRC-32
+        of their input lines."""
+        done = input_crc = 0
+        while done < start_line:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                raise InputError(
+                    f"cannot resume: the list ends before the {start_line} output lines of the "
+                    "partial output (run without --resume to start again)",
+                    display_name(self.nbest),
+                )
+            if not self._owns(chunk):
+                writer.skip(chunk.groups)
+                continue
+            done += writer.count_done(chunk.groups)
+            input_crc = zlib.crc32(chunk.source, input_crc)
+            if self.shard is not None:
+                records.append(self.record(chunk))
+        if done != start_line:
+            raise InputError(
+                f"cannot resume: the partial output ends after its line {start_line}, within a "
+                "chunk of the list (run without --resume to start again)",
+                display_name(self.nbest),
+            )
+        if start_line:
+            log.info("resuming after %d output lines", start_line)
+        return input_crc
+
+    def pairs(self) -> Iterator[tuple[list[str], list[str]] | None]:
+        """The ``(sources, hypotheses)`` of each chunk left to score (None for another
+        shard's)."""
+        for chunk in self._chunks:
+            self.pending.append(chunk)
+            if not self._owns(chunk):
+                yield None
+                continue
+            hyps = [e.hypothesis for e in chunk.entries]
+            if self.first_chunk is not None:
+                self.first_chunk(chunk.sources, hyps)
+                self.first_chunk = None
+            yield chunk.sources, hyps
+
+
+def _source_of(entry: NBestEntry, sources: list[str], source_path: str) -> str:
+    if entry.id >= len(sources):
+        has = f"{len(sources)} lines (ids 0-{len(sources) - 1})" if sources else "no line"
+        raise InputError(
+            f"sentence id {entry.id} is out of range: the source {display_name(source_path)} has "
+            f"{has}; the list and the source do not match",
+            entry.path,
+            entry.lineno,
+        )
+    text = sources[entry.id]
+    if not text.strip():
+        raise InputError(
+            f"the source sentence of id {entry.id} (line {entry.id + 1} of "
+            f"{display_name(source_path)}) is empty; the list and the source do not match",
+            entry.path,
+            entry.lineno,
+        )
+    return text
+
+
+def _manifest_job(run: NBestRun, signatures: dict, weights, sources: list[str]) -> dict:
+    """What every shard of one n-best job must share (the manifest's ``job``)."""
+    options = run.options
+    inverse = [feature.name for feature in run.features if feature.inverse]
+    return {
+        "features": run.names,
+        **signatures,
+        "options": {
+            "normalize": options.normalize,
+            "batch_tokens": options.batch_tokens,
+            "scoring": options.scoring,
+            "weights": weights,
+            **({"inverse": inverse} if inverse else {}),
+        },
+        "source": {
+            "lines": len(sources),
+            "sha256": hashlib.sha256("\n".join(sources).encode("utf-8")).hexdigest(),
+        },
+    }
+
+
+def _result(output: str, writer: ListWriter, seconds: float, weights, clamped: int):
+    """The result of a run, logged."""
+    reranked = weights is not None
+    result = NBestResult(
+        "<stdout>" if output == "-" else output,
+        writer.sentences,
+        writer.hypotheses,
+        seconds,
+        writer.changed if reranked else None,
+        clamped,
+    )
+    log.info(
+        "%d hypotheses of %d sentences scored in %.1f s (%.0f hypotheses/s)%s",
+        writer.hypotheses,
+        writer.sentences,
+        seconds,
+        result.hypotheses_per_second,
+        f"; re-ranking changed the best hypothesis of {writer.changed} sentences"
+        if reranked
+        else "",
+    )
+    return result

@@ -1,0 +1,116 @@
+"""The recipe's small make (phrasescore.jobs.recipe.steps) over steps that copy files: which steps
+a run runs, their stamps and logs, staged outputs, a failed step."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from phrasescore.errors import RunStopped
+from phrasescore.jobs.recipe.steps import KILL_HOOK, Step, StepGraph
+
+
+def two_steps(folder: Path, suffix: str = "!") -> list[Step]:
+    """copy: input -> middle (a program, its output staged); shout: middle + suffix -> output."""
+    source, middle, output = folder / "input.txt", folder / "middle.txt", folder / "output.txt"
+
+    def shout() -> None:
+        output.write_text(middle.read_text() + suffix, encoding="utf-8")
+
+    return [
+        Step(
+            name="copy",
+            kind="copy",
+            inputs=[str(source)],
+            outputs=[str(middle)],
+            settings={"cp": []},
+            command=["cp", str(source), str(middle) + ".tmp"],
+            staged={str(middle) + ".tmp": str(middle)},
+        ),
+        Step(
+            name="shout",
+            kind="shout",
+            inputs=[str(middle)],
+            outputs=[str(output)],
+            settings={"suffix": suffix},
+            action=shout,
+        ),
+    ]
+
+
+def run(folder: Path, steps: list[Step]) -> dict[str, str]:
+    graph = StepGraph(steps, folder / "logs")
+    plan = graph.run(graph.plan(), progress=lambda message: None)
+    return {p.step.name: p.state for p in plan}
+
+
+def test_a_step_runs_when_its_settings_or_inputs_change_and_only_then(tmp_path):
+    (tmp_path / "input.txt").write_text("hello", encoding="utf-8")
+    assert run(tmp_path, two_steps(tmp_path)) == {"copy": "run", "shout": "run"}
+    assert (tmp_path / "output.txt").read_text() == "hello!"
+    assert not (tmp_path / "middle.txt.tmp").exists()
+    assert (tmp_path / "logs" / "copy.log").read_text().startswith("# cp ")
+    assert run(tmp_path, two_steps(tmp_path)) == {"copy": "up to date", "shout": "up to date"}
+
+    steps = two_steps(tmp_path, suffix="?")
+    graph = StepGraph(steps, tmp_path / "logs")
+    assert [p.reason for p in graph.plan()] == ["", "settings changed: suffix"]
+    assert run(tmp_path, steps) == {"copy": "up to date", "shout": "run"}
+    assert (tmp_path / "output.txt").read_text() == "hello?"
+
+    (tmp_path / "input.txt").write_text("bye", encoding="utf-8")
+    earlier = (tmp_path / "input.txt").stat().st_mtime_ns - 10_000_000_000
+    for made in ("middle.txt", "output.txt"):  # made before the input changed
+        os.utime(tmp_path / made, ns=(earlier, earlier))
+    steps = two_steps(tmp_path, suffix="?")
+    reasons = [p.reason for p in StepGraph(steps, tmp_path / "logs").plan()]
+    assert reasons == [f"{tmp_path / 'input.txt'} is newer than its outputs", "after copy"]
+    assert run(tmp_path, steps) == {"copy": "run", "shout": "run"}
+    assert (tmp_path / "output.txt").read_text() == "bye?"
+
+    (tmp_path / "output.txt").unlink()
+    assert run(tmp_path, two_steps(tmp_path, "?")) == {"copy": "up to date", "shout": "run"}
+
+
+def test_a_failed_step_stops_the_run_and_the_finished_steps_are_kept(tmp_path):
+    (tmp_path / "input.txt").write_text("hello", encoding="utf-8")
+    steps = two_steps(tmp_path)
+    steps[1] = Step(
+        name="shout",
+        kind="shout",
+        inputs=[str(tmp_path / "middle.txt")],
+        outputs=[str(tmp_path / "output.txt")],
+        settings={},
+        command=["sh", "-c", "echo the tool says no >&2; exit 3"],
+    )
+    with pytest.raises(RunStopped, match="shout failed with exit code 3: the steps that finished"):
+        run(tmp_path, steps)
+    assert (tmp_path / "logs" / "copy.stamp").exists()
+    assert not (tmp_path / "logs" / "shout.stamp").exists()
+    assert "the tool says no" in (tmp_path / "logs" / "shout.log").read_text()
+    assert run(tmp_path, two_steps(tmp_path)) == {"copy": "up to date", "shout": "run"}
+
+
+def test_a_run_killed_after_a_step_wrote_its_output_redoes_that_step(tmp_path):
+    (tmp_path / "input.txt").write_text("hello", encoding="utf-8")
+    script = (
+        "import sys; from pathlib import Path\n"
+        "from phrasescore.jobs.recipe.steps import StepGraph\n"
+        "sys.path.insert(0, sys.argv[2])\n"
+        "from test_recipe_steps import two_steps\n"
+        "folder = Path(sys.argv[1])\n"
+        "graph = StepGraph(two_steps(folder), folder / 'logs')\n"
+        "graph.run(graph.plan(), progress=print)\n"
+    )
+    env = {**os.environ, KILL_HOOK: "copy"}
+    command = [sys.executable, "-c", script, str(tmp_path), str(Path(__file__).parent)]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert proc.returncode == -9, proc.stderr
+    assert (tmp_path / "middle.txt").read_text() == "hello"  # the output is there, the stamp not
+    assert not (tmp_path / "logs" / "copy.stamp").exists()
+    assert run(tmp_path, two_steps(tmp_path)) == {"copy": "run", "shout": "run"}
+    assert (tmp_path / "output.txt").read_text() == "hello!"
