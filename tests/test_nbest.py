@@ -214,6 +214,10 @@ def dup_feature_list(tmp_path: Path, model: str) -> str:
         ("empty source line", "labelled-50best.nbest:101: the source sentence of id 2"),
         ("source too long", "ends with sentence id 4 but the source has 8 lines"),
         ("empty list", "empty.nbest: the n-best list is empty but the source has 5 lines"),
+        (
+            "ids out of order",
+            "ends with sentence id 0 (its highest is 1) but the source has 5 lines",
+        ),
         ("empty source", "sentence id 0 is out of range: the source "),
         ("no weight for the feature", "gives no weight for the new feature RNNEncDec0"),
         ("one-best without weights", "--one-best needs --weights"),
@@ -236,6 +240,11 @@ def test_bad_input_is_one_line_and_no_output(tmp_path, tiny_model_path, case, me
         source = write_lines(tmp_path / "source.en", src[:8])
     elif case == "empty list":  # named empty, not a list "ending with sentence id -1"
         nbest = write_lines(tmp_path / "empty.nbest", [])
+    elif case == "ids out of order":  # the last group's id named, not the highest one's
+        lines = text_bytes(MOSES / "labelled-50best.nbest").decode().splitlines()
+        ones = [line for line in lines if line.startswith("1 ")]
+        zeros = [line for line in lines if line.startswith("0 ")]
+        nbest = write_lines(tmp_path / "unordered.nbest", ones + zeros)
     elif case == "empty source":  # named as having no line, not "(ids 0--1)"
         source = write_lines(tmp_path / "source.en", [])
         message += f"{source} has no line; the list and the source do not match"

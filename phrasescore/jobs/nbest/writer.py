@@ -69,6 +69,7 @@ class ListWriter:
         self.one_best = one_best
         self.sentences = self.hypotheses = self.changed = 0
         self.last_id = -1
+        self.final_id = -1
         self.missing: list[int] = []
         """Ids without a hypothesis before the last id seen (:meth:`finish` warns)."""
         self.check_weighed = weights is not None and not names
@@ -125,11 +126,16 @@ class ListWriter:
         """The next group's id: the ids skipped before it are missing."""
         self.missing.extend(gap_ids(self.last_id, sentence_id))
         self.last_id = max(self.last_id, sentence_id)
+        self.final_id = sentence_id
 
     def finish(self, nbest: str) -> None:
         """Refuse a list that ends before the source; warn of ids without a hypothesis."""
         if self.last_id + 1 != self.n_sources:
-            ends = "is empty" if self.last_id < 0 else f"ends with sentence id {self.last_id}"
+            ends = "is empty" if self.last_id < 0 else f"ends with sentence id {self.final_id}"
+            if (
+                0 <= self.final_id < self.last_id
+            ):  # out of order: the highest id is the one that counts
+                ends += f" (its highest is {self.last_id})"
             raise InputError(
                 f"the n-best list {ends} but the source has "
                 f"{self.n_sources} lines: the list and the source do not match (give exactly "
