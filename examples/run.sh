@@ -6,7 +6,7 @@
 #      test_2016_flickr (test), val lines 201-500 (the models' validation set), and with Moses
 #      ($MOSES_HOME) a 5-gram KenLM built by its lmplz from the example corpus and a moses.ini
 #      with absolute paths (the shipped ini's lexical reordering table is not shipped),
-#   2. phrasescore recipe: the five models (two at a time on 2 cores), the column, and with Moses
+#   2. phrasescore recipe (its work folder: OUT/recipe): the five models (two at a time on 2 cores), the column, and with Moses
 #      MERT, the tuned system's 100-best lists, their four features, the re-ranking weights and
 #      the test BLEU before and after; without Moses those steps are reported as skipped.
 # Run again, it redoes nothing (each step is up to date); killed, it resumes where it stopped.
@@ -51,7 +51,8 @@ fi
 
 mkdir -p "$out/system"
 out="$(cd "$out" && pwd)"
-system="$out/system"
+system="$out/system"  # the example system, made runnable
+work="$out/recipe"    # the recipe's work folder
 corpus="$here/corpus"
 started=$(date +%s)
 # Written only when their content changes, so that a second run finds every step up to date.
@@ -85,28 +86,28 @@ sed -e "s#path=phrase-table.gz#path=$here/model/phrase-table.gz#" -e '/^LexicalR
 
 echo "== phrasescore recipe on the example system ($sentences dev and test sentences)" >&2
 python3 -m phrasescore recipe --moses-ini "$system/moses.ini" --corpus "$corpus/train.tok.lc" \
-  --valid "$system/valid" --dev "$system/dev" --test "$system/test" --f en --e fr -o "$out" \
+  --valid "$system/valid" --dev "$system/dev" --test "$system/test" --f en --e fr -o "$work" \
   ${mert[@]+"${mert[@]}"} "${budget[@]}" --valid-every 25 --seed 1 | tee "$out/recipe.txt"
 
 perplexities() {  # the validation perplexity of each model against its unigram's
   local name
   for name in column l2r r2l inverse lstm; do
-    awk -F'\t' -v n="$name" '{sub("valid_ppl=", "", $2); sub("unigram_ppl=", "", $3); printf "%s %s (unigram %s)  ", n, $2, $3}' "$out/nn/$name.result"
+    awk -F'\t' -v n="$name" '{sub("valid_ppl=", "", $2); sub("unigram_ppl=", "", $3); printf "%s %s (unigram %s)  ", n, $2, $3}' "$work/nn/$name.result"
   done
 }
 cat <<REPORT
 
 phrasescore example: done in $(( $(date +%s) - started )) s
-  models         $out/nn/{column,l2r,r2l,inverse,lstm}.safetensors, each with its .log and
+  models         $work/nn/{column,l2r,r2l,inverse,lstm}.safetensors, each with its .log and
                  .curve.png; validation perplexity:
                  $(perplexities)
-  phrase table   $out/model/phrase-table.rescored.gz (+1 column: p(target | source)) and
-                 $out/model/moses.rescored.ini
-  first line     $(zcat "$out/model/phrase-table.rescored.gz" | sed -n 1p)
-  steps          each step's log and stamp in $out/logs (progress: recipe.log)
+  phrase table   $work/model/phrase-table.rescored.gz (+1 column: p(target | source)) and
+                 $work/model/moses.rescored.ini
+  first line     $(zcat "$work/model/phrase-table.rescored.gz" | sed -n 1p)
+  steps          each step's log and stamp in $work/logs (progress: recipe.log)
 REPORT
-if [[ -f $out/results.txt ]]; then
-  echo "  results        $out/results.txt (tuned weights: $out/mert/moses.ini, $out/rerank.weights)"
+if [[ -f $work/results.txt ]]; then
+  echo "  results        $work/results.txt (tuned weights: $work/mert/moses.ini, $work/rerank.weights)"
 else
   echo "  Moses steps    skipped: set MOSES_HOME to a Moses build and run again (the models and the"
   echo "                 table are kept: the recipe goes on from them)"

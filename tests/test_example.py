@@ -27,7 +27,7 @@ def test_example_run_quick(tmp_path):
     assert "phrase-table.rescored.gz" in proc.stdout
     assert sorted(p.relative_to(EXAMPLES) for p in EXAMPLES.rglob("*")) == before  # only read
     table_in = EXAMPLES / "model" / "phrase-table.gz"
-    table_out = tmp_path / "model" / "phrase-table.rescored.gz"
+    table_out = tmp_path / "recipe" / "model" / "phrase-table.rescored.gz"
     with (
         gzip.open(table_in, "rt", encoding="utf-8") as a,
         gzip.open(table_out, "rt", encoding="utf-8") as b,
@@ -39,7 +39,7 @@ def test_example_run_quick(tmp_path):
         assert len(new.scores) == len(old.scores) + 1
         assert format_entry(new._replace(scores=new.scores[:-1])) == format_entry(old)
         assert 0 < float(new.scores[-1]) <= 1
-    ini = (tmp_path / "model" / "moses.rescored.ini").read_text()
+    ini = (tmp_path / "recipe" / "model" / "moses.rescored.ini").read_text()
     (table,) = list_phrase_tables(ini)
     assert table.num_features == 5 and table.path == str(table_out)
     counts = count_features_and_weights(ini)
@@ -49,11 +49,16 @@ def test_example_run_quick(tmp_path):
             assert features == weights, name
     # the recipe's five models, each with its log, curve and result line
     for name in ("column", "l2r", "r2l", "inverse", "lstm"):
-        model = tmp_path / "nn" / f"{name}.safetensors"
-        assert model.stat().st_size > 0 and (tmp_path / "nn" / f"{name}.safetensors.log").exists()
-        assert (tmp_path / "nn" / f"{name}.safetensors.curve.png").stat().st_size > 0
-        assert "\tsteps=30\t" in (tmp_path / "nn" / f"{name}.result").read_text()  # --quick
-        assert (tmp_path / "logs" / f"train-{name}.stamp").exists()
+        model = tmp_path / "recipe" / "nn" / f"{name}.safetensors"
+        assert (
+            model.stat().st_size > 0
+            and (tmp_path / "recipe" / "nn" / f"{name}.safetensors.log").exists()
+        )
+        assert (tmp_path / "recipe" / "nn" / f"{name}.safetensors.curve.png").stat().st_size > 0
+        assert (
+            "\tsteps=30\t" in (tmp_path / "recipe" / "nn" / f"{name}.result").read_text()
+        )  # --quick
+        assert (tmp_path / "recipe" / "logs" / f"train-{name}.stamp").exists()
     # no Moses here: its steps are reported as skipped, and the demo says how to run them
     words = [line.split() for line in proc.stdout.splitlines()]
     steps = {w[0]: " ".join(w[1:]) for w in words if w and w[0] in ("rescore", "mert")}
