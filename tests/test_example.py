@@ -20,7 +20,7 @@ def test_example_run_quick(tmp_path):
         ["bash", str(EXAMPLES / "run.sh"), "--quick", "--out", str(tmp_path)],
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=2400,
         env=env,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -70,7 +70,7 @@ def test_example_run_quick(tmp_path):
         ["bash", str(EXAMPLES / "run.sh"), "--quick", "--out", str(tmp_path)],
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=2400,
         env=env,
     )
     assert again.returncode == 0, again.stderr[-2000:]
