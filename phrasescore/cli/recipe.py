@@ -10,7 +10,7 @@ from phrasescore.cli.options import POSITIVE, POSITIVE_FLOAT, take
 
 
 @cli.command(
-    "recipe", short_help="The whole recipe over a Moses system, each step run only when needed."
+    "recipe", short_help="The whole recipe over a Moses system, resumable."
 )
 @click.option("--moses-ini", required=True, help="The Moses system's moses.ini.")
 @click.option("--table", help="Its phrase table (default: the one the ini declares).")
