@@ -130,6 +130,71 @@ def _next_logprobs(network: EncoderDecoder, state: dict[str, Tensor], prev: Tens
     return torch.log_softmax(network.logits(features).float(), dim=-1), state
 
 
+class _Completed:
+    """The complete hypotheses of every source, on the device, in the order they were completed:
+    log p, tokens, length, count. A source completes at most 2 * beam - 1 (fewer than ``beam``
+    before its last step, ``beam`` in it); slot 2 * beam takes the writes of candidates that
+    are not complete, so a step stores without looking at which ones are."""
+
+    def __init__(self, n_src: int, beam: int, longest: int, device: torch.device):
+        self.beam, self.slots = beam, 2 * beam
+        self.lp = torch.full((n_src, self.slots + 1), NEG_INF, device=device)
+        self.tokens = torch.zeros((n_src, self.slots + 1, longest), dtype=torch.long, device=device)
+        self.length = torch.zeros((n_src, self.slots + 1), dtype=torch.long, device=device)
+        self.count = torch.zeros(n_src, dtype=torch.long, device=device)
+
+    def add(self, active: Tensor, top_lp: Tensor, ended: Tensor, ended_beam: Tensor,
+            tokens: Tensor, step: int) -> None:  # fmt: skip
+        """Store the candidates ``ended`` (EOS among the first ``beam``, in rank order) of the
+        ``active`` sources: their log p, and the tokens of the beam rows they end."""
+        counts = self.count[active]
+        slot = torch.where(ended, counts[:, None] + ended.long().cumsum(1) - 1, self.slots)
+        rows = active[:, None].expand(-1, self.beam)
+        self.lp[rows, slot] = torch.where(ended, top_lp, NEG_INF)
+        self.length[rows, slot] = step
+        if step:
+            ended_tokens = tokens.gather(1, ended_beam[:, :, None].expand(-1, -1, step))
+            self.tokens[rows, slot, :step] = ended_tokens
+        self.count[active] = counts + ended.sum(1)
+
+    def settled(self, active: Tensor, best_alive: Tensor, n: int, options) -> Tensor:
+        """:func:`_settled_rows` of the ``active`` sources."""
+        return _settled_rows(self.lp[active, : self.slots], self.length[active, : self.slots],
+                             self.count[active], best_alive, n, options)  # fmt: skip
+
+    def lists(self) -> list[list[tuple[tuple[int, ...], float]]]:
+        """Per source, its complete hypotheses (tokens, log p) in the order they were completed."""
+        counts, lps, lens = self.count.tolist(), self.lp.tolist(), self.length.tolist()
+        all_tokens = self.tokens.tolist()
+        return [
+            [(tuple(all_tokens[b][k][: lens[b][k]]), lps[b][k]) for k in range(counts[b])]
+            for b in range(len(counts))
+        ]
+
+
+def _next_beam(top_lp: Tensor, top_beam: Tensor, top_tok: Tensor, is_eos: Tensor,
+               tokens: Tensor, beam: int, step: int):  # fmt: skip
+    """The new partial hypotheses: the first ``beam`` finite candidates that are not EOS, as
+    (their log p, the beam row each extends, its new token, the token lists)."""
+    usable = ~is_eos & torch.isfinite(top_lp)
+    order = torch.argsort((~usable).to(torch.int8), dim=1, stable=True)[:, :beam]
+    new_lp = top_lp.gather(1, order).masked_fill(~usable.gather(1, order), NEG_INF)
+    new_beam = top_beam.gather(1, order)
+    new_tok = top_tok.gather(1, order).masked_fill(~usable.gather(1, order), EOS_ID)
+    tokens = torch.cat([tokens.gather(1, new_beam.unsqueeze(2).expand(-1, -1, step)),
+                        new_tok.unsqueeze(2)], dim=2)  # fmt: skip
+    return new_lp, new_beam, new_tok, tokens
+
+
+def _only_eos_at_limit(logp: Tensor, limits: Tensor, step: int, beam: int) -> Tensor:
+    """``logp`` with every word but EOS masked in the rows at their length limit (a select over
+    all rows, not a look at whether any row is there: no wait for the device)."""
+    at_limit = (limits <= step).repeat_interleave(beam)
+    only_eos = torch.full_like(logp, NEG_INF)
+    only_eos[:, EOS_ID] = logp[:, EOS_ID]
+    return torch.where(at_limit[:, None], only_eos, logp)
+
+
 @torch.inference_mode()
 def beam_search(
     network: EncoderDecoder,
@@ -167,62 +232,31 @@ def beam_search(
     alive_lp[:, 0] = 0.0
     tokens = torch.empty((n_src, beam, 0), dtype=torch.long, device=device)
     banned = _banned_tokens(options.forbid_unk)
-    # the sources still searched (original indices) and, per source, the complete hypotheses
-    # on the device, in the order they were completed: log p, tokens, length, count (a source
-    # completes at most 2 * beam - 1: fewer than `beam` before its last step, `beam` in it;
-    # slot 2 * beam takes the writes of candidates that are not complete)
-    active = torch.arange(n_src, device=device)
-    slots = 2 * beam
-    longest = int(limits.max()) + 1
-    fin_lp = torch.full((n_src, slots + 1), NEG_INF, device=device)
-    fin_tokens = torch.zeros((n_src, slots + 1, longest), dtype=torch.long, device=device)
-    fin_len = torch.zeros((n_src, slots + 1), dtype=torch.long, device=device)
-    fin_count = torch.zeros(n_src, dtype=torch.long, device=device)
-    alpha = options.length_penalty
+    active = torch.arange(n_src, device=device)  # the sources still searched
+    completed = _Completed(n_src, beam, int(limits.max()) + 1, device)
     step = 0
     while True:
         logp, state = _next_logprobs(network, state, prev)
         logp[:, banned] = NEG_INF
-        # rows at their length limit may only end: every word but EOS masked (a select over
-        # all rows, not a look at whether any row is there: no wait for the device)
-        at_limit = (limits <= step).repeat_interleave(beam)
-        only_eos = torch.full_like(logp, NEG_INF)
-        only_eos[:, EOS_ID] = logp[:, EOS_ID]
-        logp = torch.where(at_limit[:, None], only_eos, logp)
+        logp = _only_eos_at_limit(logp, limits, step, beam)
         n_act = active.shape[0]
         cand = (alive_lp.unsqueeze(2) + logp.view(n_act, beam, vocab)).view(n_act, beam * vocab)
         top_lp, top_idx = cand.topk(min(2 * beam, beam * vocab), dim=1)
         top_beam, top_tok = top_idx // vocab, top_idx % vocab
-        # complete hypotheses: EOS among the first `beam` candidates, stored in rank order
         is_eos = (top_tok == EOS_ID) & torch.isfinite(top_lp)
         ended = is_eos[:, :beam]
-        counts = fin_count[active]
-        slot = torch.where(ended, counts[:, None] + ended.long().cumsum(1) - 1, slots)
-        rows = active[:, None].expand(-1, beam)
-        fin_lp[rows, slot] = torch.where(ended, top_lp[:, :beam], NEG_INF)
-        fin_len[rows, slot] = step
-        if step:
-            ended_tokens = tokens.gather(1, top_beam[:, :beam, None].expand(-1, -1, step))
-            fin_tokens[rows, slot, :step] = ended_tokens
-        fin_count[active] = counts + ended.sum(1)
-        # new partial hypotheses: the first `beam` finite candidates that are not EOS
-        usable = ~is_eos & torch.isfinite(top_lp)
-        order = torch.argsort((~usable).to(torch.int8), dim=1, stable=True)[:, :beam]
-        new_lp = top_lp.gather(1, order).masked_fill(~usable.gather(1, order), NEG_INF)
-        new_beam = top_beam.gather(1, order)
-        new_tok = top_tok.gather(1, order).masked_fill(~usable.gather(1, order), EOS_ID)
-        tokens = torch.cat([tokens.gather(1, new_beam.unsqueeze(2).expand(-1, -1, step)),
-                            new_tok.unsqueeze(2)], dim=2)  # fmt: skip
-        alive_lp = new_lp
+        completed.add(active, top_lp[:, :beam], ended, top_beam[:, :beam], tokens, step)
+        alive_lp, new_beam, prev, tokens = _next_beam(
+            top_lp, top_beam, top_tok, is_eos, tokens, beam, step
+        )
         source_rows = torch.arange(n_act, device=device).unsqueeze(1) * beam
         keep_rows = (source_rows + new_beam).view(-1)
-        prev = new_tok.view(-1)
+        prev = prev.view(-1)
         # sources that are done leave the batch: at their limit, nothing alive, `beam`
         # complete, or settled (_settled, for all sources in one tensor expression)
         best_alive = alive_lp.max(dim=1).values
-        done = (limits <= step) | ~torch.isfinite(best_alive) | (fin_count[active] >= beam)
-        done |= _settled_rows(fin_lp[active, :slots], fin_len[active, :slots],
-                              fin_count[active], best_alive, step + 2, options)  # fmt: skip
+        done = (limits <= step) | ~torch.isfinite(best_alive) | (completed.count[active] >= beam)
+        done |= completed.settled(active, best_alive, step + 2, options)
         stay_t = (~done).nonzero(as_tuple=True)[0]  # the step's one wait for the device
         if stay_t.shape[0] == 0:
             break
@@ -234,13 +268,8 @@ def beam_search(
             alive_lp, tokens, limits = alive_lp[stay_t], tokens[stay_t], limits[stay_t]
         state = select_rows(state, keep_rows)
         step += 1
-    counts, lps, lens = fin_count.tolist(), fin_lp.tolist(), fin_len.tolist()
-    all_tokens = fin_tokens.tolist()
-    finished = [
-        [(tuple(all_tokens[b][k][: lens[b][k]]), lps[b][k]) for k in range(counts[b])]
-        for b in range(n_src)
-    ]
-    return [_best(complete, options.nbest, alpha) for complete in finished]
+    alpha = options.length_penalty
+    return [_best(complete, options.nbest, alpha) for complete in completed.lists()]
 
 
 def _settled_rows(

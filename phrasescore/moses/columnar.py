@@ -172,19 +172,7 @@ def parse_chunk(
     if len(buf) and buf.max() >= 0x80:  # ASCII is UTF-8
         decode_text(data, name, first_lineno)  # invalid UTF-8: the line named
     size = len(buf)
-    newlines = np.flatnonzero(buf == _LF)
-    newline_missing = bool(size) and data[-1] != _LF
-    line_start = np.concatenate(([0], newlines + 1)).astype(np.int64)
-    line_end = np.concatenate((newlines + 1, [size])).astype(np.int64)
-    if not newline_missing:
-        line_start, line_end = line_start[:-1], line_end[:-1]
-    n = len(line_start)
-    # the body: the line without its "\n" or "\r\n"
-    body_end = line_end.copy()
-    ends_lf = _at(buf, line_end - 1) == _LF
-    body_end[ends_lf] -= 1
-    ends_crlf = ends_lf & (body_end > line_start) & (_at(buf, body_end - 1) == _CR)
-    body_end[ends_crlf] -= 1
+    line_start, line_end, body_end, newline_missing = _lines(buf)
     # the first three "|||" of each line, as str.find finds them
     bars = buf == _BAR
     triples = np.flatnonzero(bars[:-2] & bars[1:-1] & bars[2:]) if size >= 3 else np.zeros(0)
@@ -214,30 +202,7 @@ def parse_chunk(
         bare = carriage[_at(buf, carriage + 1) != _LF]
         if len(bare):
             fast[np.searchsorted(line_start, bare, side="right") - 1] = False
-    # score fields: only score bytes and single spaces, num_scores of them
-    field_len = np.where(fast, sc_end - sc_start, 0)
-    field_at = np.concatenate(([0], np.cumsum(field_len)))
-    scores = buf[_spans_index(sc_start, field_len, int(field_at[-1]))]
-    kind = _CLASS[scores]
-
-    def line_of(positions: np.ndarray) -> np.ndarray:
-        return np.searchsorted(field_at, positions, side="right") - 1
-
-    other = np.flatnonzero(kind == _OTHER)
-    if len(other):
-        fast[line_of(other)] = False
-    spaces = np.flatnonzero(kind == _SPACE)
-    per_line = np.bincount(line_of(spaces), minlength=n)
-    if num_scores < 0 and n and fast[0]:
-        num_scores = int(per_line[0]) + 1
-    fast &= per_line + 1 == num_scores
-    double = spaces[1:][np.diff(spaces) == 1]
-    if len(double):
-        fast[line_of(double)] = False
-    if validate and fast.any():
-        bad = _bad_scores(kind, field_at, field_len, spaces)
-        if len(bad):
-            fast[line_of(bad)] = False
+    num_scores = _check_score_fields(buf, fast, sc_start, sc_end, num_scores, validate)
     entries: dict[int, PhraseTableEntry] = {}
     if not fast.all():
         # the line-by-line parser: its errors, and the lines of another layout
@@ -266,6 +231,62 @@ def parse_chunk(
         newline_missing,
         entries,
     )
+
+
+def _lines(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+    """Each line's start, end (after its newline) and body end (before its "\\n" or
+    "\\r\\n"), and whether the last line lacks its newline."""
+    size = len(buf)
+    newlines = np.flatnonzero(buf == _LF)
+    newline_missing = bool(size) and buf[-1] != _LF
+    line_start = np.concatenate(([0], newlines + 1)).astype(np.int64)
+    line_end = np.concatenate((newlines + 1, [size])).astype(np.int64)
+    if not newline_missing:
+        line_start, line_end = line_start[:-1], line_end[:-1]
+    body_end = line_end.copy()
+    ends_lf = _at(buf, line_end - 1) == _LF
+    body_end[ends_lf] -= 1
+    ends_crlf = ends_lf & (body_end > line_start) & (_at(buf, body_end - 1) == _CR)
+    body_end[ends_crlf] -= 1
+    return line_start, line_end, body_end, bool(newline_missing)
+
+
+def _check_score_fields(
+    buf: np.ndarray,
+    fast: np.ndarray,
+    sc_start: np.ndarray,
+    sc_end: np.ndarray,
+    num_scores: int,
+    validate: bool,
+) -> int:
+    """Clear ``fast`` (in place) for the lines whose score field is not only score bytes and
+    single spaces, ``num_scores`` numbers (-1: as many as the first line has), each one a
+    number where ``validate``; returns ``num_scores``."""
+    n = len(fast)
+    field_len = np.where(fast, sc_end - sc_start, 0)
+    field_at = np.concatenate(([0], np.cumsum(field_len)))
+    scores = buf[_spans_index(sc_start, field_len, int(field_at[-1]))]
+    kind = _CLASS[scores]
+
+    def line_of(positions: np.ndarray) -> np.ndarray:
+        return np.searchsorted(field_at, positions, side="right") - 1
+
+    other = np.flatnonzero(kind == _OTHER)
+    if len(other):
+        fast[line_of(other)] = False
+    spaces = np.flatnonzero(kind == _SPACE)
+    per_line = np.bincount(line_of(spaces), minlength=n)
+    if num_scores < 0 and n and fast[0]:
+        num_scores = int(per_line[0]) + 1
+    fast &= per_line + 1 == num_scores
+    double = spaces[1:][np.diff(spaces) == 1]
+    if len(double):
+        fast[line_of(double)] = False
+    if validate and fast.any():
+        bad = _bad_scores(kind, field_at, field_len, spaces)
+        if len(bad):
+            fast[line_of(bad)] = False
+    return num_scores
 
 
 def _spans_index(start: np.ndarray, length: np.ndarray, total: int) -> np.ndarray:
