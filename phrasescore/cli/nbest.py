@@ -9,6 +9,7 @@ from phrasescore.cli.options import (
     POSITIVE,
     device_option,
     no_progress_option,
+    resume_option,
     scoring_option,
     shard_option,
     take,
@@ -63,7 +64,7 @@ from phrasescore.cli.options import (
 @device_option
 @threads_option
 @workers_option
-@click.option("--resume", is_flag=True, help="Continue an interrupted run from its last chunk.")
+@resume_option
 @no_progress_option
 def nbest_command(**params):
     """Add log p(hypothesis | source) to every line of a Moses n-best list NBEST (- for stdin).

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-import re
 
 import click
 
@@ -154,8 +153,9 @@ class FiniteFloat(click.FloatRange):
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number", param, ctx)
         if number == 0 and isinstance(value, str):
-            mantissa = re.split("[eE]", value.strip())[0]
-            if re.search("[1-9]", mantissa):  # 1e-400: read as 0, not what was given
+            from phrasescore.moses.numbers import underflows
+
+            if underflows(value.strip()):  # 1e-400: read as 0, not what was given
                 self.fail(f"{value!r} is too small for a number: it would be read as 0", param, ctx)
             if math.copysign(1.0, number) < 0:  # -0 would be written as -0 (moses.ini's weight)
                 self.fail(f"{value!r} is a negative zero: give 0", param, ctx)
@@ -225,6 +225,9 @@ no_progress_option = click.option(
     flag_value=False,
     default=True,
     help="No progress bar.",
+)
+resume_option = click.option(
+    "--resume", is_flag=True, help="Continue an interrupted run from its last chunk."
 )
 workers_option = click.option(
     "--workers",

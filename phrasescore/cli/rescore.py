@@ -13,6 +13,7 @@ from phrasescore.cli.options import (
     device_option,
     ini_options,
     no_progress_option,
+    resume_option,
     scoring_option,
     shard_option,
     take,
@@ -106,7 +107,7 @@ from phrasescore.cli.options import (
     help="Processes that parse, look up ids and write while this one scores (for a GPU: one "
     "per core left; same bytes). Not with --workers.",
 )
-@click.option("--resume", is_flag=True, help="Continue an interrupted run from its last chunk.")
+@resume_option
 @no_progress_option
 def rescore_command(**params):
     """Add the models' p(target | source) to every line of a Moses phrase TABLE (- for stdin).

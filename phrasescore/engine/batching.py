@@ -214,8 +214,6 @@ class BatchRows:
 
     index: np.ndarray
     width: int
-    exact: bool
-    """Every row has ``width`` tokens (no padding, no mask)."""
     real: int | None = None
     """The first ``real`` rows of ``index`` are the batch's; the rest repeat its last row, to
     fill a fixed row count (:class:`FixedShapeBuckets`). None: every row is its own."""
@@ -258,7 +256,7 @@ class ExactBuckets:
         for start, end, length in equal_runs(lengths[order]):
             rows = max(1, self.batch_tokens // (length + extra))
             for s in range(start, end, rows):
-                out.append(BatchRows(order[s : min(end, s + rows)], length, True))
+                out.append(BatchRows(order[s : min(end, s + rows)], length))
         return out
 
 
@@ -325,6 +323,5 @@ class FixedShapeBuckets:
             for s in range(start, end, cap):
                 own = order[s : min(end, s + cap)]
                 index = fill_rows(own, fixed_rows(len(own), cap))
-                exact = bool((lengths[own] == width).all())
-                out.append(BatchRows(index, width, exact, len(own)))
+                out.append(BatchRows(index, width, len(own)))
         return out

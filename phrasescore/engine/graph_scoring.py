@@ -189,9 +189,8 @@ class CudaGraphScorer(BlockScorer):
                 "the CUDA-graph engine cuts batches of fixed shapes (FixedShapeBuckets)"
             )
         super().__init__(
-            model, device, dtype, batch_tokens, chunk_rows, include_eos, scoring, model_path,
-            buckets,
-        )  # fmt: skip
+            model, device, dtype, chunk_rows, include_eos, scoring, model_path, buckets
+        )
         self.captured = CapturedShapes(self.device, graphs)
 
     @property

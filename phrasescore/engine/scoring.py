@@ -210,7 +210,6 @@ class BlockScorer:
         model: TrainedModel,
         device: str | torch.device,
         dtype: str,
-        batch_tokens: int,
         chunk_rows: int | None,
         include_eos: bool,
         scoring: str,
@@ -226,7 +225,6 @@ class BlockScorer:
         self.model = model
         self.device = torch.device(device)
         self.dtype = DTYPES[resolve_dtype(dtype, self.device)]
-        self.batch_tokens = batch_tokens
         self.chunk_rows = chunk_rows
         network: EncoderDecoder = model.network
         self.network = network.to(self.device, self.dtype).eval()
@@ -450,9 +448,8 @@ class CpuScorer(BlockScorer):
         if not isinstance(buckets, ExactBuckets):
             raise TypeError("the CPU engine cuts batches of one exact length (ExactBuckets)")
         super().__init__(
-            model, device, dtype, batch_tokens, chunk_rows, include_eos, scoring, model_path,
-            buckets,
-        )  # fmt: skip
+            model, device, dtype, chunk_rows, include_eos, scoring, model_path, buckets
+        )
 
     def warm_up(self) -> None:
         """Score two one-word pairs so that the compiled kernels are built now: one row chunk
@@ -486,7 +483,7 @@ class CpuScorer(BlockScorer):
 
 
 PairScorer = CpuScorer
-"""The CPU engine's former name, still imported by tests and tools outside the engine."""
+"""Another name of :class:`CpuScorer`, the one the tests and tools import."""
 
 
 def check_ensemble(models: Sequence[TrainedModel], paths: Sequence[str]) -> None:

@@ -6,7 +6,8 @@ Products: :mod:`.rescore` (the phrase-table column: ``rescore``, ``merge-shards`
 ``check-table``, ``copy-table``, ``ini-tables``), :mod:`.nbest` (the n-best column: ``nbest``),
 :mod:`.tuning` (``ab``, ``rerank-tune``, ``rerank-weights``), :mod:`.analysis` (``info``,
 ``translate``, ``evaluate``, ``sample``, ``represent``, ``compare``, ``align``) and
-:mod:`.training` (``train``, ``train-lm``).
+:mod:`.training` (``train``, ``train-lm``), and :mod:`.recipe` (``recipe``: the others' commands as
+the steps of one resumable run).
 
 A job imports its own folder, the modules that the products share here and the layers below,
 never another product's folder (tests/test_packaging.py): ``common`` (the model a job was handed

@@ -51,6 +51,13 @@ class NotANumber(ValueError):
         return f"{what} is not a number: {self.text!r}{hint}"
 
 
+def underflows(text: str) -> bool:
+    """Whether ``text``, a number read as 0, was written with a digit other than 0 before its
+    exponent (``1e-400``): what was given is not what is read."""
+    mantissa = re.split("[eE]", text, maxsplit=1)[0]
+    return bool(_NONZERO_MANTISSA.search(mantissa))
+
+
 def parse_number(text: str) -> float:
     """The value of one token ``text`` (no spaces) as ``strtod`` reads it, within the rules of
     the module docstring: raises :class:`NotANumber` for what ``strtod`` does not read as
@@ -63,8 +70,7 @@ def parse_number(text: str) -> float:
             raise NotANumber(text) from None
         if value != 0.0:
             return value
-        mantissa = re.split("[eE]", text, maxsplit=1)[0]
-        if _NONZERO_MANTISSA.search(mantissa):
+        if underflows(text):
             raise NotANumber(text, underflow=True)
         return 0.0  # -0 included
     raise NotANumber(text)

@@ -31,9 +31,11 @@ parts (:class:`RankRun`, a block around the job's run of its shard).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, replace
 from typing import NamedTuple
@@ -186,7 +188,9 @@ class ChunkedRun(AbstractContextManager):
         partial output was made from (:meth:`~.partial.PartialOutput.check_input`)."""
         self.sink.check_input(input_crc, before_refusal, provable=provable)
 
-    def scoring(self, score, warm_up=None, label=None, serve=None) -> WorkerMap:
+    def scoring(
+        self, score, warm_up=None, label=None, serve=None
+    ) -> AbstractContextManager[WorkerMap]:
         """The chunks' map over ``score``: in this process, in ``--workers`` forked processes,
         or fed by ``--io-workers`` processes whose requests ``serve`` answers here
         (:class:`~.workers.WorkerMap`); the heap of what is loaded kept out of the collector's
@@ -198,7 +202,7 @@ class ChunkedRun(AbstractContextManager):
             scoring = WorkerMap(score, flags.io_workers, warm_up, label, again, serve)
         else:
             scoring = WorkerMap(score, flags.workers, warm_up, label, again)
-        return _FrozenHeapMap(scoring)
+        return _frozen_heap_map(scoring)
 
     def append(self, written: Written | None) -> None:
         """Append one chunk's bytes to the output (a shard: its record to the manifest's)."""
@@ -232,20 +236,11 @@ class ChunkedRun(AbstractContextManager):
             self._stack.close()
 
 
-class _FrozenHeapMap(AbstractContextManager):
+@contextlib.contextmanager
+def _frozen_heap_map(scoring: WorkerMap) -> Iterator[WorkerMap]:
     """A :class:`~.workers.WorkerMap` run inside :func:`~.chunk_pool.frozen_heap`."""
-
-    def __init__(self, scoring: WorkerMap):
-        self.map = scoring
-        self._stack = ExitStack()
-
-    def __enter__(self) -> WorkerMap:
-        self._stack.enter_context(self.map)
-        self._stack.enter_context(frozen_heap())
-        return self.map
-
-    def __exit__(self, exc_type, exc, tb):
-        return self._stack.__exit__(exc_type, exc, tb)
+    with scoring, frozen_heap():
+        yield scoring
 
 
 @dataclass

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from phrasescore.compression import ZLIB_LEVEL, compress_member
 from phrasescore.errors import InputError
 from phrasescore.files import (
+    IO_BUFFER,
     AtomicOutput,
     display_name,
     output_lock,
@@ -39,7 +40,6 @@ from phrasescore.runners.shards import (
 log = logging.getLogger(__name__)
 
 _KIND_NAMES = {PHRASE_TABLE: "a phrase table", NBEST: "an n-best list"}
-_BLOCK = 1 << 20
 
 
 @dataclass
@@ -271,7 +271,7 @@ class _PartReader:
         self._pending = b""
 
     def _read(self) -> bytes:
-        block = self.handle.read(_BLOCK)
+        block = self.handle.read(IO_BUFFER)
         self.digest.update(block)
         return block
 

@@ -4,14 +4,15 @@ cannot be resumed, streams and outputs written whole, are :mod:`.streams`').
 
 Chunks and resume
 -----------------
-The table is read in chunks of ``chunk_lines`` lines. Each chunk is scored (distinct sources
-encoded once, targets batched by length: ``phrasescore.engine.scoring``), formatted and appended to a
-partial file next to the output (``.NAME.partial``; for a ``.gz`` output every chunk is one
-complete gzip member, and a file of several members is a valid gzip file that zlib, Moses and
-``zcat`` read as one stream). After each chunk the partial file is synced and a small JSON state
-file (``.NAME.partial.json``) records the lines and bytes done, the size and CRC-32 of the last
-chunk and the CRC-32 of all the bytes done. Only when the whole table was written is the partial
-file renamed to the output name.
+The input is read in chunks (``rescore``: ``chunk_lines`` lines of the table; ``nbest``: about
+as many lines, cut between sentence ids). Each chunk is scored, formatted and appended to a
+partial file next to the output (``.NAME.partial``; for rescore's ``.gz`` output every chunk is
+one complete gzip member, and a file of several members is a valid gzip file that zlib, Moses
+and ``zcat`` read as one stream). After each chunk the partial file is synced and a small JSON
+state file (``.NAME.partial.json``) records the lines and bytes done, the size and CRC-32 of the
+last chunk and the CRC-32 of all the bytes done. Only when the whole input was written is the
+partial file published under the output name: renamed, or, for nbest's ``.gz`` and
+``--one-best`` outputs, rewritten through :class:`TextPublish`.
 
 ``resume`` proves the partial file against its state before it keeps a byte of it: at least as
 many bytes, the last chunk's CRC-32, then a read of the whole kept prefix whose CRC-32 must be the
@@ -36,6 +37,7 @@ from collections.abc import Callable, Iterable
 from phrasescore.compression import TABLE_LEVEL, compress_member
 from phrasescore.errors import InputError, RunStopped
 from phrasescore.files.disk import DISK_ERRORS
+from phrasescore.files.kinds import IO_BUFFER
 from phrasescore.files.outputs import AtomicOutput
 from phrasescore.runners.shards import (
     Shard,
@@ -44,7 +46,6 @@ from phrasescore.runners.shards import (
 
 log = logging.getLogger(__name__)
 
-_BLOCK = 1 << 20
 """Bytes read at a time when a resume checks the partial file."""
 
 
@@ -238,7 +239,7 @@ class PartialOutput:
         decomp = zlib.decompressobj(wbits=31) if self.compress else None
         remaining = size
         while remaining:
-            block = self.handle.read(min(_BLOCK, remaining))
+            block = self.handle.read(min(IO_BUFFER, remaining))
             if not block:
                 break
             remaining -= len(block)
@@ -377,7 +378,7 @@ class TextPublish:
     """How a partial file of plain text becomes its output: as it is (renamed), or written
     whole through :class:`~phrasescore.files.AtomicOutput` a line at a time, the lines passed
     through ``final_lines`` (``nbest --one-best``: the best texts placed by sentence id) and
-    compressed for a ``.gz`` output, one gzip stream (the bytes of :class:`WholeOutput`)."""
+    compressed for a ``.gz`` output, one gzip stream (the bytes of :class:`~phrasescore.runners.streams.WholeOutput`)."""
 
     def __init__(self, final_lines: Callable[[Iterable[str]], Iterable[str]] | None = None):
         self.final_lines = final_lines

@@ -40,6 +40,7 @@ import torch
 
 from phrasescore import __version__
 from phrasescore.errors import InputError
+from phrasescore.files.kinds import IO_BUFFER
 from phrasescore.files.outputs import AtomicOutput
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,6 @@ MANIFEST_FORMAT = "phrasescore-shard"
 PHRASE_TABLE = "phrase-table"
 NBEST = "nbest"
 _EDGE_BYTES = 1 << 20
-_BLOCK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ def input_identity(path: str, lines: int) -> dict:
 def file_sha256(path: str) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
-        while block := fh.read(_BLOCK):
+        while block := fh.read(IO_BUFFER):
             digest.update(block)
     return digest.hexdigest()
 

@@ -1,7 +1,7 @@
 """The outputs of a chunked job that ``--resume`` cannot go on with: standard output, a named
-pipe or a device written as a stream (:class:`StdoutOutput`), and an output written whole at the
-end or as a stream as :class:`~phrasescore.files.AtomicOutput` writes it (:class:`WholeOutput`).
-Both take chunks as :class:`~.partial.PartialOutput` does.
+pipe or a device, written as a stream of chunks (:class:`StdoutOutput`: rescore's gzip members)
+or as one text stream (:class:`WholeOutput`: nbest's, one gzip stream, ``--one-best`` placed at
+the end). Both take chunks as :class:`~.partial.PartialOutput` does.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from phrasescore.compression import TABLE_LEVEL, compress_member
 from phrasescore.errors import InputError
-from phrasescore.files import AtomicOutput, WholeWrites, disk_errors, is_stream_target
+from phrasescore.files import AtomicOutput, WholeWrites, disk_errors
 
 
 class StdoutOutput:
@@ -32,9 +32,7 @@ class StdoutOutput:
         self.written = False
 
     def open(self, resume: bool) -> int:
-        if resume:
-            where = "standard output" if self.output == "-" else "a named pipe or a device"
-            raise InputError(f"--resume needs an output file, not {where}")
+        _refuse_resume(self.output, resume)
         if self.stream is None:
             try:  # appending: /dev/stdout of a shell's >> keeps what the file held
                 self.stream = WholeWrites(open(self.output, "ab"))
@@ -74,9 +72,9 @@ class StdoutOutput:
 
 
 class WholeOutput:
-    """An output written whole, as :class:`~phrasescore.files.AtomicOutput` writes text (a file
-    appears complete under its name or not at all; ``-``, a named pipe or a device is written
-    as a stream; ``.gz``: one gzip stream), as a sink of chunks: nothing to resume.
+    """Standard output (``-``), a named pipe or a device written as one text stream, as
+    :class:`~phrasescore.files.AtomicOutput` writes one (``.gz``: one gzip stream), as a sink of
+    chunks: nothing to resume, publish or rename.
 
     Each chunk's UTF-8 text is written a line at a time: the writes a gzip stream receives
     (after the text layer's buffer) decide its bytes, and these are those of a list written
@@ -93,22 +91,14 @@ class WholeOutput:
         """The lines written at the end from all the chunks' (``--one-best``), else None: each
         chunk's written as it comes."""
         self._kept: list[bytes] = []
-        self._before_rename: Callable[[str], None] | None = None
         self._atomic: AtomicOutput | None = None
         self._out = None
 
     def open(self, resume: bool) -> int:
-        stream = self.output == "-" or is_stream_target(self.output)
-        if resume:
-            where = "standard output" if self.output == "-" else "a named pipe or a device"
-            raise InputError(f"--resume needs an output file, not {where}")
-        self._atomic = AtomicOutput(self.output, before_rename=None if stream else self._rename)
+        _refuse_resume(self.output, resume)
+        self._atomic = AtomicOutput(self.output)
         self._out = self._atomic.__enter__()
         return 0
-
-    def _rename(self, written: str) -> None:
-        if self._before_rename is not None:
-            self._before_rename(written)
 
     def check_input(self, input_crc: int, before_refusal=None, provable: bool = True) -> None:
         pass  # nothing resumed
@@ -129,7 +119,6 @@ class WholeOutput:
                 self._out.writelines(self.final_lines(text_lines(text)))
 
     def publish(self, before_rename: Callable[[str], None] | None = None) -> None:
-        self._before_rename = before_rename
         atomic, self._atomic = self._atomic, None
         atomic.__exit__(None, None, None)
 
@@ -141,6 +130,12 @@ class WholeOutput:
 
     def discard(self) -> None:
         self.close_incomplete()
+
+
+def _refuse_resume(output: str, resume: bool) -> None:
+    if resume:
+        where = "standard output" if output == "-" else "a named pipe or a device"
+        raise InputError(f"--resume needs an output file, not {where}")
 
 
 def text_lines(text: str) -> Iterator[str]:

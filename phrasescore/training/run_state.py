@@ -34,7 +34,7 @@ class Position:
     history: list[dict[str, Any]] = field(default_factory=list)
     """One entry per validation: step, train_ppl, valid_ppl, elapsed (and valid_abs_log_z)."""
     schedule_best: float = math.inf
-    """The lowest *scheduled* validation perplexity (:meth:`Trainer._count_plateau`)."""
+    """The lowest *scheduled* validation perplexity (:meth:`~phrasescore.training.validation.Validating._count_plateau`)."""
     elapsed: float = 0.0
     """Seconds the run has taken, over all its resumes (the ``max_minutes`` budget)."""
     tokens: int = 0
@@ -98,7 +98,7 @@ class RunState:
     current_lr: float | None = None
     signature: str = ""
     prefetched: tuple | None = None
-    """(indices, batch on the device) of the next step, made ahead (:meth:`Trainer._prefetch`)."""
+    """(indices, batch on the device) of the next step, made ahead (:meth:`~phrasescore.training.loop.TrainingLoop._prefetch`)."""
 
 
 def window_nll(run: RunState) -> float:

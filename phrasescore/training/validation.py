@@ -155,7 +155,7 @@ class Validating:
         """Early stopping's count and the plateau learning rate, after a scheduled validation.
 
         They compare with the best *scheduled* validation (``schedule_best``): the extra one
-        at the end of a run (:meth:`_finish`) changes neither, so a run stopped and resumed takes
+        at the end of a run (:meth:`~phrasescore.training.trainer.Trainer._finish`) changes neither, so a run stopped and resumed takes
         the same decisions, hence the same weights, as one that never stopped."""
         if ppl < position.schedule_best:
             position.schedule_best = ppl

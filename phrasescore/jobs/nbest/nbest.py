@@ -14,7 +14,7 @@ tokenised (:meth:`TextNormalizer.normalize_tokenized`: split on spaces, lowercas
 lowercases; never tokenised again).
 
 Streaming: the list is read once, the hypotheses of consecutive ids are gathered into chunks of
-about ``chunk_lines`` lines and scored with :class:`~phrasescore.engine.scoring.PairScorer`, which
+about ``chunk_lines`` lines and scored with the device's engine (:class:`~phrasescore.engine.scoring.BlockScorer`), which
 encodes each distinct source once per chunk, so the hypotheses of one id share one encoder pass.
 The source file is read into memory first (one line per sentence, 100x smaller than the list).
 

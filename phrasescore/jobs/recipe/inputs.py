@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from phrasescore.errors import InputError
-from phrasescore.files import check_work_folder, open_binary_input
+from phrasescore.files import IO_BUFFER, check_work_folder, open_binary_input
 from phrasescore.moses.ini_tables import feature_paths, read_ini_tables
 from phrasescore.moses.phrase_table import check_phrase_table
 
@@ -70,7 +70,7 @@ def text_file(stem: str, lang: str, option: str) -> str:
 def count_lines(path: str) -> int:
     with open_binary_input(path) as data:
         lines, last = 0, b"\n"
-        while block := data.read(1 << 20):
+        while block := data.read(IO_BUFFER):
             lines += block.count(b"\n")
             last = block[-1:]
         return lines + (last != b"\n")

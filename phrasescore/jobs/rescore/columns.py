@@ -189,7 +189,8 @@ class NewColumns:
     def __init__(
         self, models, directions, lm_columns, options: RescoreOptions, device, scorers=None
     ):
-        """``scorers``: built already, one per model (default: a :class:`PairScorer` each)."""
+        """``scorers``: built already, one per model (default: the device's engine each,
+        :func:`~phrasescore.engine.protocol.build_scorer`)."""
         self.options = options
         self.directions = directions
         self.lm_columns = lm_columns
@@ -277,7 +278,7 @@ class NewColumns:
 
     def warm_up(self) -> None:
         """Compile every model's kernels before ``--workers`` processes are forked from this
-        one (:meth:`PairScorer.warm_up`): they inherit them."""
+        one (:meth:`~phrasescore.engine.scoring.BlockScorer.warm_up`): they inherit them."""
         for scorer in self.scorers:
             scorer.warm_up()
 

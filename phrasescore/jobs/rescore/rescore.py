@@ -4,7 +4,7 @@ The job checks everything it can before any work (input, output, moses.ini, mode
 the table in chunks (:mod:`.chunks`), scores each chunk's new columns
 (:mod:`.columns`) in this process or in ``--workers`` processes
 (:mod:`phrasescore.runners.workers`), appends it to a partial output that ``--resume`` goes on
-with (:mod:`.partial`), renames the output into place once complete, and writes the new
+with (:mod:`phrasescore.runners.partial`), renames the output into place once complete, and writes the new
 moses.ini beside it (:mod:`.ini_update`). With ``--shard`` it scores one shard and writes a
 manifest (``merge-shards`` joins the parts); under torchrun every rank scores one shard and rank
 0 merges them.
