@@ -6,7 +6,7 @@ PYTHON ?= python3
 # by one (the shell ones, tools/gpu-*, are not Python)
 LINTED = phrasescore tests $(shell grep -l '^\#!.*python' tools/*)
 export OMP_WAIT_POLICY ?= PASSIVE
-# pytest processes (pytest-xdist): 2 ran the suite in 8.3 minutes on 2 cores against 15 for one
+# pytest processes (pytest-xdist): one per core (docs/development.md: the suite's time)
 PYTEST_WORKERS ?= 2
 
 .PHONY: install ensure-installed demo test lint format
