@@ -19,7 +19,8 @@
 #                  to its own end
 #   --minutes M    at most M minutes per model
 #   --sentences N  dev and test: the first N of 1 to 200 sentences
-#   --quick        30 updates per model, 50 sentences, MERT 2 iterations (the tests)
+#   --quick        30 updates per model of the tiny preset (the pipeline, not the models'
+#                  quality), 50 sentences, MERT 2 iterations (the tests)
 #   --out OUT      the output directory (default build/example).
 set -euo pipefail
 
@@ -31,7 +32,7 @@ sentences=100
 out="$root/build/example"
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --quick) budget=(-- --max-steps 30); mert=(--mert-iterations 2); sentences=50; shift ;;
+    --quick) budget=(-- --max-steps 30 --preset tiny); mert=(--mert-iterations 2); sentences=50; shift ;;
     --long) budget=(--minutes 3 --); mert=(); sentences=200; shift ;;
     --minutes) budget=(--minutes "$2" --); shift 2 ;;
     --sentences) sentences="$2"; shift 2 ;;
