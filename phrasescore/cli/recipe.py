@@ -9,9 +9,7 @@ from phrasescore.cli.group import cli, echo
 from phrasescore.cli.options import POSITIVE, POSITIVE_FLOAT, take
 
 
-@cli.command(
-    "recipe", short_help="The whole recipe over a Moses system, resumable."
-)
+@cli.command("recipe", short_help="The whole recipe over a Moses system, resumable.")
 @click.option("--moses-ini", required=True, help="The Moses system's moses.ini.")
 @click.option("--table", help="Its phrase table (default: the one the ini declares).")
 @click.option("--corpus", required=True, metavar="STEM", help="Training corpus: STEM.F, STEM.E.")
