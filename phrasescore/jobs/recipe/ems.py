@@ -322,7 +322,7 @@ def write_ems_meta(options: EmsMetaOptions) -> EmsMetaResult:
     whole or not at all."""
     source = moses_meta_path(options)
     check_files_exist([source])
-    refuse_outputs_onto_inputs({"Moses' experiment.meta": source}, {"-o": options.output})
+    refuse_outputs_onto_inputs({"Moses meta file": source}, {"-o": options.output})
     text = "".join(iter_lines(source, keep_ends=True))
     meta = splice(parse_meta(text, source), installed_commands())
     with AtomicOutput(options.output) as out:
