@@ -117,8 +117,9 @@ def _validation(out: str) -> tuple[str, str]:
     return links, f"{out}.valid/dev"
 
 
-def training_steps(run: Commands) -> list[MetaStep]:
-    """The models (TRAINING, after the phrase table) and the rescored system's ini."""
+def training_steps(run: Commands) -> tuple[list[MetaStep], MetaStep]:
+    """The models (TRAINING, after the phrase table), and the rescored system's ini (after
+    create-config)."""
     languages = "--f $input-extension --e $output-extension"
     settings = "$?phrasescore-train-settings"
     links, valid = _validation("OUT")
