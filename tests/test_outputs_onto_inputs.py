@@ -254,6 +254,11 @@ CASES = [
     ),
     ("merge-shards -o PART", ["merge-shards", "p1.gz", "p2.gz", "-o", "p1.gz"], "is the part"),
     (
+        "ems-meta -o --meta",
+        ["ems-meta", "--meta", "experiment.meta", "-o", "experiment.meta"],
+        "-o experiment.meta is the Moses meta file (experiment.meta)",
+    ),
+    (
         "merge-shards --ini-out --moses-ini",
         [
             "merge-shards",
@@ -355,6 +360,8 @@ def _prepare(case_id: str, folder: Path, request) -> None:
         for k in (1, 2):  # the two parts of rescore --shard
             result = invoke(*RESCORE, "--shard", f"{k}/2", "--chunk-lines", "100", "-o", f"p{k}.gz")
             assert result.exit_code == 0, result.output
+    if case_id.startswith("ems-meta"):
+        write_lines(folder / "experiment.meta", ["[TRAINING] single", "consolidate"])
     if "log onto" in case_id:
         os.replace(folder / "valid.fr", folder / "valid.log")
     if case_id in BESIDE:  # an input under the name of a file written beside -o
@@ -404,6 +411,7 @@ def test_every_command_that_writes_has_a_case():
         "rerank-weights",
         "rerank-tune",
         "merge-shards",
+        "ems-meta",
     }
     assert {case[1][0] for case in CASES} == writers
     readers_only = {"sample", "evaluate", "info", "check-table", "ini-tables"}

@@ -10,7 +10,16 @@ several commands share.
 from __future__ import annotations
 
 # importing a command module adds its commands to the group
-from phrasescore.cli import analysis, nbest, recipe, rescore, scripts, training, tuning  # noqa: F401
+from phrasescore.cli import (  # noqa: F401
+    analysis,
+    ems,
+    nbest,
+    recipe,
+    rescore,
+    scripts,
+    training,
+    tuning,
+)
 from phrasescore.cli.group import cli, main
 
 __all__ = ["cli", "main"]
