@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable
 from phrasescore.compression import TABLE_LEVEL, compress_member
 from phrasescore.errors import InputError, RunStopped
 from phrasescore.files.disk import DISK_ERRORS
-from phrasescore.files.kinds import IO_BUFFER
+from phrasescore.files.kinds import IO_BUFFER, is_stream_target
 from phrasescore.files.outputs import AtomicOutput
 from phrasescore.runners.shards import (
     Shard,
@@ -64,6 +64,21 @@ def partial_paths(output: str) -> tuple[str, str]:
     directory, name = os.path.split(os.path.abspath(output))
     partial = os.path.join(directory, f".{name}.partial")
     return partial, partial + ".json"
+
+
+def run_outputs(output: str, shard: Shard | None = None) -> dict[str, str | None]:
+    """The files a chunked run on ``output`` writes, by what they are (for
+    :func:`~phrasescore.files.refuse_outputs_onto_inputs`): ``-o`` and, beside a file output, the
+    partial output, its state and a shard's manifest."""
+    if output == "-" or is_stream_target(output):
+        return {"-o": output}
+    partial, state = partial_paths(output)
+    return {
+        "-o": output,
+        "-o's partial output": partial,
+        "-o's partial state": state,
+        "-o's manifest": manifest_path(output) if shard is not None else None,
+    }
 
 
 def check_work_paths(output: str, shard: Shard | None = None) -> None:

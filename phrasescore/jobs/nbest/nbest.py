@@ -94,8 +94,8 @@ from phrasescore.jobs.nbest.job import NBestOptions, NBestResult, NBestRun, scor
 from phrasescore.moses.nbest import check_feature_name
 from phrasescore.runners import distributed
 from phrasescore.runners.chunked_job import RankRun, RunFlags
-from phrasescore.runners.partial import check_work_paths, partial_paths
-from phrasescore.runners.shards import Shard, manifest_path
+from phrasescore.runners.partial import check_work_paths, run_outputs
+from phrasescore.runners.shards import Shard
 from phrasescore.runners.workers import check_torchrun_options
 
 log = logging.getLogger(__name__)
@@ -243,13 +243,7 @@ def _refuse_onto_inputs(
 ) -> None:
     """:func:`~phrasescore.files.refuse_outputs_onto_inputs` of every file ``nbest`` reads and
     writes (the partial output and its state beside a file output, a shard's manifest)."""
-    outputs = {"-o": output}
-    if output != "-" and not is_stream_target(output):
-        partial, state = partial_paths(output)
-        outputs["-o's partial output"] = partial
-        outputs["-o's partial state"] = state
-        if shard is not None:
-            outputs["-o's manifest"] = manifest_path(output)
+    outputs = run_outputs(output, shard)
     refuse_outputs_onto_inputs(
         {
             "n-best list": nbest,

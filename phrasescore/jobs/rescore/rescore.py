@@ -36,8 +36,8 @@ from phrasescore.jobs.rescore.ini_update import IniUpdate, default_ini_out, ini_
 from phrasescore.jobs.rescore.job import RescoreResult, RescoreRun, score_table
 from phrasescore.runners import distributed
 from phrasescore.runners.chunked_job import RankRun, RunFlags
-from phrasescore.runners.partial import check_work_paths, partial_paths
-from phrasescore.runners.shards import Shard, manifest_path
+from phrasescore.runners.partial import check_work_paths, run_outputs
+from phrasescore.runners.shards import Shard
 from phrasescore.runners.workers import check_torchrun_options
 
 log = logging.getLogger(__name__)
@@ -72,16 +72,7 @@ def default_output_path(table: str, shard: Shard | None = None) -> str:
 def _outputs(output: str, shard: Shard | None, ini_out: str | None = None) -> dict:
     """The files a run on ``output`` writes, by option: the table, the partial output and its
     state beside it, a shard's manifest, the moses.ini."""
-    if output == "-" or is_stream_target(output):
-        return {"-o": output, "--ini-out": ini_out}
-    partial, state = partial_paths(output)
-    return {
-        "-o": output,
-        "-o's partial output": partial,
-        "-o's partial state": state,
-        "-o's manifest": manifest_path(output) if shard is not None else None,
-        "--ini-out": ini_out,
-    }
+    return {**run_outputs(output, shard), "--ini-out": ini_out}
 
 
 def _check_request(run: RescoreRun, flags: RunFlags) -> None:
