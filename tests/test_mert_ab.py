@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from phrasescore.errors import InputError
+from phrasescore.jobs.moses_install import MosesInstall
 from phrasescore.jobs.tuning.ab import (
     ComparisonOptions,
     RunResult,
@@ -28,7 +29,7 @@ from phrasescore.jobs.tuning.ab import (
     rerank_models,
 )
 from phrasescore.jobs.tuning.ab_rerank import RerankStep
-from phrasescore.jobs.tuning.moses_tools import MosesInstall, Programs
+from phrasescore.jobs.tuning.moses_tools import Programs
 from phrasescore.moses.ini import read_weights
 
 SYSTEM = Path(__file__).parent / "data" / "moses-system"

@@ -131,8 +131,9 @@ def scored_list(tmp_path_factory, tiny_model_path, tiny_inverse_model_path) -> P
 def ab_step_weights(tmp_path: Path, scored: Path, tuner: str, seed: int) -> bytes:
     """What ``ab --rerank``'s step (:class:`RerankStep`) tunes on ``scored`` from the ini's
     weights: the weights file it writes."""
+    from phrasescore.jobs.moses_install import MosesInstall
     from phrasescore.jobs.tuning.ab_rerank import RerankStep
-    from phrasescore.jobs.tuning.moses_tools import MosesInstall, Programs
+    from phrasescore.jobs.tuning.moses_tools import Programs
     from phrasescore.moses.nbest import read_weights
 
     moses = MosesInstall.find(MOSES_HOME, needs=["extractor", tuner])

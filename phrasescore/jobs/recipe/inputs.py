@@ -10,20 +10,12 @@ from pathlib import Path
 
 from phrasescore.errors import InputError
 from phrasescore.files import IO_BUFFER, check_work_folder, open_binary_input
+from phrasescore.jobs.moses_install import MosesInstall, named_moses_home
 from phrasescore.moses.ini_tables import feature_paths, read_ini_tables
 from phrasescore.moses.phrase_table import check_phrase_table
 
 LANGUAGE_CODE = re.compile(r"[A-Za-z]{2,3}([_-][A-Za-z0-9]+)*")
 """A language suffix as train-model.perl's --f and --e (en, fr, pt_BR)."""
-
-MOSES_PROGRAMS = (
-    "bin/moses",
-    "bin/mert",
-    "bin/extractor",
-    "scripts/training/mert-moses.pl",
-    "scripts/training/filter-model-given-input.pl",
-)
-"""What the Moses steps run, relative to MOSES_HOME."""
 
 ROOT = Path(__file__).resolve().parents[3]
 TRAIN_RECIPE = ROOT / "bin" / "phrasescore-train-recipe"
@@ -93,14 +85,7 @@ def check_pair(option: str, stem: str, f: str, e: str) -> Pair:
 def find_moses(home: str | None) -> Path | None:
     """The Moses build of --moses-home, else $MOSES_HOME, else $MOSES; None when none is named.
     A build that is named must hold every program the Moses steps run."""
-    home = home or os.environ.get("MOSES_HOME") or os.environ.get("MOSES")
-    if not home:
-        return None
-    install = Path(home).resolve()
-    missing = [rel for rel in MOSES_PROGRAMS if not (install / rel).is_file()]
-    if missing:
-        raise InputError(f"Moses at {install} lacks {', '.join(missing)}")
-    return install
+    return MosesInstall.find(home).home if named_moses_home(home) else None
 
 
 def choose_table(ini: str, table: str | None) -> str:

@@ -42,8 +42,9 @@ from phrasescore.files.outputs import AtomicOutput, check_output_dir
 from phrasescore.files.reading import iter_lines
 from phrasescore.jobs.bleu import bleu_metric
 from phrasescore.jobs.feature_specs import FeatureModel
+from phrasescore.jobs.moses_install import RERANK_TUNERS, MosesInstall
 from phrasescore.jobs.tuning.ab_rerank import RerankStep, rerank_models
-from phrasescore.jobs.tuning.moses_tools import RERANK_TUNERS, MosesInstall, Programs
+from phrasescore.jobs.tuning.moses_tools import Programs
 from phrasescore.moses.ini import read_weights
 from phrasescore.moses.tuning import read_reference, weight_line
 

@@ -1,6 +1,6 @@
-"""Moses' own programs as the jobs run them: an installation found and checked
-(:class:`MosesInstall`), its programs run in process groups with their logs (:class:`Programs`),
-and weights tuned on fixed n-best lists (Sutskever et al. 2014, §3.6) with its
+"""Moses' own programs as the jobs run them: an installation's programs (found and checked by
+:class:`~phrasescore.jobs.moses_install.MosesInstall`) run in process groups with their logs
+(:class:`Programs`), and weights tuned on fixed n-best lists (Sutskever et al. 2014, §3.6) with its
 ``extractor`` and ``mert`` or ``kbmira`` (:class:`MosesTuning`), the part ``ab --rerank`` and
 ``rerank-tune`` share.
 
@@ -36,54 +36,6 @@ from phrasescore.moses.tuning import (
 )
 
 log = logging.getLogger(__name__)
-
-RERANK_TUNERS = {"mert": "bin/mert", "kbmira": "bin/kbmira"}
-"""The tuners of ``--rerank-tuner``: Och's MERT (line search with random restarts) or batch
-k-best MIRA (Cherry & Foster 2012), each run on the fixed dev lists."""
-
-
-#: What the job needs from a Moses installation, relative to MOSES_HOME.
-MOSES_PROGRAMS = {
-    "decoder": "bin/moses",
-    "mert": "bin/mert",
-    "extractor": "bin/extractor",
-    "mert-moses.pl": "scripts/training/mert-moses.pl",
-    "filter-model-given-input.pl": "scripts/training/filter-model-given-input.pl",
-}
-
-
-@dataclass(frozen=True)
-class MosesInstall:
-    """Paths of the Moses programs the A/B job runs."""
-
-    home: Path
-
-    @classmethod
-    def find(cls, home: str | None, needs: list[str] | None = None) -> MosesInstall:
-        """The Moses installation at ``home`` (else $MOSES_HOME, else $MOSES), checked for the
-        programs ``needs`` (names in :data:`MOSES_PROGRAMS` or ``RERANK_TUNERS``; default:
-        everything ``ab`` runs)."""
-        programs = {**MOSES_PROGRAMS, **RERANK_TUNERS}
-        wanted = list(MOSES_PROGRAMS.values()) if needs is None else [programs[n] for n in needs]
-        home = home or os.environ.get("MOSES_HOME") or os.environ.get("MOSES")
-        if not home:
-            raise InputError(
-                "Moses not found: set MOSES_HOME (or --moses-home) to a mosesdecoder build "
-                "with " + ", ".join(wanted)
-            )
-        install = cls(Path(home).resolve())
-        missing = [rel for rel in wanted if not (install.home / rel).is_file()]
-        if missing:
-            raise InputError(f"Moses at {install.home} lacks {', '.join(missing)}")
-        return install
-
-    def program(self, name: str) -> str:
-        return str(self.home / {**MOSES_PROGRAMS, **RERANK_TUNERS}[name])
-
-    def check_has(self, name: str) -> None:
-        """Refuse an install without ``name`` (a program only some commands need)."""
-        if not Path(self.program(name)).is_file():
-            raise InputError(f"Moses at {self.home} lacks {RERANK_TUNERS.get(name, name)}")
 
 
 class Programs:
@@ -167,7 +119,7 @@ class MosesTuning:
     run: Callable[..., None]
     """``run(command, cwd, log_name)``: runs one command (``ab``'s ``Programs.run``)."""
     tuner: str = "mert"
-    """``mert`` or ``kbmira`` (:data:`RERANK_TUNERS`)."""
+    """``mert`` or ``kbmira`` (:data:`~phrasescore.jobs.moses_install.RERANK_TUNERS`)."""
     restarts: int = 20
     """mert's random restarts (``-n``)."""
 

@@ -39,12 +39,8 @@ from phrasescore.files.locks import output_lock
 from phrasescore.files.outputs import AtomicOutput, check_output_path
 from phrasescore.files.reading import GZIP_MAGIC, iter_lines
 from phrasescore.jobs.bleu import bleu_metric
-from phrasescore.jobs.tuning.moses_tools import (
-    RERANK_TUNERS,
-    MosesInstall,
-    MosesTuning,
-    Programs,
-)
+from phrasescore.jobs.moses_install import RERANK_TUNERS, MosesInstall
+from phrasescore.jobs.tuning.moses_tools import MosesTuning, Programs
 from phrasescore.moses.nbest import (
     NBestEntry,
     best_index,
@@ -66,7 +62,7 @@ class TuneOptions:
     """Flags of ``phrasescore rerank-tune``."""
 
     tuner: str = "mert"
-    """``mert`` or ``kbmira`` (:data:`~phrasescore.jobs.tuning.moses_tools.RERANK_TUNERS`)."""
+    """``mert`` or ``kbmira`` (:data:`~phrasescore.jobs.moses_install.RERANK_TUNERS`)."""
     runs: int = 1
     seed: int = 1234
     """The first run's seed (mert ``-r``, kbmira ``-r``); run k has ``seed + k``."""
