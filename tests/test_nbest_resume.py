@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -136,3 +137,26 @@ def test_resume_needs_an_output_file(tiny_model_path):
         "phrasescore: error: --resume needs an output file, not standard output"
     )
     assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("command", ["rescore", "nbest"])
+def test_resume_from_a_named_pipe_is_refused_in_one_line_before_reading_it(
+    command, tiny_model_path, tmp_path
+):
+    """A resume reads its input again from the start, which a pipe cannot give twice: the
+    refusal names the pipe, before anything opens it (no writer ever comes, so a read would
+    hang), and no output file appears."""
+    fifo = tmp_path / "input.fifo"
+    os.mkfifo(fifo)
+    out = tmp_path / "out.gz"
+    args = [fifo, "-m", tiny_model_path, "--no-progress", "--resume", "-o", out]
+    if command == "nbest":
+        args[1:1] = ["--source", SOURCE]
+    proc = run_cli(command, *args, timeout=120)
+    what = "table" if command == "rescore" else "list"
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        f"phrasescore: error: {fifo}: --resume reads the {what} again from its start: give the "
+        "file, not a pipe"
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["input.fifo"]

@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable
 from phrasescore.compression import TABLE_LEVEL, compress_member
 from phrasescore.errors import InputError, RunStopped
 from phrasescore.files.disk import DISK_ERRORS
-from phrasescore.files.kinds import IO_BUFFER, is_stream_target
+from phrasescore.files.kinds import IO_BUFFER, is_pipe, is_stream_target
 from phrasescore.files.outputs import AtomicOutput
 from phrasescore.runners.shards import (
     Shard,
@@ -93,6 +93,15 @@ def check_work_paths(output: str, shard: Shard | None = None) -> None:
     for path, what in paths.items():
         if os.path.isdir(path):
             raise InputError(f"is a directory where the {what} goes: remove it", path)
+
+
+def check_resume_input(path: str, what: str) -> None:
+    """Refuse ``--resume`` on a named pipe: a resume reads its input again from the start (to
+    check the lines the partial output was made from), which a pipe cannot give twice."""
+    if path != "-" and is_pipe(path):
+        raise InputError(
+            f"--resume reads the {what} again from its start: give the file, not a pipe", path
+        )
 
 
 class PartialOutput:

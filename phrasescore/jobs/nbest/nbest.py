@@ -94,7 +94,7 @@ from phrasescore.jobs.nbest.job import NBestOptions, NBestResult, NBestRun, scor
 from phrasescore.moses.nbest import check_feature_name
 from phrasescore.runners import distributed
 from phrasescore.runners.chunked_job import RankRun, RunFlags
-from phrasescore.runners.partial import check_work_paths, run_outputs
+from phrasescore.runners.partial import check_resume_input, check_work_paths, run_outputs
 from phrasescore.runners.shards import Shard
 from phrasescore.runners.workers import check_torchrun_options
 
@@ -143,10 +143,8 @@ def _checked_run(nbest: str, source: str, model_path, options: NBestOptions, fla
     _refuse_onto_inputs(nbest, source, paths, options, flags.output, flags.shard)
     if flags.shard is not None:
         _check_shard(nbest, flags.output, options)
-    if flags.resume and nbest != "-" and is_pipe(nbest):
-        raise InputError(
-            "--resume reads the list again from its start: give the file, not a pipe", nbest
-        )
+    if flags.resume:
+        check_resume_input(nbest, "list")
     check_output_path(flags.output)
     if not flags.stream:
         check_work_paths(flags.output, flags.shard)

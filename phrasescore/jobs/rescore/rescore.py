@@ -36,7 +36,7 @@ from phrasescore.jobs.rescore.ini_update import IniUpdate, default_ini_out, ini_
 from phrasescore.jobs.rescore.job import RescoreResult, RescoreRun, score_table
 from phrasescore.runners import distributed
 from phrasescore.runners.chunked_job import RankRun, RunFlags
-from phrasescore.runners.partial import check_work_paths, run_outputs
+from phrasescore.runners.partial import check_resume_input, check_work_paths, run_outputs
 from phrasescore.runners.shards import Shard
 from phrasescore.runners.workers import check_torchrun_options
 
@@ -83,10 +83,8 @@ def _check_request(run: RescoreRun, flags: RunFlags) -> None:
         raise InputError("--shard needs an input file and an output file (for the manifest)")
     check_files_exist([table])
     refuse_outputs_onto_inputs(run.inputs(), _outputs(output, shard))
-    if flags.resume and table != "-" and is_pipe(table):
-        raise InputError(
-            "--resume reads the table again from its start: give the file, not a pipe", table
-        )
+    if flags.resume:
+        check_resume_input(table, "table")
     if shard is not None and is_pipe(table):
         raise InputError("--shard reads the table again for its manifest: give the file", table)
     check_output_path(output, "output table")
