@@ -18,8 +18,10 @@ merged), so the new meta is Moses' own, read from the user's Moses build, with t
   ``phrasescore-weights`` (after tuning): the tuned system's dev n-best lists, the sentence
   models' features, the re-ranking weights tuned on them (``nbest``, ``rerank-tune``).
 [EVALUATION]
-  ``phrasescore-rerank`` (after decode): the set's n-best lists scored and re-ranked with those
-  weights; ``remove-markup``, and so BLEU and the report, read its 1-best.
+  ``phrasescore-rerank`` (after decode): the n-best list decode wrote beside its 1-best (the
+  config sets ``nbest = "$phrasescore-nbest distinct"`` in [EVALUATION]: the set is decoded
+  once) scored and re-ranked with those weights; ``remove-markup``, and so BLEU and the report,
+  read its 1-best.
 
 Every new step is ignored, or passed (its output is its input's), unless the config sets
 ``phrasescore`` (in [GENERAL]): a config without it runs Moses' own steps, with Moses' own
@@ -242,32 +244,48 @@ def weights_step(run: Commands) -> MetaStep:
     )
 
 
+NBEST_LIST = "IN.best$phrasescore-nbest"
+"""The n-best list EMS's decode step writes beside its output (IN) when [EVALUATION] sets
+``nbest = "$phrasescore-nbest distinct"``: ``SYSTEM-OUTPUT.best`` and the setting's digits."""
+
+EVALUATION_NBEST = 'nbest = "$phrasescore-nbest distinct"'
+"""The [EVALUATION] line that has decode write the lists phrasescore-rerank reads (quoted: one
+value, both words)."""
+
+
 def rerank_step(run: Commands) -> MetaStep:
-    """EVALUATION: the set's n-best lists from its decoder ini, scored, re-ranked with the tuned
-    weights; passed (the decoder's own 1-best) without phrasescore or with NO_RERANK."""
-    decode = (
-        "$decoder -f IN1 -input-file IN2 -n-best-list OUT.nbest $phrasescore-nbest distinct "
-        "$?decoder-settings > OUT.1best 2> OUT.log"
-    )
-    score = _scoring(run, "IN4", "OUT.nbest", "IN2", "OUT.scored.nbest")
+    """EVALUATION: the n-best list that decode wrote beside its 1-best, scored, re-ranked with
+    the tuned weights; passed (decode's own 1-best) without phrasescore or with NO_RERANK.
+
+    A missing list (a config without EVALUATION_NBEST) is one error line on the step's stderr,
+    where experiment.perl looks for ``error``; the step goes on to its end (experiment.perl waits
+    for the script's last line, not its exit status)."""
+    score = _scoring(run, "IN3", NBEST_LIST, "IN1", "OUT.scored.nbest")
     rerank = (
-        f"{run.phrasescore} nbest OUT.scored.nbest --source IN2 --weights IN3 --one-best "
+        f"{run.phrasescore} nbest OUT.scored.nbest --source IN1 --weights IN2 --one-best "
         "--no-progress -o OUT"
+    )
+    missing = (
+        f'echo "phrasescore-rerank: error: no n-best list {NBEST_LIST} from decode: add to the '
+        'EMS config\'s [EVALUATION]: nbest = \\"$phrasescore-nbest distinct\\"" >&2'
     )
     return new_step(
         "phrasescore-rerank",
         [
             (
                 "in",
-                "system-output filtered-config input TUNING:phrasescore-weights "
+                "system-output input TUNING:phrasescore-weights "
                 "TRAINING:phrasescore-sentence-models",
             ),
             ("out", "phrasescore-output"),
             ("default-name", "evaluation/phrasescore-reranked"),
             ("pass-unless", SWITCH),
             ("pass-if", NO_RERANK),
-            ("rerun-on-change", "phrasescore-nbest decoder-settings"),
-            ("template", f"{decode} && {score} && {rerank}"),
+            ("rerun-on-change", "phrasescore-nbest"),
+            (
+                "template",
+                f"if test -e {NBEST_LIST} ; then {score} && {rerank} ; else {missing} ; fi",
+            ),
         ],
     )
 
@@ -312,8 +330,13 @@ class EmsMetaResult:
     def lines(self) -> list[str]:
         return [
             f"wrote {self.output}: {self.source} with phrasescore's steps",
-            "add to the EMS config's [GENERAL]: phrasescore = yes and phrasescore-nbest = 100 "
-            "(README: In EMS), then run:",
+            "add to the EMS config's sections (README: In EMS):",
+            "  [GENERAL]",
+            f"  {SWITCH} = yes",
+            "  phrasescore-nbest = 100",
+            "  [EVALUATION]",
+            f"  {EVALUATION_NBEST}",
+            "then run:",
             f"  experiment.perl -meta {self.output} -config CONFIG -exec",
         ]
 
