@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from phrasescore.jobs.recipe.ems import installed_commands, splice
+from phrasescore.jobs.recipe.ems import Commands, installed_commands, rerank_step, splice
 from phrasescore.moses.ems_meta import parse_meta
 from tests.conftest import run_cli
 
@@ -176,6 +176,9 @@ def test_every_new_step_is_off_without_the_setting():
             template = attributes["template"]
             assert "#" not in template
             assert not re.search(r"[^ ]IN\d", template), template
+            # define_template reads a name up to a space, slash or quote
+            for name in re.findall(r"\$\??([a-z][^\s/\"']*)", template):
+                assert re.fullmatch(r"[a-z][a-z\d-]*", name), (step.name, name)
 
 
 def test_ems_meta_writes_the_file_and_refuses_its_input(tmp_path):
@@ -185,6 +188,10 @@ def test_ems_meta_writes_the_file_and_refuses_its_input(tmp_path):
     proc = run_cli("ems-meta", "--meta", source, "-o", out)
     assert proc.returncode == 0, proc.stderr
     assert "experiment.perl -meta" in proc.stdout
+    lines = proc.stdout.splitlines()
+    at = lines.index("  [EVALUATION]")
+    assert lines[at + 1] == '  nbest = "$phrasescore-nbest distinct"'
+    assert {"  phrasescore = yes", "  phrasescore-nbest = 100"} <= set(lines[:at])
     assert "phrasescore-rerank\n" in out.read_text(encoding="utf-8")
 
     proc = run_cli("ems-meta", "--meta", source, "-o", source)
@@ -194,6 +201,75 @@ def test_ems_meta_writes_the_file_and_refuses_its_input(tmp_path):
         "refusing to overwrite an input"
     ]
     assert source.read_text(encoding="utf-8") == SMALL_META
+
+
+def _as_experiment_perl_writes(template: str, inputs: list[str], output: str, settings) -> str:
+    """A template as experiment.perl writes it into a step's script: read_meta's IN, OUT and TMP
+    escapes, then define_template's inputs, output and ``$name``/``$?name`` settings."""
+    cmd = re.sub(r"^IN", "EMS_IN_EMS", template)
+    cmd = re.sub(r" IN(\d*)", r" EMS_IN\1_EMS", cmd)
+    cmd = cmd.replace(" OUT", " EMS_OUT_EMS").replace("TMP", "EMS_TMP_EMS")
+    if "EMS_IN1_EMS" not in cmd and len(inputs) > 1:
+        cmd = cmd.replace("EMS_IN_EMS", " ".join(inputs), 1)
+    else:
+        cmd = re.sub(r"EMS_IN(\d)_EMS", lambda m: inputs[int(m.group(1))], cmd)
+        cmd = cmd.replace("EMS_IN_EMS", inputs[0])
+    cmd = cmd.replace("EMS_OUT_EMS", output)
+    braced = re.compile(r"^([\S\s]*)\$(\??)\{([a-z][^\s/\"']*)\}([\S\s]*)$", re.I)
+    plain = re.compile(r"^([\S\s]*)\$(\??)([a-z][^\s/\"']*)([\S\s]*)$", re.I)
+    while match := braced.match(cmd) or plain.match(cmd):
+        pre, optional, name, post = match.groups()
+        cmd = pre + (settings.get(name, "") if optional else settings[name]) + post
+    return cmd
+
+
+def _rerank_in_sh(tmp_path: Path) -> tuple[subprocess.CompletedProcess, Path]:
+    """The test set's phrasescore-rerank as experiment.perl runs it (sh), with phrasescore's
+    command an echo of its arguments."""
+    evaluation, models = tmp_path / "evaluation", tmp_path / "models"
+    evaluation.mkdir(exist_ok=True)
+    models.mkdir(exist_ok=True)
+    system_output = evaluation / "test.output.1"
+    system_output.write_text("a\n", encoding="utf-8")
+    inputs = [system_output, evaluation / "test.input.1", tmp_path / "weights", models]
+    template = rerank_step(Commands("echo phrasescore", "false")).attributes()["template"]
+    output = evaluation / "test.phrasescore-reranked.1"
+    cmd = _as_experiment_perl_writes(
+        template, list(map(str, inputs)), str(output), {"phrasescore-nbest": "10"}
+    )
+    proc = subprocess.run(["sh", "-c", cmd], cwd=tmp_path, capture_output=True, text=True)
+    return proc, output
+
+
+def test_rerank_reads_the_list_decode_wrote_beside_its_output(tmp_path):
+    """decode writes SYSTEM-OUTPUT.best10 when [EVALUATION] sets nbest = "10 distinct"; the step
+    scores that list and re-ranks it, decoding nothing."""
+    evaluation = tmp_path / "evaluation"
+    evaluation.mkdir()
+    (evaluation / "test.output.1.best10").write_text("0 ||| a ||| F0= 1 ||| 1\n", encoding="utf-8")
+    proc, output = _rerank_in_sh(tmp_path)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    scored = f"{output}.scored.nbest"
+    assert proc.stdout.splitlines() == [
+        f"phrasescore nbest {evaluation}/test.output.1.best10 --source {evaluation}/test.input.1 "
+        "-m L2R=l2r.safetensors -m R2L=r2l.safetensors -m LSTM=lstm.safetensors "
+        f"--inverse-model Inv=inverse.safetensors --no-progress -o {scored}",
+        f"phrasescore nbest {scored} --source {evaluation}/test.input.1 --weights "
+        f"{tmp_path}/weights --one-best --no-progress -o {output}",
+    ]
+    assert "$decoder" not in rerank_step(installed_commands()).attributes()["template"]
+
+
+def test_rerank_without_the_list_is_one_error_line_naming_the_setting(tmp_path):
+    """A config without [EVALUATION] nbest: one line on stderr, where experiment.perl looks for
+    "error" (it waits for the script's end, not its exit status), and nothing else run."""
+    proc, output = _rerank_in_sh(tmp_path)
+    assert proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        f"phrasescore-rerank: error: no n-best list {tmp_path}/evaluation/test.output.1.best10 "
+        'from decode: add to the EMS config\'s [EVALUATION]: nbest = "10 distinct"'
+    ]
+    assert not output.exists()
 
 
 @pytest.mark.parametrize(
@@ -237,9 +313,13 @@ def _moses_folder(tmp_path: Path) -> Path:
     return moses
 
 
-def _config(tmp_path: Path, moses: Path, phrasescore: bool = True) -> Path:
+EVALUATION_NBEST = 'nbest = "$phrasescore-nbest distinct"\n'
+
+
+def _config(tmp_path: Path, moses: Path, phrasescore: bool = True, nbest: bool = True) -> Path:
     """examples/ems/config with its three paths set, tiny models, 2 MERT iterations and 10-best
-    lists to re-rank."""
+    lists to re-rank; without phrasescore's lines, or without the [EVALUATION] nbest line that
+    has decode write the lists."""
     text = (EXAMPLE / "config").read_text(encoding="utf-8")
     paths = {
         "working-dir": tmp_path / "work",
@@ -254,12 +334,16 @@ def _config(tmp_path: Path, moses: Path, phrasescore: bool = True) -> Path:
     )
     text = text.replace("-maximum-iterations 5", "-maximum-iterations 2")
     text = text.replace("phrasescore-nbest = 100", "phrasescore-nbest = 10")
+    assert text.count(EVALUATION_NBEST) == 1
+    if not phrasescore or not nbest:
+        text = text.replace(EVALUATION_NBEST, "")
     if not phrasescore:
         text = "".join(
             line for line in text.splitlines(keepends=True) if not line.startswith("phrasescore")
         )
     (tmp_path / "work").mkdir(exist_ok=True)
-    config = tmp_path / ("config" if phrasescore else "config.baseline")
+    name = "config" + ("" if phrasescore else ".baseline") + ("" if nbest else ".no-nbest")
+    config = tmp_path / name
     config.write_text(text, encoding="utf-8")
     return config
 
@@ -327,11 +411,15 @@ def test_the_example_config_runs_end_to_end_in_ems(tmp_path):
     proc = _experiment(moses, "-meta", meta, "-config", config, "-exec", cwd=tmp_path)
     work = tmp_path / "work"
     report_file = work / "evaluation" / "report.1"
-    if not report_file.exists():  # the steps that did not finish, and their errors
+    if not report_file.exists():  # the steps that did not finish or crashed, and their errors
         unfinished = [
             f"{script.name}: {Path(f'{script}.STDERR').read_text()[-1500:]}"
             for script in sorted((work / "steps" / "1").glob("*.1"))
-            if not Path(f"{script}.DONE").exists() and Path(f"{script}.STDERR").exists()
+            if Path(f"{script}.STDERR").exists()
+            and (
+                not Path(f"{script}.DONE").exists()
+                or Path(f"{script}.STDERR.digest").read_text().strip()
+            )
         ]
         pytest.fail(proc.stdout[-2000:] + proc.stderr[-2000:] + "\n".join(unfinished))
     report = report_file.read_text(encoding="utf-8")
@@ -353,3 +441,29 @@ def test_the_example_config_runs_end_to_end_in_ems(tmp_path):
 
     reranked = (work / "evaluation" / "test.phrasescore-reranked.1").read_text(encoding="utf-8")
     assert len(reranked.splitlines()) == 200
+
+    # each set decoded once, by decode, which wrote the 10-best list the rerank step read
+    steps = work / "steps" / "1"
+    decoding = sorted(
+        script.name
+        for script in steps.glob("EVALUATION_*.1")
+        if re.search(r"bin/moses\s", script.read_text(encoding="utf-8"))
+    )
+    assert decoding == ["EVALUATION_test-no-rerank_decode.1", "EVALUATION_test_decode.1"]
+    nbest_list = work / "evaluation" / "test.output.1.best10"
+    assert str(nbest_list) in (steps / "EVALUATION_test_phrasescore-rerank.1").read_text()
+    with nbest_list.open(encoding="utf-8") as lines:
+        ids = [int(line.split(" ||| ", 1)[0]) for line in lines]
+    assert sorted(set(ids)) == list(range(200)) and max(map(ids.count, set(ids))) <= 10
+
+    # without [EVALUATION] nbest: decode runs again without lists, the rerank step crashes
+    # with one line naming the setting
+    no_nbest = _config(tmp_path, moses, nbest=False)
+    proc = _experiment(moses, "-meta", meta, "-config", no_nbest, "-exec", cwd=tmp_path)
+    assert "step EVALUATION:test:phrasescore-rerank crashed" in proc.stdout, proc.stdout[-3000:]
+    assert not (work / "evaluation" / "test.output.2.best10").exists()
+    stderr = work / "steps" / "2" / "EVALUATION_test_phrasescore-rerank.2.STDERR"
+    assert stderr.read_text(encoding="utf-8").splitlines() == [
+        f"phrasescore-rerank: error: no n-best list {work}/evaluation/test.output.2.best10 "
+        'from decode: add to the EMS config\'s [EVALUATION]: nbest = "10 distinct"'
+    ]
