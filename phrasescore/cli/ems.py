@@ -17,9 +17,11 @@ def ems_meta_command(**params):
     """Write Moses' scripts/ems/experiment.meta with phrasescore's steps spliced in: the
     column's model and the sentence models after phrase extraction, the rescored table and its
     moses.ini before tuning, the re-ranking weights after tuning, each test set re-ranked
-    (README: In EMS). Run it with `experiment.perl -meta OUTPUT -config CONFIG -exec` and a
-    config that sets phrasescore = yes and phrasescore-nbest = N in [GENERAL]; without them
-    EMS runs Moses' own steps. The steps run this checkout's phrasescore with this Python."""
+    (README: In EMS), from the n-best lists EMS's decode writes. Run it with `experiment.perl
+    -meta OUTPUT -config CONFIG -exec` and a config that sets phrasescore = yes and
+    phrasescore-nbest = N in [GENERAL] and nbest = "$phrasescore-nbest distinct" in
+    [EVALUATION]; without phrasescore EMS runs Moses' own steps. The steps run this checkout's
+    phrasescore with this Python."""
     from phrasescore.jobs.recipe.ems import EmsMetaOptions, write_ems_meta
 
     echo(write_ems_meta(EmsMetaOptions(**take(params, EmsMetaOptions))))
