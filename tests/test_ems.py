@@ -1,11 +1,13 @@
 """phrasescore's steps in Moses' EMS: ``ems-meta`` splices them into experiment.meta.
 
 Without Moses: the splice on a small meta written here (every new step's inputs are produced by
-some step, the text it does not change comes back byte for byte, its errors are one line). With
-MOSES_HOME (skipped otherwise, as the other Moses integration tests): the splice of the build's
-own experiment.meta plans Moses' baseline step for step when the config does not turn
-phrasescore on, and examples/ems/config runs end to end under ``experiment.perl -exec`` with
-tiny models (the column tuned by MERT, the re-ranked test BLEU beside the tuned system's own).
+some step, the text it does not change comes back byte for byte, its errors are one line), and
+the re-ranking step's command as experiment.perl writes it, run by sh. With MOSES_HOME (skipped
+otherwise, as the other Moses integration tests): the splice of the build's own experiment.meta
+plans Moses' baseline step for step when the config does not turn phrasescore on, and
+examples/ems/config runs end to end under ``experiment.perl -exec`` with tiny models (the column
+tuned by MERT, the re-ranked test BLEU beside the tuned system's own, each set decoded once),
+then without its [EVALUATION] nbest line (the re-ranking step's one error line).
 """
 
 from __future__ import annotations
