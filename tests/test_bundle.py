@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -134,3 +136,19 @@ def test_the_same_weights_give_the_same_bytes_whatever_the_header_length(tmp_pat
         assert all(p.data_ptr() % TENSOR_ALIGNMENT == 0 for p in copy.network.parameters())
         np.testing.assert_array_equal(PairScorer(copy).score_phrases(*pairs).logprob, expected)
     assert len(in_file) >= 8  # the condition was there: tensors mapped at many alignments
+
+
+def test_loading_a_model_and_scoring_text_imports_neither_dynamo_nor_the_tokenizer(tiny_model_path):
+    """What a scoring command's start-up pays for: a model loads by building its network on the
+    meta device without its random initialisation (``normal_`` there imports torch._dynamo, a
+    third of the start-up), and text that is tokenised already never imports sacremoses."""
+    code = (
+        "import sys\n"
+        "from phrasescore.bundle import load_model\n"
+        f"model = load_model({tiny_model_path!r})\n"
+        "print(model.src_text('a man .'))\n"
+        "print(sorted(m for m in ('torch._dynamo', 'sacremoses') if m in sys.modules))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["['a', 'man', '.']", "[]"]

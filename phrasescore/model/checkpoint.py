@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
+from torch.overrides import TorchFunctionMode
 
 from phrasescore import __version__
 from phrasescore.errors import ModelFileError
@@ -227,13 +228,28 @@ def check_sizes(config: dict[str, Any], path: str) -> None:
                 )
 
 
+class _NoInitialValues(TorchFunctionMode):
+    """Skips the initialisations (``torch.nn.init`` and the tensors' random fills) of a network
+    built for its shapes alone: a meta tensor holds no values, and ``normal_`` on the meta
+    device goes through PyTorch's reference implementations, whose first call imports
+    torch._dynamo (seconds of a command's start-up)."""
+
+    _FILLS = (torch.Tensor.normal_, torch.Tensor.uniform_)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", None) == "torch.nn.init" or func in self._FILLS:
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **kwargs)
+
+
 def check_shapes(
     build: Callable[[], torch.nn.Module], tensors: dict[str, Any], path: str
 ) -> torch.nn.Module:
     """Build the network on the meta device (no memory) and refuse a file whose tensors do not
     have exactly its parameter names and shapes; returns the shape-only network, for
     :func:`load_weights` to fill."""
-    with torch.device("meta"):
+    with torch.device("meta"), _NoInitialValues():
         shell = build()
     expected = {name: tuple(t.shape) for name, t in shell.state_dict().items()}
     found = {name: tuple(t.shape) for name, t in tensors.items()}

@@ -50,31 +50,36 @@ that is tokenised already -- phrase-table phrases, n-best hypotheses -- must go 
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
-
-from sacremoses import MosesTokenizer
 
 _ENDS_WITH_PERIOD = re.compile(r"^(\S+)\.$")
 
 
-class _PerlCompatibleMosesTokenizer(MosesTokenizer):
+@functools.cache
+def _perl_compatible_tokenizer_class() -> type:
     """sacremoses' ``MosesTokenizer`` with ``tokenizer.perl``'s rule for the last word of a line.
 
     In ``tokenizer.perl`` a last word ending in a period is always split (``word.`` -> ``word .``),
     whatever the nonbreaking-prefix list says; every other word follows sacremoses' (identical)
     rules. The rule is applied to the text handed to sacremoses' nonbreaking-prefix step, which
-    is where ``tokenizer.perl`` applies it.
+    is where ``tokenizer.perl`` applies it. (Made on first use: sacremoses takes most of a second
+    to import, and only raw text needs it.)
     """
+    from sacremoses import MosesTokenizer
 
-    def handles_nonbreaking_prefixes(self, text: str) -> str:  # sacremoses hook, see above
-        tokens = text.split()
-        if tokens:
-            match = _ENDS_WITH_PERIOD.match(tokens[-1])
-            if match:
-                tokens[-1] = match.group(1)
-                tokens.append(".")
-        return super().handles_nonbreaking_prefixes(" ".join(tokens))
+    class PerlCompatibleMosesTokenizer(MosesTokenizer):
+        def handles_nonbreaking_prefixes(self, text: str) -> str:  # sacremoses hook, see above
+            tokens = text.split()
+            if tokens:
+                match = _ENDS_WITH_PERIOD.match(tokens[-1])
+                if match:
+                    tokens[-1] = match.group(1)
+                    tokens.append(".")
+            return super().handles_nonbreaking_prefixes(" ".join(tokens))
+
+    return PerlCompatibleMosesTokenizer
 
 
 def split_moses_tokens(line: str) -> list[str]:
@@ -98,7 +103,7 @@ class TextNormalizer:
         self.lang = lang
         self.tokenize = tokenize
         self.lowercase = lowercase
-        self._tokenizer = _PerlCompatibleMosesTokenizer(lang) if tokenize else None
+        self._tokenizer = _perl_compatible_tokenizer_class()(lang) if tokenize else None
 
     def __call__(self, line: str) -> list[str]:
         """The tokens of a line of this side's training text (raw when ``tokenize`` is on)."""
