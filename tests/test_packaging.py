@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import configparser
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).parent.parent
@@ -90,3 +92,23 @@ def test_the_moses_formats_know_no_tensors_no_tokens_and_no_scoring():
         prefixes = ("torch", "phrasescore.model", "phrasescore.text", "phrasescore.engine")
         bad = {n for n in _imports(path, every=True) if n.startswith(prefixes)}
         assert not bad, f"{path.name} imports {sorted(bad)}"
+
+
+def test_every_commands_help_answers_without_importing_pytorch():
+    """``--help`` of every command (bin/phrasescore-train-recipe probes ``train --help`` before
+    each model) costs Python's start-up, not PyTorch's: the choices it lists (architectures,
+    presets, optimisers) live in modules without torch."""
+    code = (
+        "import sys\n"
+        "from click.testing import CliRunner\n"
+        "from phrasescore.cli import cli\n"
+        "names = sorted(cli.commands)\n"
+        "for name in names:\n"
+        "    result = CliRunner().invoke(cli, [name, '--help'])\n"
+        "    assert result.exit_code == 0, (name, result.output)\n"
+        "    assert 'torch' not in sys.modules, name\n"
+        "print(' '.join(names))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert {"train", "rescore", "nbest", "translate", "recipe"} <= set(proc.stdout.split())

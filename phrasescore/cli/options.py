@@ -50,7 +50,7 @@ def presets():
 
 
 def lm_presets():
-    from phrasescore.model.cslm import LM_PRESETS
+    from phrasescore.model.config import LM_PRESETS
 
     return LM_PRESETS
 

@@ -17,7 +17,16 @@ The model file as a whole (network + vocabularies + text settings) is
 
 from __future__ import annotations
 
-from phrasescore.model.builders import NETWORKS, build_network
 from phrasescore.model.config import ARCHITECTURES
 
 __all__ = ["ARCHITECTURES", "NETWORKS", "build_network"]
+
+
+def __getattr__(name: str):
+    """The networks on first use: ``phrasescore.model.config`` (the presets a command's
+    ``--help`` lists) is plain Python, and importing it should not import PyTorch."""
+    if name in ("NETWORKS", "build_network"):
+        from phrasescore.model import builders
+
+        return getattr(builders, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

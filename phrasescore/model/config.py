@@ -277,6 +277,23 @@ ARCHITECTURES = tuple(ARCH_PRESETS)
 its network class."""
 
 
+LM_PRESETS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    # Sized for a 2-core CPU: 0.4M parameters + 385 per vocabulary word (4.3M for 10,000).
+    "default": ({}, dict(max_length=100)),
+    # Schwenk (2007): 6 context words, 512-dim embeddings, 3072-1536-1024 relu, softmax.
+    "paper": (
+        dict(order=7, embedding_dim=512, hidden_dims=[3072, 1536, 1024], dropout=0.0),
+        dict(learning_rate=5e-4, max_length=100),
+    ),
+    # For tests and demos.
+    "tiny": (
+        dict(order=4, embedding_dim=32, hidden_dims=[64], dropout=0.0),
+        dict(batch_tokens=600, valid_every=50, checkpoint_every=50, max_length=100),
+    ),
+}
+"""The CSLM presets (:mod:`phrasescore.model.cslm`): its sizes and training settings."""
+
+
 def initialisation_overrides(name: str | None, arch: str) -> dict[str, Any]:
     """The :class:`ModelConfig` fields of ``train --init``: ``fan-in`` (PyTorch's scales, the
     default presets') or ``paper`` (each paper's own: N(0, 0.01²), for lstm U(±0.08)); None

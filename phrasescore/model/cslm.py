@@ -46,7 +46,7 @@ import torch
 from torch import Tensor, nn
 
 from phrasescore.model.base import LossTerms, bf16_autocast
-from phrasescore.model.config import TrainConfig
+from phrasescore.model.config import LM_PRESETS, TrainConfig
 from phrasescore.model.initialization import init_cslm
 from phrasescore.model.output_layer import token_nll
 from phrasescore.special_ids import BOS_ID, PAD_ID
@@ -81,22 +81,6 @@ class LMConfig:
     def from_dict(cls, data: dict[str, Any]) -> LMConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
-
-
-LM_PRESETS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
-    # Sized for a 2-core CPU: 0.4M parameters + 385 per vocabulary word (4.3M for 10,000).
-    "default": ({}, dict(max_length=100)),
-    # Schwenk (2007): 6 context words, 512-dim embeddings, 3072-1536-1024 relu, softmax.
-    "paper": (
-        dict(order=7, embedding_dim=512, hidden_dims=[3072, 1536, 1024], dropout=0.0),
-        dict(learning_rate=5e-4, max_length=100),
-    ),
-    # For tests and demos.
-    "tiny": (
-        dict(order=4, embedding_dim=32, hidden_dims=[64], dropout=0.0),
-        dict(batch_tokens=600, valid_every=50, checkpoint_every=50, max_length=100),
-    ),
-}
 
 
 def lm_preset(name: str) -> tuple[LMConfig, TrainConfig]:

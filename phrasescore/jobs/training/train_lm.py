@@ -13,7 +13,8 @@ from phrasescore.files.inputs import check_files_exist
 from phrasescore.files.kinds import is_pipe
 from phrasescore.files.outputs import check_output_path
 from phrasescore.hardware import set_threads
-from phrasescore.model.cslm import LM_PRESETS, lm_preset
+from phrasescore.model.config import LM_PRESETS
+from phrasescore.model.cslm import lm_preset
 from phrasescore.runners import distributed
 from phrasescore.training.lm_trainer import LMData, LMTrainer
 from phrasescore.training.trainer import (
