@@ -265,9 +265,10 @@ def rerank_step(run: Commands) -> MetaStep:
         f"{run.phrasescore} nbest OUT.scored.nbest --source IN1 --weights IN2 --one-best "
         "--no-progress -o OUT"
     )
+    line = EVALUATION_NBEST.replace('"', '\\"')
     missing = (
         f'echo "phrasescore-rerank: error: no n-best list {NBEST_LIST} from decode: add to the '
-        'EMS config\'s [EVALUATION]: nbest = \\"$phrasescore-nbest distinct\\"" >&2'
+        f"EMS config's [EVALUATION]: {line}\" >&2"
     )
     return new_step(
         "phrasescore-rerank",
