@@ -543,6 +543,15 @@ def test_train_recipe_models_trains_a_subset_and_replaces_only_it(tmp_path):
     again = run_script("phrasescore-train-recipe", *args, "--models", "lstm", *tiny, cwd=tmp_path)
     assert again.returncode == 1 and "--force" in again.stderr  # not without --force
     assert (nn / "lstm.safetensors").read_bytes() == lstm_bytes
+    # --resume: on from its checkpoint (a budget may change), not from step 0
+    longer = ["--", "--preset", "tiny", "--max-steps", "5"]
+    resumed = run_script(
+        "phrasescore-train-recipe", *args, "--models", "lstm", "--resume", *longer, cwd=tmp_path
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert "continuing lstm from its checkpoint (" in resumed.stderr
+    assert "resuming at step 3 " in (nn / "lstm.stderr").read_text()
+    assert "\tsteps=5\t" in (nn / "lstm.result").read_text()
     forced = run_script(
         "phrasescore-train-recipe", *args, "--models", "lstm", "--force", *tiny, cwd=tmp_path
     )
@@ -565,6 +574,7 @@ def test_train_recipe_models_trains_a_subset_and_replaces_only_it(tmp_path):
         ("--table nope.gz", 1, "--table: no such phrase table: nope.gz"),
         ("--minutes 0", 2, "--minutes 0 is not a positive number"),
         ("--patience 0", 2, "--patience 0 is not a positive whole number"),
+        ("--force --resume", 2, "--force and --resume: give one"),
         ("--device tpu", 2, "--device tpu: give cpu or cuda"),
         ("no --valid", 2, "missing --valid"),
         ("--models gru", 2, "--models: no model gru in the recipe (its models: column l2r"),

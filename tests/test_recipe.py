@@ -209,6 +209,15 @@ def test_a_recipe_killed_in_any_step_resumes_with_that_step_and_ends_as_an_unint
             killed_before = KILLED[index - 1]
             assert done[killed_before][0]  # the step killed last time was redone
             assert {name: done[name] for name in before} == before, step  # the rest was not
+            if killed_before.startswith("train-"):  # from its checkpoint, not from step 0
+                model = killed_before.split("-")[1]
+                log = (work / "logs" / f"{killed_before}.log").read_text()
+                assert f"continuing {model} from its checkpoint" in log
+                assert "resuming at step 2" in (work / "nn" / f"{model}.stderr").read_text()
+        if step.startswith("train-"):
+            plan = recipe(system, work, "--dry-run").stdout
+            assert f"{step:<13}  run (stopped: continues from its progress)" in plan
+            assert f"--models {step.split('-')[1]} -o {work}/nn --resume" in plan
         before = done
     proc = recipe(system, work)
     assert proc.returncode == 0, proc.stderr[-3000:]

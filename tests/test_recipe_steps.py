@@ -114,3 +114,66 @@ def test_a_run_killed_after_a_step_wrote_its_output_redoes_that_step(tmp_path):
     assert not (tmp_path / "logs" / "copy.stamp").exists()
     assert run(tmp_path, two_steps(tmp_path)) == {"copy": "run", "shout": "run"}
     assert (tmp_path / "output.txt").read_text() == "hello!"
+
+
+COUNT = """\
+import os, signal, sys
+progress, output, resume = sys.argv[1], sys.argv[2], sys.argv[3] == "--resume"
+start = int(open(progress).read()) if resume and os.path.exists(progress) else 0
+for done in range(start + 1, 6):
+    with open(progress, "w") as out:
+        out.write(str(done))
+    if str(done) == os.environ.get("STOP_AT"):
+        os.kill(os.getpid(), signal.SIGKILL)
+with open(output, "w") as out:
+    out.write(f"counted from {start} to 5 in {open(sys.argv[4]).read()}")
+"""
+"""Counts to 5, its progress in a file (as a training keeps its checkpoint), with --resume from
+where that file says; killed by SIGKILL at $STOP_AT."""
+
+
+def counting_step(folder: Path, stop_at: int | None = None, unit: str = "ones") -> Step:
+    progress, output, source = folder / "count.progress", folder / "count.txt", folder / "unit.txt"
+    command = [sys.executable, "-c", COUNT, str(progress), str(output)]
+    return Step(
+        name="count",
+        kind="count",
+        inputs=[str(source)],
+        outputs=[str(output)],
+        settings={"unit": unit},
+        command=[*command, "--from-zero", str(source)],
+        progress=[str(progress)],
+        resume_command=[*command, "--resume", str(source)],
+        env={"STOP_AT": str(stop_at)} if stop_at else {},
+    )
+
+
+def test_a_stopped_step_with_progress_continues_from_it_and_a_changed_one_starts_again(tmp_path):
+    (tmp_path / "unit.txt").write_text("ones", encoding="utf-8")
+    with pytest.raises(RunStopped, match="count failed with exit code -9"):
+        run(tmp_path, [counting_step(tmp_path, stop_at=3)])
+    assert (tmp_path / "count.progress").read_text() == "3"
+    assert not (tmp_path / "logs" / "count.stamp").exists()
+    (planned,) = StepGraph([counting_step(tmp_path)], tmp_path / "logs").plan()
+    assert (planned.reason, planned.continues) == ("stopped: continues from its progress", True)
+    assert run(tmp_path, [counting_step(tmp_path)]) == {"count": "run"}
+    assert (tmp_path / "count.txt").read_text() == "counted from 3 to 5 in ones"
+    assert f"--resume {tmp_path / 'unit.txt'}" in (tmp_path / "logs" / "count.log").read_text()
+    assert not (tmp_path / "logs" / "count.started").exists()
+    assert run(tmp_path, [counting_step(tmp_path)]) == {"count": "up to date"}
+
+    # stopped, then its settings change: the progress of the other run is removed, not continued
+    (tmp_path / "count.txt").unlink()
+    with pytest.raises(RunStopped):
+        run(tmp_path, [counting_step(tmp_path, stop_at=2)])
+    (planned,) = StepGraph([counting_step(tmp_path, unit="twos")], tmp_path / "logs").plan()
+    assert (planned.reason, planned.continues) == ("not run yet", False)
+    assert run(tmp_path, [counting_step(tmp_path, unit="twos")]) == {"count": "run"}
+    assert (tmp_path / "count.txt").read_text() == "counted from 0 to 5 in ones"
+
+    # stopped, then its input changes: likewise
+    with pytest.raises(RunStopped):
+        run(tmp_path, [counting_step(tmp_path, stop_at=4)])
+    (tmp_path / "unit.txt").write_text("tens", encoding="utf-8")
+    assert run(tmp_path, [counting_step(tmp_path)]) == {"count": "run"}
+    assert (tmp_path / "count.txt").read_text() == "counted from 0 to 5 in tens"

@@ -88,7 +88,9 @@ class RecipeResult:
                 what = f"ran in {planned.seconds or 0:.0f} s ({planned.reason})"
             lines.append(f"  {planned.step.name:<{width}}  {what}")
             if self.dry_run and planned.state == "run":
-                lines.append(f"  {'':<{width}}  $ {planned.step.command_line()}")
+                step = planned.step
+                command = step.resume_command if planned.continues else step.command
+                lines.append(f"  {'':<{width}}  $ {step.command_line(command)}")
         return lines + self.results
 
 
@@ -139,12 +141,14 @@ def train_steps(options: RecipeOptions, inputs: Inputs, at: Layout, box: Machine
         inputs_of = [inputs.corpus.source, inputs.corpus.target]
         inputs_of += [inputs.valid.source, inputs.valid.target]
         table = ["--table", inputs.table] if name == "column" else []
-        stable = [
+        model = [
             *["--corpus", inputs.corpus.stem, "--valid", inputs.valid.stem, *table],
-            *["--f", options.f, "--e", options.e, "--models", name, "-o", str(at.nn), "--force"],
-            *budget,
+            *["--f", options.f, "--e", options.e, "--models", name, "-o", str(at.nn)],
         ]
-        command = ["bash", str(TRAIN_RECIPE), *stable, "--jobs", "1", "--device", box.device]
+        stable = [*model, "--force", *budget]
+        placed = ["--jobs", "1", "--device", box.device, "--", *options.train_flags]
+        # a stopped training goes on from its checkpoint (train --resume), not from step 0
+        resume = ["bash", str(TRAIN_RECIPE), *model, "--resume", *budget, *placed]
         steps.append(
             Step(
                 name=f"train-{name}",
@@ -152,8 +156,10 @@ def train_steps(options: RecipeOptions, inputs: Inputs, at: Layout, box: Machine
                 inputs=inputs_of + ([inputs.table] if name == "column" else []),
                 outputs=[at.model(name), str(at.nn / f"{name}.result")],
                 settings={"train-recipe": stable, "train": list(options.train_flags)},
-                command=command + ["--", *options.train_flags],
+                command=["bash", str(TRAIN_RECIPE), *stable, *placed],
                 gpu=box.device == "cuda",
+                progress=[at.model(name) + ".checkpoint"],
+                resume_command=resume,
             )
         )
     return steps

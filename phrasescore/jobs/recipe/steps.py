@@ -14,6 +14,12 @@ is written. A run killed at any point therefore leaves every finished step stamp
 was in unstamped: running again redoes that step alone (and those after it). Steps run in the
 order their inputs and outputs impose, up to ``jobs`` at a time.
 
+A step whose command keeps its own progress (a training's checkpoint: ``progress``) is not redone
+from the beginning when it was stopped: its start is recorded (``LOGS/NAME.started``: its stamp's
+record and each input's size and time), and when the next run finds that record equal to the
+step's record now, the step continues with ``resume_command``. Any other run of the step removes
+the progress files first, so a changed step never continues another run's work.
+
 ``PHRASESCORE_RECIPE_KILL_IN=NAME`` (for the tests of resumption) makes the runner kill itself
 with SIGKILL once step NAME's command has finished and the first of its staged outputs has its
 final name, before the stamp: a run killed as the system kills one, mid-way through writing a
@@ -69,14 +75,31 @@ class Step:
     """Runs on a GPU: one of the machine's GPUs by slot (CUDA_VISIBLE_DEVICES)."""
     skip: str | None = None
     """Why the step cannot run here (a program that is missing), or None."""
+    progress: list[str] = field(default_factory=list)
+    """Files in which the command keeps its progress (a checkpoint)."""
+    resume_command: list[str] | None = None
+    """The command that continues a stopped run from ``progress``."""
 
     def stamp_record(self) -> dict:
         return {"settings": self.settings, "inputs": self.inputs, "outputs": self.outputs}
 
-    def command_line(self) -> str:
-        if self.command is None:
+    def start_record(self) -> dict:
+        """The stamp's record and each input's size and modification time: a stopped run
+        continues only with the same inputs, unchanged."""
+        seen = {}
+        for path in self.inputs:
+            try:
+                info = os.stat(path)
+                seen[path] = [info.st_size, info.st_mtime_ns]
+            except OSError:
+                seen[path] = None
+        return {**self.stamp_record(), "input_files": seen}
+
+    def command_line(self, command: list[str] | None = None) -> str:
+        command = command or self.command
+        if command is None:
             return f"(in process: {self.kind})"
-        line = shlex.join(self.command)
+        line = shlex.join(command)
         if self.stdin:
             line += f" < {shlex.quote(self.stdin)}"
         if self.stdout:
@@ -92,6 +115,8 @@ class Planned:
     state: str
     reason: str
     seconds: float | None = None
+    continues: bool = False
+    """The step runs ``resume_command``: it continues its stopped run."""
 
 
 class StepGraph:
@@ -115,6 +140,9 @@ class StepGraph:
     def log_path(self, step: Step) -> Path:
         return self.logs / f"{step.name}.log"
 
+    def started_path(self, step: Step) -> Path:
+        return self.logs / f"{step.name}.started"
+
     # -- the plan --------------------------------------------------------------------------------
     def plan(self) -> list[Planned]:
         """What a run would do with each step, in the order the steps were given (which follows
@@ -131,7 +159,21 @@ class StepGraph:
                 rerun = [p.step.name for p in before if p.state == "run"]
                 reason = f"after {rerun[0]}" if rerun else self.out_of_date(step)
                 planned[step.name] = Planned(step, "run" if reason else "up to date", reason or "")
+                if reason and not rerun and self.was_stopped(step):
+                    planned[step.name].reason = "stopped: continues from its progress"
+                    planned[step.name].continues = True
         return [planned[step.name] for step in self.steps]
+
+    def was_stopped(self, step: Step) -> bool:
+        """Whether ``step`` can continue a run of itself that was stopped: it has a
+        ``resume_command``, no stamp, and its start record is the one it would write now."""
+        if step.resume_command is None or self.stamp_path(step).exists():
+            return False
+        try:
+            started = json.loads(self.started_path(step).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return False
+        return started == json.loads(json.dumps(step.start_record()))
 
     def out_of_date(self, step: Step) -> str | None:
         """Why ``step`` must run although nothing before it runs, or None (up to date)."""
@@ -192,7 +234,7 @@ class StepGraph:
                     slot = min(set(range(self.jobs)) - {r[2] for r in running.values()})
                     started = time.monotonic()
                     progress(f"{planned.step.name}: running ({planned.reason})")
-                    process = self._start(planned.step, slot)
+                    process = self._start(planned.step, slot, planned.continues)
                     if process is None:  # an in-process action: done already
                         planned.seconds = time.monotonic() - started
                         self._finish(planned.step, planned.seconds)
@@ -218,12 +260,21 @@ class StepGraph:
             )
         return plan
 
-    def _start(self, step: Step, slot: int) -> subprocess.Popen | None:
-        """Start ``step``'s command (or run its action here, returning None)."""
+    def _start(self, step: Step, slot: int, continues: bool = False) -> subprocess.Popen | None:
+        """Start ``step``'s command, or its ``resume_command`` when it ``continues`` (or run its
+        action here, returning None)."""
         with contextlib.suppress(FileNotFoundError):
             self.stamp_path(step).unlink()
         for folder in step.fresh_dirs:
             _remove_tree(Path(folder))
+        if not continues:
+            for path in step.progress:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+        if step.resume_command is not None:
+            with AtomicOutput(str(self.started_path(step))) as out:
+                out.write(json.dumps(step.start_record(), indent=1, sort_keys=True) + "\n")
+        command = step.resume_command if continues else step.command
         for path in [*step.outputs, *step.staged]:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         log_path = self.log_path(step)
@@ -237,14 +288,14 @@ class StepGraph:
             env["CUDA_VISIBLE_DEVICES"] = str(slot % self.gpus)
         with contextlib.ExitStack() as files:
             log_file = files.enter_context(open(log_path, "wb"))
-            log_file.write(f"# {step.command_line()}\n".encode())
+            log_file.write(f"# {step.command_line(command)}\n".encode())
             log_file.flush()
             stdin = files.enter_context(open(step.stdin, "rb")) if step.stdin else None
             stdout = log_file
             if step.stdout:
                 stdout = files.enter_context(open(_partial(step.stdout), "wb"))
             return subprocess.Popen(
-                step.command,
+                command,
                 cwd=step.cwd,
                 env=env,
                 stdin=stdin if stdin is not None else subprocess.DEVNULL,
@@ -273,6 +324,8 @@ class StepGraph:
         record = {**step.stamp_record(), "seconds": round(seconds, 1)}
         with AtomicOutput(str(self.stamp_path(step))) as out:
             out.write(json.dumps(record, indent=1, sort_keys=True) + "\n")
+        with contextlib.suppress(FileNotFoundError):
+            self.started_path(step).unlink()
 
     @staticmethod
     def _kill_hook(step: Step) -> None:
