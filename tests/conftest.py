@@ -6,13 +6,14 @@ import collections
 import gzip
 import os
 import subprocess
-import sys
 import traceback
 from pathlib import Path
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from .forked_cli import run_phrasescore
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -71,13 +72,9 @@ def data_dir() -> Path:
 
 
 def run_cli(*args, **kwargs) -> subprocess.CompletedProcess:
-    """``python -m phrasescore ARGS`` in a fresh process, output captured as text."""
-    return subprocess.run(
-        [sys.executable, "-m", "phrasescore", *map(str, args)],
-        capture_output=True,
-        text=True,
-        **kwargs,
-    )
+    """``python -m phrasescore ARGS`` in a process of its own, output captured as text
+    (tests/forked_cli.py: forked from one that has imported PyTorch)."""
+    return run_phrasescore([str(arg) for arg in args], **kwargs)
 
 
 def write_lines(path: Path, lines: list[str]) -> str:

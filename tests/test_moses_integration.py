@@ -12,10 +12,11 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from .conftest import run_cli
 
 MOSES_HOME = os.environ.get("MOSES_HOME")
 pytestmark = pytest.mark.skipif(
@@ -55,9 +56,7 @@ LM0= 0.5
 
 
 def _phrasescore(*args: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run(
-        [sys.executable, "-m", "phrasescore", *args], capture_output=True, text=True
-    )
+    proc = run_cli(*args)
     assert proc.returncode == 0, proc.stderr
     return proc
 

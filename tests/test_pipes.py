@@ -14,6 +14,7 @@ from phrasescore.errors import InputError
 from phrasescore.jobs.training.train_lm import run_lm_training
 
 from .conftest import DATA, train_tiny
+from .conftest import run_cli as conftest_run_cli
 
 TABLE = DATA / "moses" / "multi30k.head300.phrase-table.gz"
 
@@ -32,8 +33,7 @@ def fifo_with(tmp_path, name: str, data: bytes) -> str:
 
 
 def run_cli(*args):
-    command = [sys.executable, "-m", "phrasescore", *map(str, args)]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+    return conftest_run_cli(*args, timeout=300)
 
 
 def test_rescore_reads_a_named_pipe(tiny_model_path, tmp_path):

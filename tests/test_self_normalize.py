@@ -7,8 +7,6 @@ from __future__ import annotations
 import gzip
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +27,7 @@ from phrasescore.text.tokenize import TextNormalizer
 from phrasescore.text.vocab import BOS_ID, EOS_ID, WordVocabulary
 from phrasescore.training.validation import evaluate
 
-from .conftest import DATA, TEXT, train_tiny
+from .conftest import DATA, TEXT, run_cli, train_tiny
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE_TABLE = TEXT / "multi30k-phrase-table-sample.gz"  # 200 real lines, not training text
@@ -38,15 +36,6 @@ MOSES_TABLE = DATA / "moses" / "multi30k.head300.phrase-table.gz"
 NBEST_LIST = DATA / "nbest" / "multi30k.test2016.ids0-4.100best.nbest.gz"
 NBEST_SRC = DATA / "nbest" / "multi30k.test2016.head5.tok.lc.en"
 ALPHA = 0.5
-
-
-def run_cli(*args, **kwargs):
-    return subprocess.run(
-        [sys.executable, "-m", "phrasescore", *map(str, args)],
-        capture_output=True,
-        text=True,
-        **kwargs,
-    )
 
 
 def one_line_error(proc) -> str:
