@@ -9,6 +9,11 @@ stderr, its working directory, signals), and it runs ``phrasescore``'s ``__main_
 environment before PyTorch loads) is imported beforehand: every other phrasescore module is
 imported by the child, so the lazy imports a user's process runs are the ones tested.
 
+Tests call :func:`run_phrasescore`. Programs that run ``phrasescore`` themselves (the bin/ scripts,
+through their ``PHRASESCORE`` variable) get :func:`client_environment`: this file run as a script
+is a small client that hands the server its own stdin, stdout and stderr and passes SIGINT,
+SIGTERM and SIGHUP on to the child, and ends as the child ended.
+
 A call with its own environment (``env=``) runs in a fresh interpreter instead: the OpenMP
 runtime reads its environment when PyTorch loads, which in the server happened once.
 """
@@ -18,16 +23,21 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import shutil
 import signal
 import socket
 import struct
 import subprocess
 import sys
 import tempfile
-import threading
+import time
+
+SOCKET_VARIABLE = "PHRASESCORE_TEST_FORK_SERVER"
+STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+"""Signals a child ignores when its caller does (an ignored signal stays ignored across exec)."""
 
 SERVER = r"""
-import atexit, gc, json, os, runpy, signal, socket, struct, sys, traceback
+import atexit, gc, json, os, runpy, selectors, signal, socket, struct, sys, traceback
 
 import phrasescore  # its environment settings first, as in `python -m phrasescore`
 import matplotlib.figure  # noqa: F401
@@ -36,11 +46,15 @@ import torch._dynamo  # noqa: F401
 
 # what is imported now is shared with the children: no collection may walk (and so copy) it
 gc.freeze()
-channel = socket.socket(fileno=int(sys.argv[1]))
+listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+listener.bind(sys.argv[1])
+listener.listen(64)
+parent = os.getppid()
 
 
 def run_child(request, fds):
-    channel.close()
+    for number in request["ignored"]:  # as the caller's own child would inherit them
+        signal.signal(number, signal.SIG_IGN)
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
@@ -76,50 +90,77 @@ def run_child(request, fds):
     os._exit(code)
 
 
-while True:
-    try:
-        message, fds, _, _ = socket.recv_fds(channel, 1 << 20, 3)
-    except OSError:
-        break
-    if not message:
-        break
-    pid = os.fork()
-    if pid == 0:
-        run_child(json.loads(message), fds)
-    for fd in fds:
-        os.close(fd)
-    channel.sendall(struct.pack("!q", pid))
-    _, status = os.waitpid(pid, 0)
-    channel.sendall(struct.pack("!q", os.waitstatus_to_exitcode(status)))
+waiting = {}  # child pid -> the connection that asked for it
+selector = selectors.DefaultSelector()
+selector.register(listener, selectors.EVENT_READ)
+while os.getppid() == parent:
+    for key, _ in selector.select(timeout=0.02):
+        connection, _ = listener.accept()
+        message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)
+        pid = os.fork()
+        if pid == 0:
+            selector.close()
+            for held in [listener, connection, *waiting.values()]:
+                held.close()
+            run_child(json.loads(message), fds)
+        for fd in fds:
+            os.close(fd)
+        connection.sendall(struct.pack("!q", pid))
+        waiting[pid] = connection
+    while waiting:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            break
+        connection = waiting.pop(pid, None)
+        if connection is not None:
+            try:
+                connection.sendall(struct.pack("!q", os.waitstatus_to_exitcode(status)))
+            except OSError:
+                pass
+            connection.close()
 """
 
-_lock = threading.Lock()
-_server: tuple[subprocess.Popen, socket.socket] | None = None
+_server: subprocess.Popen | None = None
+_address = ""
 
 
-def _channel() -> socket.socket:
-    """The socket to this process's server, which is started on first use."""
-    global _server
-    if _server is None or _server[0].poll() is not None:
-        ours, theirs = socket.socketpair()
-        process = subprocess.Popen(
-            [sys.executable, "-c", SERVER, str(theirs.fileno())],
-            pass_fds=[theirs.fileno()],
+def _server_address() -> str:
+    """The socket of this process's server, which is started on first use."""
+    global _server, _address
+    if _server is None or _server.poll() is not None:
+        folder = tempfile.mkdtemp(prefix="phrasescore-fork-")
+        _address = os.path.join(folder, "server")
+        _server = subprocess.Popen(
+            [sys.executable, "-c", SERVER, _address],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,  # the children's stdout is buffered as a pipe's, not a tty's
         )
-        theirs.close()
-        _server = (process, ours)
-        atexit.register(_stop, process, ours)
-    return _server[1]
+        atexit.register(_stop, _server, folder)
+    return _address
 
 
-def _stop(process: subprocess.Popen, channel: socket.socket) -> None:
-    channel.close()
+def _stop(server: subprocess.Popen, folder: str) -> None:
+    server.terminate()
     try:
-        process.wait(timeout=10)
+        server.wait(timeout=10)
     except subprocess.TimeoutExpired:
-        process.kill()
+        server.kill()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _connect(address: str) -> socket.socket:
+    """A connection to the server, once it listens (it imports PyTorch first)."""
+    for _ in range(6000):
+        channel = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            channel.connect(address)
+            return channel
+        except (FileNotFoundError, ConnectionRefusedError):
+            channel.close()
+            if _server is not None and _server.poll() is not None:
+                break
+            time.sleep(0.02)
+    raise RuntimeError(f"the tests' forking server at {address} does not answer")
 
 
 def _receive(channel: socket.socket) -> int:
@@ -127,9 +168,23 @@ def _receive(channel: socket.socket) -> int:
     while len(data) < 8:
         chunk = channel.recv(8 - len(data))
         if not chunk:
-            raise RuntimeError("the forking server of the tests ended")
+            raise RuntimeError("the tests' forking server ended")
         data += chunk
     return struct.unpack("!q", data)[0]
+
+
+def _start(address: str, args: list[str], cwd: str, fds: list[int]) -> tuple[socket.socket, int]:
+    """Ask the server for a child running ``phrasescore ARGS`` on these stdin, stdout, stderr."""
+    channel = _connect(address)
+    ignored = [int(n) for n in STOPPING if signal.getsignal(n) == signal.SIG_IGN]
+    request = {
+        "args": args,
+        "cwd": os.path.abspath(cwd),
+        "env": dict(os.environ),
+        "ignored": ignored,
+    }
+    socket.send_fds(channel, [json.dumps(request).encode()], fds)
+    return channel, _receive(channel)
 
 
 def _text(data: bytes) -> str:
@@ -164,33 +219,59 @@ def run_phrasescore(
         tempfile.TemporaryFile() as stdout,
         tempfile.TemporaryFile() as stderr,
         open(os.devnull, "rb") as nothing,
-        _lock,
     ):
         if input is not None:
             given.write(input.encode())
             given.seek(0)
             stdin = given
-        request = {
-            "args": args,
-            "cwd": os.path.abspath(cwd or os.getcwd()),
-            "env": dict(os.environ),
-        }
         fds = [(stdin or nothing).fileno(), stdout.fileno(), stderr.fileno()]
-        channel = _channel()
-        socket.send_fds(channel, [json.dumps(request).encode()], fds)
-        pid = _receive(channel)
-        channel.settimeout(timeout)
-        try:
-            code = _receive(channel)
-        except TimeoutError:
-            os.kill(pid, signal.SIGKILL)
-            channel.settimeout(None)
-            _receive(channel)
-            raise subprocess.TimeoutExpired(command, timeout) from None
-        finally:
-            channel.settimeout(None)
+        channel, pid = _start(_server_address(), args, str(cwd or os.getcwd()), fds)
+        with channel:
+            channel.settimeout(timeout)
+            try:
+                code = _receive(channel)
+            except TimeoutError:
+                os.kill(pid, signal.SIGKILL)
+                channel.settimeout(None)
+                _receive(channel)
+                raise subprocess.TimeoutExpired(command, timeout) from None
         stdout.seek(0)
         stderr.seek(0)
         return subprocess.CompletedProcess(
             command, code, _text(stdout.read()), _text(stderr.read())
         )
+
+
+def client_environment() -> dict[str, str]:
+    """``PHRASESCORE`` (the command the bin/ scripts run phrasescore with) as this file's client
+    of this process's server, and where the server listens."""
+    return {
+        "PHRASESCORE": f"{sys.executable} {os.path.abspath(__file__)}",
+        SOCKET_VARIABLE: _server_address(),
+    }
+
+
+def _client(args: list[str]) -> None:
+    """``phrasescore ARGS`` on this process's stdin, stdout and stderr, in a child of the server;
+    the signals that stop a program are passed on to it, and this process ends as it ended."""
+    channel, pid = _start(os.environ[SOCKET_VARIABLE], args, os.getcwd(), [0, 1, 2])
+
+    def pass_on(number, _frame):
+        try:
+            os.kill(pid, number)
+        except ProcessLookupError:
+            pass
+
+    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(number) != signal.SIG_IGN:
+            signal.signal(number, pass_on)
+    code = _receive(channel)
+    if code < 0:  # killed by a signal: so is this process
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    _client(sys.argv[1:])

@@ -11,9 +11,11 @@ import gzip
 import itertools
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,9 @@ from phrasescore.cli import cli
 from phrasescore.jobs.analysis.info import describe_file
 from phrasescore.moses.ini import count_features_and_weights, list_phrase_tables
 from phrasescore.moses.phrase_table import read_phrase_table
+from phrasescore.training.trainer import Trainer
+
+from .forked_cli import client_environment
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = ROOT / "bin"
@@ -44,7 +49,7 @@ def run_script(name, *args, cwd, path_extra=None, env_extra=None):
     env = dict(os.environ)
     env.pop("MOSES", None)
     env["PATH"] = os.pathsep.join([*(path_extra or []), "/usr/bin", "/bin"])
-    env["PHRASESCORE"] = f"{sys.executable} -m phrasescore"
+    env.update(client_environment())  # phrasescore forked from a process that has PyTorch
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if "PYTHONPATH" in env else "")
     env["OMP_WAIT_POLICY"] = "PASSIVE"
     env.update(env_extra or {})
@@ -560,6 +565,47 @@ def test_train_recipe_models_trains_a_subset_and_replaces_only_it(tmp_path):
     assert (nn / "lstm.safetensors").read_bytes() == lstm_bytes  # same seed, same bytes
     assert "trained lstm in" in forced.stdout
     assert "l2r.safetensors      left to right (" in forced.stdout  # listed, trained before
+
+
+def test_train_recipe_stopped_mid_training_resumes_from_the_checkpoint(tmp_path):
+    """SIGTERM (a job's time limit) stops the training and keeps its checkpoint; --resume goes
+    on from it, not from step 0."""
+    args = recipe_inputs(tmp_path)
+    at = args.index("--table")
+    args = args[:at] + args[at + 2 :]
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join(["/usr/bin", "/bin"])
+    env.update(client_environment())
+    endless = ["--preset", "tiny", "--max-steps", "100000", "--valid-every", "5"]
+    endless += ["--patience", "1000000", "--seed", "3"]  # ends only by the signal
+    command = ["bash", str(BIN / "phrasescore-train-recipe"), *args, "--models", "l2r"]
+    proc = subprocess.Popen(
+        [*command, "--", *endless], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True
+    )
+    log = tmp_path / "nn" / "l2r.safetensors.log"
+    while proc.poll() is None and ", validation perplexity" not in (
+        log.read_text() if log.exists() else ""
+    ):
+        time.sleep(0.2)  # polls the log: the signal comes once a validation is written
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err
+    assert "interrupted: the trainings were stopped" in err
+    checkpoint = str(tmp_path / "nn" / "l2r.safetensors.checkpoint")
+    step = Trainer.read_checkpoint(checkpoint)["meta"]["position"]["step"]
+    assert step >= 5
+    endless[endless.index("--max-steps") + 1] = str(step + 3)  # a budget a resume may change
+    resumed = subprocess.run(
+        [*command, "--resume", "--", *endless],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert "continuing l2r from its checkpoint" in resumed.stderr
+    assert f"resuming at step {step} " in (tmp_path / "nn" / "l2r.stderr").read_text()
+    assert f"\tsteps={step + 3}\t" in (tmp_path / "nn" / "l2r.result").read_text()
 
 
 @pytest.mark.parametrize(

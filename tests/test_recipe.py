@@ -23,6 +23,8 @@ import pytest
 from phrasescore.errors import InputError
 from phrasescore.jobs.recipe.recipe import RecipeOptions, run_recipe
 
+from . import forked_cli
+
 DATA = Path(__file__).parent / "data"
 EXAMPLES = Path(__file__).parent.parent / "examples"
 MOSES_HOME = os.environ.get("MOSES_HOME")
@@ -101,8 +103,10 @@ def system(tmp_path_factory) -> Path:
 
 
 def recipe_command(system: Path, work: Path, *extra: str) -> list[str]:
+    """``phrasescore recipe`` on ``system`` into ``work``, run by :func:`run` (its trainings
+    too: train-recipe runs phrasescore as $PHRASESCORE says)."""
     return [
-        *[sys.executable, "-m", "phrasescore", "recipe", "--moses-ini", str(system / "moses.ini")],
+        *[sys.executable, forked_cli.__file__, "recipe", "--moses-ini", str(system / "moses.ini")],
         *["--corpus", str(system / "train"), "--dev", str(system / "dev")],
         *["--test", str(system / "test"), "--f", "en", "--e", "fr", "-o", str(work), *SMALL],
         *extra,
@@ -110,14 +114,17 @@ def recipe_command(system: Path, work: Path, *extra: str) -> list[str]:
     ]
 
 
-def recipe(system: Path, work: Path, *extra: str, kill: str | None = None):
-    env = dict(os.environ)
+def run(command: list[str], kill: str | None = None) -> subprocess.CompletedProcess:
+    """A ``recipe_command`` in a child of the tests' forking server (tests/forked_cli.py)."""
+    env = {**os.environ, **forked_cli.client_environment()}
     env.pop("PHRASESCORE_RECIPE_KILL_IN", None)
     if kill:
         env["PHRASESCORE_RECIPE_KILL_IN"] = kill
-    return subprocess.run(
-        recipe_command(system, work, *extra), capture_output=True, text=True, env=env
-    )
+    return subprocess.run(command, capture_output=True, text=True, env=env)
+
+
+def recipe(system: Path, work: Path, *extra: str, kill: str | None = None):
+    return run(recipe_command(system, work, *extra), kill=kill)
 
 
 def states(stdout: str) -> dict[str, str]:
@@ -251,7 +258,7 @@ def test_a_recipe_killed_in_any_step_resumes_with_that_step_and_ends_as_an_unint
 def test_changed_training_flags_retrain_the_five_models(system, uninterrupted):
     flags = ["--preset", "tiny", "--max-steps", "3", "--seed", "1"]
     command = recipe_command(system, uninterrupted, "--dry-run")[: -len(TRAIN_FLAGS)] + flags
-    proc = subprocess.run(command, capture_output=True, text=True)
+    proc = run(command)
     plan = states(proc.stdout)
     assert [name for name, state in plan.items() if state == "run"][:6] == TRAIN_STEPS + ["rescore"]
     assert "train-l2r      run (settings changed: train)" in proc.stdout
@@ -305,7 +312,7 @@ def test_bad_inputs_are_refused_before_the_first_step(system, tmp_path):
 def test_a_bad_input_is_one_line_and_exit_1(system, tmp_path):
     command = recipe_command(system, tmp_path / "work")
     command[command.index("--dev") + 1] = str(tmp_path / "missing")
-    proc = subprocess.run(command, capture_output=True, text=True)
+    proc = run(command)
     assert proc.returncode == 1
     assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
     assert f"--dev {tmp_path / 'missing'}: neither" in proc.stderr
