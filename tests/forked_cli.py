@@ -128,7 +128,8 @@ def _server_address() -> str:
     """The socket of this process's server, which is started on first use."""
     global _server, _address
     if _server is None or _server.poll() is not None:
-        folder = tempfile.mkdtemp(prefix="phrasescore-fork-")
+        # a short path: a socket's name holds at most 107 bytes, whatever TMPDIR is
+        folder = tempfile.mkdtemp(prefix="phrasescore-fork-", dir="/tmp")
         _address = os.path.join(folder, "server")
         _server = subprocess.Popen(
             [sys.executable, "-c", SERVER, _address],
