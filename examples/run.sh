@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's recipe, `phrasescore recipe`, on the shipped English->French example system
-# (Multi30k: examples/model's 27,797-line table, examples/corpus), at the smallest budget that
+# (Multi30k: examples/model's 49,446-line table, examples/corpus), at the smallest budget that
 # still learns (every model's validation perplexity falls well below the unigram's):
 #   1. the example system made runnable under OUT/system: the first N sentences of val (dev) and
 #      test_2016_flickr (test), val lines 201-500 (the models' validation set), and with Moses
