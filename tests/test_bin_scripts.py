@@ -44,8 +44,8 @@ SCRIPTS = [
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
 
-def run_script(name, *args, cwd, path_extra=None, env_extra=None):
-    """Run bin/NAME with a minimal PATH (no Moses on it) and this checkout's phrasescore."""
+def script_environment(path_extra=None, env_extra=None) -> dict[str, str]:
+    """A minimal PATH (no Moses on it) and this checkout's phrasescore."""
     env = dict(os.environ)
     env.pop("MOSES", None)
     env["PATH"] = os.pathsep.join([*(path_extra or []), "/usr/bin", "/bin"])
@@ -53,12 +53,17 @@ def run_script(name, *args, cwd, path_extra=None, env_extra=None):
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if "PYTHONPATH" in env else "")
     env["OMP_WAIT_POLICY"] = "PASSIVE"
     env.update(env_extra or {})
+    return env
+
+
+def run_script(name, *args, cwd, path_extra=None, env_extra=None):
+    """Run bin/NAME in :func:`script_environment`."""
     return subprocess.run(
         ["bash", str(BIN / name), *map(str, args)],
         capture_output=True,
         text=True,
         cwd=cwd,
-        env=env,
+        env=script_environment(path_extra, env_extra),
     )
 
 
@@ -572,15 +577,15 @@ def test_train_recipe_stopped_mid_training_resumes_from_the_checkpoint(tmp_path)
     on from it, not from step 0."""
     args = recipe_inputs(tmp_path)
     at = args.index("--table")
-    args = args[:at] + args[at + 2 :]
-    env = dict(os.environ)
-    env["PATH"] = os.pathsep.join(["/usr/bin", "/bin"])
-    env.update(client_environment())
+    args = [*args[:at], *args[at + 2 :], "--models", "l2r"]
     endless = ["--preset", "tiny", "--max-steps", "100000", "--valid-every", "5"]
     endless += ["--patience", "1000000", "--seed", "3"]  # ends only by the signal
-    command = ["bash", str(BIN / "phrasescore-train-recipe"), *args, "--models", "l2r"]
     proc = subprocess.Popen(
-        [*command, "--", *endless], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True
+        ["bash", str(BIN / "phrasescore-train-recipe"), *args, "--", *endless],
+        cwd=tmp_path,
+        env=script_environment(),
+        stderr=subprocess.PIPE,
+        text=True,
     )
     log = tmp_path / "nn" / "l2r.safetensors.log"
     while proc.poll() is None and ", validation perplexity" not in (
@@ -595,12 +600,8 @@ def test_train_recipe_stopped_mid_training_resumes_from_the_checkpoint(tmp_path)
     step = Trainer.read_checkpoint(checkpoint)["meta"]["position"]["step"]
     assert step >= 5
     endless[endless.index("--max-steps") + 1] = str(step + 3)  # a budget a resume may change
-    resumed = subprocess.run(
-        [*command, "--resume", "--", *endless],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
+    resumed = run_script(
+        "phrasescore-train-recipe", *args, "--resume", "--", *endless, cwd=tmp_path
     )
     assert resumed.returncode == 0, resumed.stderr
     assert "continuing l2r from its checkpoint" in resumed.stderr

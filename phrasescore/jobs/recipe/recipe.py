@@ -88,9 +88,8 @@ class RecipeResult:
                 what = f"ran in {planned.seconds or 0:.0f} s ({planned.reason})"
             lines.append(f"  {planned.step.name:<{width}}  {what}")
             if self.dry_run and planned.state == "run":
-                step = planned.step
-                command = step.resume_command if planned.continues else step.command
-                lines.append(f"  {'':<{width}}  $ {step.command_line(command)}")
+                command = planned.step.command_line(planned.command)
+                lines.append(f"  {'':<{width}}  $ {command}")
         return lines + self.results
 
 
@@ -147,8 +146,6 @@ def train_steps(options: RecipeOptions, inputs: Inputs, at: Layout, box: Machine
         ]
         stable = [*model, "--force", *budget]
         placed = ["--jobs", "1", "--device", box.device, "--", *options.train_flags]
-        # a stopped training goes on from its checkpoint (train --resume), not from step 0
-        resume = ["bash", str(TRAIN_RECIPE), *model, "--resume", *budget, *placed]
         steps.append(
             Step(
                 name=f"train-{name}",
@@ -159,7 +156,8 @@ def train_steps(options: RecipeOptions, inputs: Inputs, at: Layout, box: Machine
                 command=["bash", str(TRAIN_RECIPE), *stable, *placed],
                 gpu=box.device == "cuda",
                 progress=[at.model(name) + ".checkpoint"],
-                resume_command=resume,
+                # a stopped training goes on from its checkpoint (train --resume), not from step 0
+                resume_command=["bash", str(TRAIN_RECIPE), *model, "--resume", *budget, *placed],
             )
         )
     return steps

@@ -118,6 +118,11 @@ class Planned:
     continues: bool = False
     """The step runs ``resume_command``: it continues its stopped run."""
 
+    @property
+    def command(self) -> list[str] | None:
+        """What the step runs: its ``resume_command`` when it continues, else its command."""
+        return self.step.resume_command if self.continues else self.step.command
+
 
 class StepGraph:
     """The steps of a run, their order and their stamps and logs under ``logs``."""
@@ -234,7 +239,7 @@ class StepGraph:
                     slot = min(set(range(self.jobs)) - {r[2] for r in running.values()})
                     started = time.monotonic()
                     progress(f"{planned.step.name}: running ({planned.reason})")
-                    process = self._start(planned.step, slot, planned.continues)
+                    process = self._start(planned, slot)
                     if process is None:  # an in-process action: done already
                         planned.seconds = time.monotonic() - started
                         self._finish(planned.step, planned.seconds)
@@ -260,21 +265,20 @@ class StepGraph:
             )
         return plan
 
-    def _start(self, step: Step, slot: int, continues: bool = False) -> subprocess.Popen | None:
-        """Start ``step``'s command, or its ``resume_command`` when it ``continues`` (or run its
-        action here, returning None)."""
+    def _start(self, planned: Planned, slot: int) -> subprocess.Popen | None:
+        """Start the planned step's command (or run its action here, returning None)."""
+        step, command = planned.step, planned.command
         with contextlib.suppress(FileNotFoundError):
             self.stamp_path(step).unlink()
         for folder in step.fresh_dirs:
             _remove_tree(Path(folder))
-        if not continues:
+        if not planned.continues:
             for path in step.progress:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
         if step.resume_command is not None:
             with AtomicOutput(str(self.started_path(step))) as out:
                 out.write(json.dumps(step.start_record(), indent=1, sort_keys=True) + "\n")
-        command = step.resume_command if continues else step.command
         for path in [*step.outputs, *step.staged]:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         log_path = self.log_path(step)
