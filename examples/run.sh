@@ -8,7 +8,9 @@
 #      with absolute paths (the shipped ini's lexical reordering table is not shipped),
 #   2. phrasescore recipe (its work folder: OUT/recipe): the five models (two at a time on 2 cores), the column, and with Moses
 #      MERT, the tuned system's 100-best lists, their four features, the re-ranking weights and
-#      the test BLEU before and after; without Moses those steps are reported as skipped.
+#      the test BLEU before and after; without Moses those steps are reported as skipped. The
+#      re-ranking tunes the four models' weights only (--tune new): on 100 dev sentences,
+#      retuning every weight on the fixed lists overfits them (docs/benchmarks.md, The example).
 # Run again, it redoes nothing (each step is up to date); killed, it resumes where it stopped.
 # Everything is written under OUT (default build/example in the checkout); examples/ is only read.
 # Usage: examples/run.sh [--quick | --long | --minutes M] [--sentences N] [--out OUT]
@@ -88,7 +90,7 @@ sed -e "s#path=phrase-table.gz#path=$here/model/phrase-table.gz#" -e '/^LexicalR
 echo "== phrasescore recipe on the example system ($sentences dev and test sentences)" >&2
 python3 -m phrasescore recipe --moses-ini "$system/moses.ini" --corpus "$corpus/train.tok.lc" \
   --valid "$system/valid" --dev "$system/dev" --test "$system/test" --f en --e fr -o "$work" \
-  ${mert[@]+"${mert[@]}"} "${budget[@]}" --valid-every 25 --seed 1 | tee "$out/recipe.txt"
+  --tune new ${mert[@]+"${mert[@]}"} "${budget[@]}" --valid-every 25 --seed 1 | tee "$out/recipe.txt"
 
 perplexities() {  # the validation perplexity of each model against its unigram's
   local name

@@ -238,10 +238,12 @@ def test_a_recipe_killed_in_any_step_resumes_with_that_step_and_ends_as_an_unint
         "skipped",
     }
     if HAS_MOSES:
-        plan = recipe(system, work, "--dry-run", "--runs", "2").stdout
-        runs = [name for name, state in states(plan).items() if state == "run"]
-        assert runs == ["rerank-tune", "rerank-test", "bleu"]
-        assert "rerank-tune    run (settings changed: rerank-tune)" in plan
+        for changed in (["--runs", "2"], ["--tune", "new"]):
+            plan = recipe(system, work, "--dry-run", *changed).stdout
+            runs = [name for name, state in states(plan).items() if state == "run"]
+            assert runs == ["rerank-tune", "rerank-test", "bleu"]
+            assert "rerank-tune    run (settings changed: rerank-tune)" in plan
+        assert "--tune new" in plan
     os.utime(system / "phrase-table.gz")
     plan = states(recipe(system, work, "--dry-run").stdout)
     runs = [name for name, state in plan.items() if state == "run"]

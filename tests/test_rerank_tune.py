@@ -109,6 +109,23 @@ def test_without_moses_one_line_and_no_output(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    ("flags", "why"),
+    [(["--start", INI, "--tuner", "kbmira"], "kbmira moves every weight"),
+     ([], "give --start and --tuner mert")],
+)  # fmt: skip
+def test_tune_new_needs_a_start_and_mert_and_says_so_before_any_tool(tmp_path, flags, why):
+    out = tmp_path / "weights"
+    args = ["rerank-tune", LIST, "--reference", REFERENCE, "--tune", "new", *flags]
+    result = invoke(*args, "--moses-home", tmp_path, "-o", out)
+    assert result.exit_code == 1
+    [error] = result.output.splitlines()
+    assert (
+        error.startswith("phrasescore: error: --tune new keeps --start's weights") and why in error
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_the_output_never_overwrites_an_input(tmp_path):
     reference = tmp_path / "ref.fr"
     reference.write_bytes(REFERENCE.read_bytes())
@@ -191,6 +208,36 @@ def test_runs_report_every_dev_bleu_keep_the_best_and_apply_to_it(tmp_path, scor
     assert BLEU(tokenize="none").corpus_score(hyps, [references]).score == pytest.approx(
         float(runs[kept]), abs=0.01
     )
+
+
+@needs_moses
+def test_tune_new_keeps_the_start_weights_and_moves_only_the_models(tmp_path, scored_list):
+    """--tune new: every weight of --start written back unchanged, the models' weights tuned
+    (not all 0 on this list); on the unscored list (every feature weighed) one error line."""
+    from phrasescore.moses.nbest import read_weights
+
+    out = tmp_path / "rerank.weights"
+    result = invoke("rerank-tune", scored_list, "--reference", REFERENCE, "--start", INI,
+                    "--tune", "new", "--moses-home", MOSES_HOME, "-o", out)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "(only L2R, Inv; --start's weights kept)" in result.output
+    tuned, start = read_weights(str(out)), read_weights(str(INI))
+    kept = set(tuned) - {"L2R", "Inv"}
+    assert {"L2R", "Inv"} <= set(tuned) and {"LM0", "TranslationModel0"} <= kept <= set(start)
+    for name in kept:
+        assert tuned[name] == pytest.approx(start[name], abs=1e-6), name
+    assert any(tuned["L2R"] + tuned["Inv"])
+
+    unscored = tmp_path / "list.nbest.gz"
+    unscored.write_bytes(LIST.read_bytes())
+    result = invoke("rerank-tune", unscored, "--reference", REFERENCE, "--start", INI,
+                    "--tune", "new", "--moses-home", MOSES_HOME, "-o", out)  # fmt: skip
+    assert result.exit_code == 1
+    errors = [line for line in result.output.splitlines() if "error" in line]
+    assert errors == [
+        f"phrasescore: error: {unscored}: --tune new: --start weighs every feature of the list: "
+        "there is nothing to tune (score the list with the models first, or give --tune all)"
+    ]
 
 
 @needs_moses

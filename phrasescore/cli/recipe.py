@@ -27,6 +27,13 @@ from phrasescore.cli.options import POSITIVE, POSITIVE_FLOAT, take
 @click.option("--nbest-size", type=POSITIVE, default=100, show_default=True, help="N-best size.")
 @click.option("--mert-iterations", type=POSITIVE, help="MERT's iterations (default: its own).")
 @click.option("--runs", type=POSITIVE, default=3, show_default=True, help="rerank-tune --runs.")
+@click.option(
+    "--tune",
+    type=click.Choice(["all", "new"]),
+    default="all",
+    show_default=True,
+    help="rerank-tune --tune: every weight, or only the models' (a small dev set).",
+)
 @click.option("--seed", type=int, default=1, show_default=True, help="MERT's and rerank-tune's.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (each step, why it runs) only.")
 @click.argument("train_flags", nargs=-1, metavar="[-- TRAIN_FLAGS]")

@@ -64,6 +64,14 @@ def rerank_weights_command(**params):
 @click.option(
     "--restarts", type=POSITIVE, default=20, show_default=True, help="mert's random restarts."
 )
+@click.option(
+    "--tune",
+    type=click.Choice(["all", "new"]),
+    default="all",
+    show_default=True,
+    help="Which weights move: all, or new: only the features --start does not weigh (the "
+    "models'), its own kept; fewer weights for a small dev set (needs --start, mert).",
+)
 @click.option("--workdir", help="Keep the tools' files here (default: a temporary directory).")
 @click.option("-o", "--output", required=True, help="The Name= w weights file to write.")
 def rerank_tune_command(**params):

@@ -66,6 +66,8 @@ class RecipeOptions:
     nbest_size: int = 100
     mert_iterations: int | None = None
     runs: int = 3
+    tune: str = "all"
+    """rerank-tune's ``--tune``: ``all`` weights, or ``new`` (the models' only)."""
     seed: int = 1
 
 
@@ -288,6 +290,8 @@ def rerank_steps(options: RecipeOptions, inputs: Inputs, at: Layout, box: Machin
     ]
     tune += ["--runs", str(options.runs), "--seed", str(options.seed), "-o", str(at.weights)]
     tune += ["--workdir", str(at.work / "rerank-tune")]
+    if options.tune != "all":  # the default unnamed: a work folder of an earlier run stays done
+        tune += ["--tune", options.tune]
     rerank = [at.lists("test.scored.nbest"), "--source", at.data("test", f), "--weights"]
     rerank += [str(at.weights), "--one-best", "-o", str(at.reranked)]
     steps += [

@@ -17,6 +17,11 @@ lines that ``phrasescore nbest --weights W --one-best`` applies to the test list
    tuners' case-sensitive BLEU on tokenised text) is kept; every run's BLEU is reported
    (Clark et al. 2011: one tuning run is one draw of an optimiser's variance).
 
+``tune="new"`` keeps ``start``'s weights (the decoder's, tuned by MERT on the whole dev set's
+decodings) and moves only the features it does not weigh (the models'): a handful of weights
+instead of every one, for a dev set too small to retune them all on fixed lists without
+overfitting it (mert's ``-o``; kbmira moves every weight, so it takes ``tune="all"`` only).
+
 The output is written atomically (nothing under its name after a failure). The tools' files go
 to ``workdir`` (kept), or to a temporary directory beside the output that is removed after a
 run that succeeds and kept, with the tools' logs, after one that fails.
@@ -68,6 +73,8 @@ class TuneOptions:
     """The first run's seed (mert ``-r``, kbmira ``-r``); run k has ``seed + k``."""
     restarts: int = 20
     """mert's random restarts per run (``ab --rerank-restarts``'s default)."""
+    tune: str = "all"
+    """Which weights move: ``all``, or ``new`` (only the features ``--start`` does not weigh)."""
     workdir: str | None = None
 
 
@@ -87,6 +94,8 @@ class TuneResult:
     sentences: int
     hypotheses: int
     bleu_before: float
+    moved: list[str] | None = None
+    """The features whose weights were tuned (``tune="new"``); None: every feature."""
     runs: list[TuningRun] = field(default_factory=list)
     kept: int = 0
     unweighed: list[str] = field(default_factory=list)
@@ -95,7 +104,8 @@ class TuneResult:
     def lines(self) -> list[str]:
         lines = [
             f"phrasescore: {self.hypotheses} hypotheses of {self.sentences} sentences, dev BLEU "
-            f"{self.bleu_before:.2f} before (the list's own best), tuned by {self.tuner}:"
+            f"{self.bleu_before:.2f} before (the list's own best), tuned by {self.tuner}"
+            + (f" (only {', '.join(self.moved)}; --start's weights kept):" if self.moved else ":")
         ]
         for index, run in enumerate(self.runs):
             kept = ""
@@ -108,9 +118,13 @@ class TuneResult:
         kept = self.runs[self.kept].weights if self.runs else {}
         new = [name for name in self.unweighed if name in kept]
         if new and all(value == 0 for name in new for value in kept[name]):
+            why = (
+                "re-ranking keeps the list's own best"
+                if self.moved
+                else "the dev BLEU gain is --start's own features retuned on this list, not theirs"
+            )
             lines.append(
-                f"phrasescore: the weights of {', '.join(new)} (not in --start) are all 0: the "
-                "dev BLEU gain is --start's own features retuned on this list, not theirs"
+                f"phrasescore: the weights of {', '.join(new)} (not in --start) are all 0: {why}"
             )
         return lines
 
@@ -247,6 +261,13 @@ def rerank_tune(
         raise InputError(f"--tuner {options.tuner}: give mert or kbmira")
     if options.runs < 1 or options.restarts < 1:
         raise InputError("--runs and --restarts must be at least 1")
+    if options.tune not in ("all", "new"):
+        raise InputError(f"--tune {options.tune}: give all or new")
+    if options.tune == "new" and (options.tuner != "mert" or not start):
+        raise InputError(
+            "--tune new keeps --start's weights and moves the others with mert's -o: give "
+            "--start and --tuner mert (kbmira moves every weight)"
+        )
     check_files_exist([nbest, reference, start])
     for role, path in (("the n-best list", nbest), ("--reference", reference)):
         if is_pipe(path):  # a pipe is empty by the time the tools read it
@@ -303,11 +324,21 @@ def _tune(
     ref = _plain(reference, work, "dev.ref")
     names = tuning.extract(scored, ref, work)
     result = TuneResult(output, options.tuner, len(references), 0, before)
+    active = None
+    if options.tune == "new":
+        active = [name for name in names if name.rsplit("_", 1)[0] not in start_weights]
+        if not active:
+            raise InputError(
+                "--tune new: --start weighs every feature of the list: there is nothing to "
+                "tune (score the list with the models first, or give --tune all)",
+                display_name(nbest),
+            )
+        result.moved = list(dict.fromkeys(name.rsplit("_", 1)[0] for name in active))
     for k in range(options.runs):
         seed = options.seed + k
         run_dir = work / f"{options.tuner}-{seed}"
         run_dir.mkdir(exist_ok=True)
-        weights = tuning.tune(run_dir, names, start_weights, seed, data=work)
+        weights = tuning.tune(run_dir, names, start_weights, seed, data=work, active=active)
         bleu = dev_bleu(best_hypotheses(nbest, len(references), weights, str(run_dir)), references)
         log.info("run %d of %d (seed %d): dev BLEU %.2f", k + 1, options.runs, seed, bleu)
         result.runs.append(TuningRun(seed, bleu, weights))
