@@ -177,3 +177,31 @@ def test_a_stopped_step_with_progress_continues_from_it_and_a_changed_one_starts
     (tmp_path / "unit.txt").write_text("tens", encoding="utf-8")
     assert run(tmp_path, [counting_step(tmp_path)]) == {"count": "run"}
     assert (tmp_path / "count.txt").read_text() == "counted from 0 to 5 in tens"
+
+
+def test_of_the_ready_steps_the_one_with_the_longest_chain_after_it_starts_first(tmp_path):
+    """One job, steps listed short-chain first: 'model' (read by 'score' alone) before 'column'
+    (then 'rescore', 'mert', which 'score' reads too): column and rescore start before model, as
+    the recipe's column training and its MERT chain start before a sentence model; a tie (mert,
+    model) goes in list order."""
+
+    def step(name: str, inputs: list[str]) -> Step:
+        out = tmp_path / f"{name}.txt"
+        return Step(
+            name=name,
+            kind=name,
+            inputs=[str(tmp_path / f"{i}.txt") for i in inputs],
+            outputs=[str(out)],
+            settings={},
+            command=["sh", "-c", f"echo {name} > {out}"],
+        )
+
+    steps = [step("model", []), step("column", []), step("rescore", ["column"])]
+    steps += [step("mert", ["rescore"]), step("score", ["model", "mert"])]
+    started: list[str] = []
+    graph = StepGraph(steps, tmp_path / "logs", jobs=1)
+    graph.run(
+        graph.plan(), progress=lambda m: started.append(m.split(":")[0]) if "running" in m else None
+    )
+    assert started == ["column", "rescore", "model", "mert", "score"]
+    assert graph.plan()[0].state == "up to date"

@@ -12,7 +12,10 @@ program, its stdout and stderr into ``LOGS/NAME.log``) or its in-process action 
 that the command writes under temporary names (``staged``) take their final names, and the stamp
 is written. A run killed at any point therefore leaves every finished step stamped and the step it
 was in unstamped: running again redoes that step alone (and those after it). Steps run in the
-order their inputs and outputs impose, up to ``jobs`` at a time.
+order their inputs and outputs impose, up to ``jobs`` at a time; of the steps ready to start, the
+one with the longest chain of steps after it goes first (list scheduling by critical path: the
+column's training, which rescore, MERT and the decodes wait for, before a sentence model, which
+only the n-best scoring waits for).
 
 A step whose command keeps its own progress (a training's checkpoint: ``progress``) is not redone
 from the beginning when it was stopped: its start is recorded (``LOGS/NAME.started``: its stamp's
@@ -138,6 +141,24 @@ class StepGraph:
             step.name: sorted({made_by[p] for p in step.inputs if p in made_by} - {step.name})
             for step in steps
         }
+        self.chain = self._chains()
+
+    def _chains(self) -> dict[str, int]:
+        """Each step's number of steps on the longest path from it to the end (itself included)."""
+        readers: dict[str, list[str]] = {step.name: [] for step in self.steps}
+        for name, sources in self.after.items():
+            for source in sources:
+                readers[source].append(name)
+        chain: dict[str, int] = {}
+
+        def length(name: str) -> int:
+            if name not in chain:
+                chain[name] = 1 + max(map(length, readers[name]), default=0)
+            return chain[name]
+
+        for step in self.steps:
+            length(step.name)
+        return chain
 
     def stamp_path(self, step: Step) -> Path:
         return self.logs / f"{step.name}.stamp"
@@ -233,6 +254,7 @@ class StepGraph:
                         failed.append(f"{name} failed with exit code {process.returncode}")
                         progress(failed[-1] + f" (log: {self.log_path(planned.step)})")
                 ready = [p for p in waiting if all(a in done for a in self.after[p.step.name])]
+                ready.sort(key=lambda p: -self.chain[p.step.name])  # stable: then list order
                 while ready and len(running) < self.jobs and not failed:
                     planned = ready.pop(0)
                     waiting.remove(planned)
