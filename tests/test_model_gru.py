@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -154,26 +155,55 @@ def test_fan_in_init_gives_unit_embeddings_and_cho_keeps_the_paper_scale():
         build_network(ModelConfig(init="xavier", **sizes))
 
 
-def test_fused_output_layer_matches_the_log_softmax():
-    """The one-pass log-sum-exp and gather (compiled where it compiles) against the eager
-    log-softmax, fp32 and bf16 logits, over several row chunks."""
+def _as_on_a_gpu(kernel):
+    """The GPU's output-layer kernel run on the CPU: compiled by torch.compile where it compiles
+    here, else its own code run eagerly (the same operations, uncompiled)."""
+    if os.environ.get("PHRASESCORE_NO_COMPILE"):
+        return kernel
+    try:
+        compiled = torch.compile(kernel, dynamic=True)
+        compiled(*_KERNEL_PROBE[kernel.__name__]())
+        return compiled
+    except Exception:  # noqa: BLE001 - no compiler on this machine
+        return kernel
+
+
+_KERNEL_PROBE = {
+    "_lse_gather": lambda: (torch.randn(3, 1100), torch.tensor([0, 1, 2])),
+    "_log_z_rows": lambda: (torch.randn(3, 1100),),
+    "_exact_log_z_rows": lambda: (torch.randn(3, 1100),),
+}
+
+
+def test_the_cpu_scores_with_the_eager_log_softmax_and_the_gpus_kernel_agrees():
+    """On the CPU the output layer is PyTorch's log-softmax (nothing compiled); the GPU's one-pass
+    log-sum-exp and gather (its kernel, compiled where it compiles) gives the same log p within
+    1e-5, fp32 and bf16 logits, over several row chunks."""
+    from phrasescore.model import output_layer
     from phrasescore.model.output_layer import FUSED_MIN_VOCAB, _eager_lse_gather, target_logprobs
 
     torch.manual_seed(0)
     vocab = FUSED_MIN_VOCAB
     weight = torch.randn(vocab, 8)
     rows, gold = torch.randn(37, 8), torch.randint(0, vocab, (37,))
+    kernel = _as_on_a_gpu(output_layer._lse_gather)
+    compiled_before = dict(output_layer._compiled)
     for dtype in (torch.float32, torch.bfloat16):
         w, x = weight.to(dtype), rows.to(dtype)
         got = target_logprobs(lambda f, w=w: f @ w.T, x, gold, vocab, chunk_rows=16)
         want = _eager_lse_gather(x @ w.T, gold)
         assert got.dtype == torch.float32
-        assert torch.allclose(got, want, atol=1e-5), (dtype, (got - want).abs().max())
+        assert torch.equal(got, want)  # the CPU's own path: the eager log-softmax
+        on_gpu = torch.cat([kernel(x[i : i + 16] @ w.T, gold[i : i + 16]) for i in (0, 16, 32)])
+        assert torch.allclose(on_gpu, want, atol=1e-5), (dtype, (on_gpu - want).abs().max())
+    assert output_layer._compiled == compiled_before  # the CPU compiled nothing
 
 
-def test_fused_output_layer_rows_whose_maximum_is_far_outside_the_shift_columns():
-    """The log-sum-exp is shifted by the maximum of the first SHIFT_COLUMNS logits; a row with a
-    logit 200 above them overflows fp32's exp and is computed again the usual way."""
+def test_fused_output_layer_rows_whose_maximum_is_far_outside_the_shift_columns(monkeypatch):
+    """The GPU's log-sum-exp is shifted by the maximum of the first SHIFT_COLUMNS logits; a row
+    with a logit 200 above them overflows fp32's exp and is computed again the usual way (the
+    GPU's kernel run here in place of the CPU's log-softmax)."""
+    from phrasescore.model import output_layer
     from phrasescore.model.output_layer import (
         FUSED_MIN_VOCAB,
         SHIFT_COLUMNS,
@@ -181,11 +211,14 @@ def test_fused_output_layer_rows_whose_maximum_is_far_outside_the_shift_columns(
         fused_logsumexp_gather,
     )
 
+    kernel = _as_on_a_gpu(output_layer._lse_gather)
+    monkeypatch.setattr(output_layer, "_run_kernel", lambda _kernel, _vocab, *args: kernel(*args))
     torch.manual_seed(1)
     logits = torch.randn(6, FUSED_MIN_VOCAB + 100)
     logits[1, SHIFT_COLUMNS + 7] = 200.0  # far above the head: exp would overflow
     logits[4, -1] = 60.0  # above the head, within exp's range: no second pass needed
     gold = torch.tensor([3, SHIFT_COLUMNS + 7, 0, 9, 2, 5])
+    assert not torch.isfinite(kernel(logits, gold)).all()
     got = fused_logsumexp_gather(logits, gold)
     want = _eager_lse_gather(logits, gold)
     assert torch.isfinite(got).all()
@@ -195,23 +228,20 @@ def test_fused_output_layer_rows_whose_maximum_is_far_outside_the_shift_columns(
 
 def test_the_gpus_log_z_kernel_is_finite_without_a_second_look():
     """On a GPU the training loss's log Z is shifted by each row's maximum
-    (``_exact_log_z_rows``, compiled from 1,024 words): finite where the CPU's head shift
-    overflows (a logit 200 above the head), and logsumexp's value, in fp32 and bf16."""
-    from phrasescore.model.output_layer import (
-        FUSED_MIN_VOCAB,
-        SHIFT_COLUMNS,
-        _exact_log_z_rows,
-        _log_z_rows,
-        _run_kernel,
-    )
+    (``_exact_log_z_rows``, compiled from 1,024 words): finite where the head shift
+    (``_log_z_rows``) overflows (a logit 200 above the head), and logsumexp's value, in fp32 and
+    bf16."""
+    from phrasescore.model import output_layer
+    from phrasescore.model.output_layer import FUSED_MIN_VOCAB, SHIFT_COLUMNS
 
     torch.manual_seed(2)
     logits = torch.randn(6, FUSED_MIN_VOCAB + 100)
     logits[1, SHIFT_COLUMNS + 7] = 200.0
-    assert not torch.isfinite(_run_kernel(_log_z_rows, logits.shape[1], logits)).all()
+    assert not torch.isfinite(_as_on_a_gpu(output_layer._log_z_rows)(logits)).all()
+    exact = _as_on_a_gpu(output_layer._exact_log_z_rows)
     for dtype in (torch.float32, torch.bfloat16):
         x = logits.to(dtype)
-        got = _run_kernel(_exact_log_z_rows, x.shape[1], x)
+        got = exact(x)
         assert got.dtype == torch.float32 and torch.isfinite(got).all()
         torch.testing.assert_close(got, torch.logsumexp(x.float(), 1), rtol=1e-6, atol=1e-5)
 

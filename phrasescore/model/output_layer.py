@@ -9,7 +9,8 @@ The last layer of each network is a softmax over the target vocabulary,
   (:func:`token_nll`, :class:`_TokenNLL`);
 * scoring's log p(y_t | y_<t, x) = u_{y_t} - log Z (eq. 4's factors) over row chunks, the
   log-sum-exp and the reference word's logit in one pass (:func:`target_logprobs`,
-  :func:`fused_logsumexp_gather`), compiled where torch.compile works (:func:`_run_kernel`);
+  :func:`fused_logsumexp_gather`), compiled on a GPU where torch.compile works
+  (:func:`_run_kernel`);
   without a host sync for the CUDA-graph engine (``sync_free``);
 * the layers under the softmax: maxout (Goodfellow et al. 2013; Cho et al. A.1.2, Bahdanau et
   al. A.2.2: :func:`maxout`) and its pre-activation, a sum of linear maps (:func:`summed_linear`).
@@ -79,8 +80,8 @@ LOGIT_CHUNK_ELEMENTS = 1 << 21
 chunk's logits stay in the cache; larger chunks slow the log-softmax per row
 (docs/benchmarks.md, "The output layer")."""
 FUSED_MIN_VOCAB = 1024
-"""Vocabularies from this size use the compiled one-pass kernel (:func:`fused_logsumexp_gather`);
-tiny ones (tests) take the eager kernel and pay no compilation."""
+"""Vocabularies from this size use the compiled one-pass kernel on a GPU
+(:func:`fused_logsumexp_gather`); tiny ones take the eager kernel and pay no compilation."""
 
 
 SHIFT_COLUMNS = 512
@@ -185,16 +186,19 @@ _compiled: dict[object, object] = {}
 
 def _run_kernel(kernel, vocab: int, *args: Tensor) -> Tensor:
     """``kernel(*args)`` compiled by torch.compile (one pass over the [rows x vocabulary]
-    logits, nothing of that size written but the result), where it compiles; else, for
-    vocabularies under :data:`FUSED_MIN_VOCAB` and with ``PHRASESCORE_NO_COMPILE=1``, its eager
-    equivalent (:data:`_EAGER`).
+    logits, nothing of that size written but the result) for logits on a GPU, where it
+    compiles; else its eager equivalent (:data:`_EAGER`): on the CPU, for vocabularies under
+    :data:`FUSED_MIN_VOCAB`, and with ``PHRASESCORE_NO_COMPILE=1``.
 
-    The first call per kernel and dtype compiles (seconds; cached on disk by PyTorch
-    afterwards). Compiled and eager agree within ~2e-6 per token; one machine always takes the
+    On a GPU the logits' memory traffic is what the one pass saves. On the CPU the compiled
+    kernel scored no faster than PyTorch's log-softmax (rescore, a 15,000-word vocabulary) and
+    its compilation and imports cost seconds in every process (docs/benchmarks.md, "The output
+    layer"). The first call per kernel and dtype compiles (cached on disk by PyTorch
+    afterwards). Compiled and eager agree within ~2e-6 per token; one device always takes the
     same one, so the same input and flags give the same bytes.
     """
     eager = _EAGER[kernel]
-    if vocab < FUSED_MIN_VOCAB or os.environ.get("PHRASESCORE_NO_COMPILE"):
+    if vocab < FUSED_MIN_VOCAB or not args[0].is_cuda or os.environ.get("PHRASESCORE_NO_COMPILE"):
         return eager(*args)
     fn = _compiled.get(kernel)
     if fn is None:
