@@ -276,3 +276,12 @@ def test_the_report_says_when_the_new_features_were_all_given_0():
         "--start's own features retuned on this list, not theirs"
     )
     assert report(0.1)[-1] == "phrasescore: weights -> w"
+    run = TuningRun(1234, 57.96, {"LM0": [0.4], "L2R": [0.0], "Inv": [0.0]})
+    only = TuneResult(
+        "w", "mert", 5, 100, 57.96, [run], unweighed=["L2R", "Inv"], moved=["L2R", "Inv"]
+    )
+    assert "tuned by mert (only L2R, Inv; --start's weights kept):" in only.lines()[0]
+    assert only.lines()[-1] == (
+        "phrasescore: the weights of L2R, Inv (not in --start) are all 0: re-ranking keeps the "
+        "list's own best"
+    )

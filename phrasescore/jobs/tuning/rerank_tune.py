@@ -94,12 +94,12 @@ class TuneResult:
     sentences: int
     hypotheses: int
     bleu_before: float
-    moved: list[str] | None = None
-    """The features whose weights were tuned (``tune="new"``); None: every feature."""
     runs: list[TuningRun] = field(default_factory=list)
     kept: int = 0
     unweighed: list[str] = field(default_factory=list)
     """The list's features ``--start`` gives no weight (the models' features, started at 0)."""
+    moved: list[str] | None = None
+    """The features whose weights were tuned (``tune="new"``); None: every feature."""
 
     def lines(self) -> list[str]:
         lines = [
