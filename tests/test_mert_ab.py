@@ -254,3 +254,43 @@ def test_rerank_caches_are_keyed_on_the_nbest_size(tmp_path, tiny_model_path):
     counts = {size: len(path.read_text().splitlines()) for size, path in scored.items()}
     assert counts == {100: len(shorter), 500: len(full)} and len(shorter) < len(full)
     assert all(" L2R= " in line for line in scored[500].read_text().splitlines())
+
+
+def test_each_way_of_tuning_the_reranking_has_its_own_systems_and_weights_file():
+    """mert on every weight keeps the names of workdirs made before the choices (they resume);
+    kbmira and --rerank-tune new are systems of their own, with weights files of their own."""
+    from phrasescore.jobs.tuning.ab_rerank import RerankStep
+
+    def step(tuner: str, weights: str = "all") -> RerankStep:
+        return RerankStep((), tuner, 5, 1, str, print, tuned_weights=weights)
+
+    assert (step("mert").name, step("mert").tuned_weights_name) == ("rerank", "weights.txt.ini")
+    assert (step("kbmira").name, step("kbmira").tuned_weights_name) == (
+        "rerank-kbmira",
+        "weights.kbmira.ini",
+    )
+    assert (step("mert", "new").name, step("mert", "new").tuned_weights_name) == (
+        "rerank-new",
+        "weights.new.ini",
+    )
+
+
+def test_rerank_tune_new_with_kbmira_is_one_line_before_moses_is_looked_for(
+    tmp_path, tiny_model_path
+):
+    from click.testing import CliRunner
+
+    from phrasescore.cli import cli
+
+    result = CliRunner().invoke(
+        cli,
+        ["-q", "ab", "--baseline", str(tmp_path / "moses.ini"), "--rerank", str(tiny_model_path),
+         "--rerank-tuner", "kbmira", "--rerank-tune", "new", "--dev", "d.en", "d.fr",
+         "--test", "t", "t.en", "t.fr", "--workdir", str(tmp_path / "ab"),
+         "--moses-home", str(tmp_path)],
+    )  # fmt: skip
+    assert result.exit_code != 0
+    errors = [line for line in result.output.splitlines() if "error" in line]
+    assert errors and "--rerank-tune new moves the models' weights with mert's -o" in errors[0], (
+        result.output
+    )

@@ -146,6 +146,14 @@ def rerank_tune_command(**params):
     "kbmira's systems are named SYSTEM+rerank-kbmira.",
 )
 @click.option(
+    "--rerank-tune",
+    type=click.Choice(["all", "new"]),
+    default="all",
+    show_default=True,
+    help="--rerank: tune every weight on the dev lists, or new: only the models' (the run's "
+    "MERT weights kept; mert); its systems are named SYSTEM+rerank-new.",
+)
+@click.option(
     "--dev", nargs=2, required=True, metavar="SRC REF", help="Tuning set (tokenised as the system)."
 )
 @click.option(

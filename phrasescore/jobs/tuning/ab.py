@@ -96,6 +96,8 @@ class ComparisonOptions:
     rerank_restarts: int = 20
     rerank_tuner: str = "mert"
     """``mert`` or ``kbmira`` (:data:`RERANK_TUNERS`)."""
+    rerank_tune: str = "all"
+    """``all`` weights re-tuned on the dev lists, or ``new``: the models' only (mert)."""
     rerank_systems: tuple[str, ...] | None = None
     """The systems whose runs are re-ranked (None: every system)."""
 
@@ -152,6 +154,7 @@ class Comparison:
             moses.program,
             self.programs.run,
             options.nbest_size,
+            options.rerank_tune,
         )
 
     # -- step 1: one filtered model per system -------------------------------------------------
@@ -446,6 +449,8 @@ def compare_systems(
         )
     if options.rerank_systems is not None and not options.rerank:
         raise InputError("--rerank-system needs --rerank MODEL")
+    if options.rerank_tune == "new" and options.rerank_tuner != "mert":
+        raise InputError("--rerank-tune new moves the models' weights with mert's -o: give mert")
     moses = MosesInstall.find(moses_home)
     if options.rerank_tuner not in RERANK_TUNERS:
         raise InputError(f"--rerank-tuner {options.rerank_tuner}: give mert or kbmira")

@@ -108,18 +108,27 @@ class RerankStep:
     nbest_size: int = 100
     """The n-best lists' size (``--nbest-size``): part of every cached file's key, so that
     another size in the same workdir scores and tunes its own lists."""
+    tuned_weights: str = "all"
+    """``all`` weights tuned, or ``new``: only the models', the run's own kept (mert only)."""
+
+    @property
+    def _variant(self) -> str:
+        """The tuner, and ``new`` for ``tuned_weights="new"``; empty for mert on every weight (the name
+        of workdirs made before either choice, so that they resume)."""
+        if self.tuned_weights == "new":
+            return "new"
+        return "" if self.tuner == "mert" else self.tuner
 
     @property
     def name(self) -> str:
-        """``rerank`` (mert: the name of workdirs made without a tuner choice, so that they
-        resume) or ``rerank-kbmira``: the re-ranked systems' suffix and outputs."""
-        return "rerank" if self.tuner == "mert" else f"rerank-{self.tuner}"
+        """``rerank`` (mert, every weight), ``rerank-kbmira`` or ``rerank-new`` (mert, the
+        models' weights only): the re-ranked systems' suffix and outputs."""
+        return "rerank" + (f"-{self._variant}" if self._variant else "")
 
     @property
     def tuned_weights_name(self) -> str:
-        """The tuned weights' file in the re-ranking folder (mert's: the name of workdirs made
-        without a tuner choice)."""
-        return "weights.txt.ini" if self.tuner == "mert" else f"weights.{self.tuner}.ini"
+        """The tuned weights' file in the re-ranking folder."""
+        return f"weights.{self._variant}.ini" if self._variant else "weights.txt.ini"
 
     @functools.cached_property
     def label(self) -> str:
@@ -203,7 +212,8 @@ class RerankStep:
         scored = self.score(dev_nbest(), "dev", source, run_dir)
         tuning = MosesTuning(self.program, self.run, self.tuner, self.restarts)
         names = tuning.extract(scored, reference, work)
-        write_weights_file(tuned, tuning.tune(work, names, start, seed))
+        keep_start = self.tuned_weights == "new"
+        write_weights_file(tuned, tuning.tune(work, names, start, seed, keep_start=keep_start))
         return tuned
 
     def rerank(

@@ -138,14 +138,14 @@ class MosesTuning:
         start: dict[str, list[float]],
         seed: int,
         data: Path | None = None,
-        active: list[str] | None = None,
+        keep_start: bool = False,
     ) -> dict[str, list[float]]:
         """One run of mert (``restarts`` random restarts) or kbmira seeded with ``seed``, in
         ``work``, on the extractor's files in ``data`` (default ``work``), from ``start`` (a
         feature it does not weigh starts at 0, :func:`write_start_point`); the tuned weights
-        by feature name. ``active`` (mert only): the value names (``L2R_0``) mert moves, every
-        other weight kept at its start (mert's ``-o``, mert-moses.pl's
-        ``--activate-features``)."""
+        by feature name. ``keep_start`` (mert only): mert moves only the features ``start`` does
+        not weigh (:meth:`new_values`), every other weight kept at its start (mert's ``-o``,
+        mert-moses.pl's ``--activate-features``)."""
         rel = os.path.relpath(data or work, work)
         rel = "" if rel == "." else rel
         scores, features = (os.path.join(rel, name) for name in ("scores.dat", "features.dat"))
@@ -158,7 +158,12 @@ class MosesTuning:
         mert = [self.program("mert"), "-d", str(len(names)), *BLEU_SCORER]
         mert += ["-n", str(self.restarts), "-r", str(seed)]
         mert += ["--scfile", scores, "--ffile", features, "--ifile", "init.opt"]
-        if active is not None:
-            mert += ["-o", ",".join(active)]
+        if keep_start:
+            mert += ["-o", ",".join(self.new_values(names, start))]
         self.run(mert, work, "mert.log")
         return read_tuned_weights(work / "weights.txt", names)
+
+    @staticmethod
+    def new_values(names: list[str], start: dict[str, list[float]]) -> list[str]:
+        """The value names (``L2R_0``) of the features ``start`` does not weigh."""
+        return [name for name in names if name.rsplit("_", 1)[0] not in start]

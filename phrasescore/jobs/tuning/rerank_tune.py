@@ -324,9 +324,9 @@ def _tune(
     ref = _plain(reference, work, "dev.ref")
     names = tuning.extract(scored, ref, work)
     result = TuneResult(output, options.tuner, len(references), 0, before)
-    active = None
-    if options.tune == "new":
-        active = [name for name in names if name.rsplit("_", 1)[0] not in start_weights]
+    keep_start = options.tune == "new"
+    if keep_start:
+        active = MosesTuning.new_values(names, start_weights)
         if not active:
             raise InputError(
                 "--tune new: --start weighs every feature of the list: there is nothing to "
@@ -338,7 +338,7 @@ def _tune(
         seed = options.seed + k
         run_dir = work / f"{options.tuner}-{seed}"
         run_dir.mkdir(exist_ok=True)
-        weights = tuning.tune(run_dir, names, start_weights, seed, data=work, active=active)
+        weights = tuning.tune(run_dir, names, start_weights, seed, work, keep_start)
         bleu = dev_bleu(best_hypotheses(nbest, len(references), weights, str(run_dir)), references)
         log.info("run %d of %d (seed %d): dev BLEU %.2f", k + 1, options.runs, seed, bleu)
         result.runs.append(TuningRun(seed, bleu, weights))
