@@ -166,7 +166,7 @@ def test_ab_runs_a_short_mert_per_system_and_resumes(moses_system, tmp_path):
     assert (tmp_path / "ab" / "rnn" / "mert-1234" / "test20.out").stat().st_mtime_ns == stamp
 
 
-def rerank_baseline(moses_system, workdir, rerank, rerank_inverse=(), tuner="mert"):
+def rerank_baseline(moses_system, workdir, rerank, rerank_inverse=(), tuner="mert", tune="all"):
     """``ab --rerank`` of the test system's baseline alone: 1 MERT run of 1 iteration on 50 dev
     sentences, 10-best lists, one test set of 20 sentences."""
     from phrasescore.jobs.tuning.ab import ComparisonOptions, compare_systems
@@ -174,6 +174,7 @@ def rerank_baseline(moses_system, workdir, rerank, rerank_inverse=(), tuner="mer
     options = ComparisonOptions(runs=1, jobs=1, max_iterations=1, nbest_size=10)
     options.bootstrap_samples = 100
     options.rerank_tuner = tuner
+    options.rerank_tune = tune
     return compare_systems(
         baseline=str(moses_system["baseline"]),
         candidates=[],
@@ -214,6 +215,23 @@ def test_ab_rerank_tunes_the_nbest_feature_on_dev_and_reranks_the_tests(
         assert line in groups[index]
     assert 0.0 <= reranked.p_values["test20"] <= 1.0
     assert format_report(results, ["test20"])[2].startswith("baseline+rerank")
+
+
+def test_ab_rerank_tune_new_keeps_the_runs_mert_weights_and_tunes_the_model(
+    moses_system, tiny_model_path, tmp_path
+):
+    """``--rerank-tune new``: a system of its own, every weight of the MERT run kept as MERT
+    tuned it, the model's weight tuned; 20 re-ranked test lines."""
+    results = rerank_baseline(
+        moses_system, tmp_path / "ab", [f"Sent0={tiny_model_path}"], tune="new"
+    )
+    assert [r.system.name for r in results] == ["baseline", "baseline+rerank-new"]
+    (tuned,), (run,) = results[0].runs, results[1].runs
+    kept = set(run.weights) - {"Sent0"}
+    assert "Sent0" in run.weights and {"LM0", "TranslationModel0"} <= kept <= set(tuned.weights)
+    for name in kept:
+        assert run.weights[name] == pytest.approx(tuned.weights[name], abs=1e-6), name
+    assert len(run.outputs["test20"].read_text(encoding="utf-8").splitlines()) == 20
 
 
 def test_ab_rerank_with_an_inverse_model_and_kbmira_reuses_the_scored_lists(
