@@ -125,6 +125,9 @@ SEED = click.IntRange(0, 2**32 - 1)
 MAX_PROCESSES = 256
 """The most ``--workers`` or ``--io-workers``: each is a forked process with its pipes, and
 far more than a machine has cores fails on its limits (open files) instead of going faster."""
+TUNED_WEIGHTS = click.Choice(["all", "new"])
+"""Which re-ranking weights a tuning moves: all, or new (only the models', the decoder's MERT
+weights kept): rerank-tune --tune, recipe --tune, ab --rerank-tune."""
 
 
 class FiniteFloat(click.FloatRange):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from phrasescore.cli.group import cli, echo
-from phrasescore.cli.options import POSITIVE, POSITIVE_FLOAT, take
+from phrasescore.cli.options import POSITIVE, POSITIVE_FLOAT, TUNED_WEIGHTS, take
 
 
 @cli.command("recipe", short_help="The whole recipe over a Moses system, resumable.")
@@ -29,7 +29,7 @@ from phrasescore.cli.options import POSITIVE, POSITIVE_FLOAT, take
 @click.option("--runs", type=POSITIVE, default=3, show_default=True, help="rerank-tune --runs.")
 @click.option(
     "--tune",
-    type=click.Choice(["all", "new"]),
+    type=TUNED_WEIGHTS,
     default="all",
     show_default=True,
     help="rerank-tune --tune: every weight, or only the models' (a small dev set).",

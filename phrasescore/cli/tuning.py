@@ -8,6 +8,7 @@ from phrasescore.cli.group import cli, echo
 from phrasescore.cli.options import (
     POSITIVE,
     SEED,
+    TUNED_WEIGHTS,
     RegistryChoice,
     as_list,
     bleu_tokenizers,
@@ -66,7 +67,7 @@ def rerank_weights_command(**params):
 )
 @click.option(
     "--tune",
-    type=click.Choice(["all", "new"]),
+    type=TUNED_WEIGHTS,
     default="all",
     show_default=True,
     help="Which weights move: all, or new: only the features --start does not weigh (the "
@@ -147,7 +148,7 @@ def rerank_tune_command(**params):
 )
 @click.option(
     "--rerank-tune",
-    type=click.Choice(["all", "new"]),
+    type=TUNED_WEIGHTS,
     default="all",
     show_default=True,
     help="--rerank: tune every weight on the dev lists, or new: only the models' (the run's "
