@@ -181,6 +181,7 @@ class CudaGraphScorer(BlockScorer):
         buckets: FixedShapeBuckets | None = None,
         graphs: bool = True,
         batch_pairs: int = 32768,
+        shared_prefixes: bool = False,
     ):
         if buckets is None:
             buckets = FixedShapeBuckets(batch_pairs, max(batch_tokens, 1 << 19))
@@ -189,7 +190,15 @@ class CudaGraphScorer(BlockScorer):
                 "the CUDA-graph engine cuts batches of fixed shapes (FixedShapeBuckets)"
             )
         super().__init__(
-            model, device, dtype, chunk_rows, include_eos, scoring, model_path, buckets
+            model,
+            device,
+            dtype,
+            chunk_rows,
+            include_eos,
+            scoring,
+            model_path,
+            buckets,
+            shared_prefixes,
         )
         self.captured = CapturedShapes(self.device, graphs)
 

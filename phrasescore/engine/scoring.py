@@ -60,6 +60,7 @@ from phrasescore.engine.batching import (
     source_matrix,
     teacher_forcing,
 )
+from phrasescore.engine.prefix_scoring import build_trie, path_sums, source_groups, trie_logprobs
 from phrasescore.errors import InputError
 from phrasescore.hardware import resolve_dtype
 from phrasescore.model.base import EncoderDecoder, EncoderOutput, select_rows
@@ -73,6 +74,10 @@ EXACT = "exact"
 SELF_NORMALIZED = "self-normalized"
 SCORING_MODES = (EXACT, SELF_NORMALIZED)
 """The values of ``--scoring`` (see the module docstring)."""
+
+PREFIXES_PAY = 0.9
+"""``shared_prefixes``: a block is scored by its tries when they hold at most this fraction of
+its target positions (below it the level-by-level steps cost less than the positions saved)."""
 
 
 def check_scoring(model: TrainedModel, scoring: str, path: str | None = None) -> None:
@@ -203,7 +208,10 @@ class BlockScorer:
     whole sentences (docs/benchmarks.md: "Which model to train for the column (history)").
     ``scoring``: ``exact`` or ``self-normalized`` (module docstring; refused, naming
     ``model_path``, for a model not trained with ``--self-normalize``). ``buckets``: the batch
-    policy (:mod:`phrasescore.engine.batching`)."""
+    policy (:mod:`phrasescore.engine.batching`). ``shared_prefixes``: a block whose targets share
+    prefixes with their source's other targets (an n-best list) is scored by its tries, each
+    distinct (source, prefix, word) once (:mod:`phrasescore.engine.prefix_scoring`), where they
+    hold at most :data:`PREFIXES_PAY` of its positions."""
 
     def __init__(
         self,
@@ -215,8 +223,10 @@ class BlockScorer:
         scoring: str,
         model_path: str | None,
         buckets: ExactBuckets | FixedShapeBuckets,
+        shared_prefixes: bool = False,
     ):
         check_scoring(model, scoring, model_path)
+        self.shared_prefixes = shared_prefixes
         self.scoring = scoring
         self.self_normalized = scoring == SELF_NORMALIZED
         self.clamped = 0
@@ -298,11 +308,35 @@ class BlockScorer:
         # 1. distinct sources, encoded once each
         first, pair_source = distinct_sequences(pairs.src_ids, pairs.src_offsets)
         enc_all, src_width = self._encode_distinct(pairs.src_ids, pairs.src_offsets, first)
+        extra = 1 + src_width  # positions a row holds beside its target's
+        by_prefixes = None
+        if self.shared_prefixes:
+            by_prefixes = self._score_by_prefixes(enc_all, pair_source, pairs, extra, per_token)
+        if by_prefixes is not None:
+            result, per_tok = by_prefixes
+        else:
+            result, per_tok = self._score_pairs(enc_all, pair_source, pairs, extra, per_token)
+        if self.self_normalized:
+            # Σ_t u_{y_t} approximates log p and can exceed 0: keep p a probability (≤ 1)
+            above = result > 0.0
+            self.clamped += int(above.sum())
+            result[above] = 0.0
+        return result, per_tok
+
+    def _score_pairs(
+        self,
+        enc_all: EncoderOutput,
+        pair_source: np.ndarray,
+        pairs: IdPairs,
+        extra: int,
+        per_token: bool,
+    ) -> tuple[np.ndarray, list[np.ndarray] | None]:
+        """Steps 2-4 of the module docstring: every position of every pair."""
         # 2. targets by length (the policy's buckets), then by source: a batch's sources are runs
+        n = len(pairs)
         tgt_len = pairs.tgt_lengths()
         order = np.lexsort((pair_source, tgt_len))
         sums = torch.zeros(n, dtype=torch.float64, device=self._sums_device)
-        extra = 1 + src_width  # positions a row holds beside its target's
         kept: list[tuple[np.ndarray, torch.Tensor]] = []
         for batch in self.buckets.batches(tgt_len, order, extra):
             own = batch.index[: batch.own_rows]
@@ -311,13 +345,47 @@ class BlockScorer:
             if per_token:
                 kept.append((own, values[: len(own)]))
         result = sums.cpu().numpy()  # the block's one wait for the device
-        per_tok = self._per_token(kept, tgt_len, n) if per_token else None
-        if self.self_normalized:
-            # Σ_t u_{y_t} approximates log p and can exceed 0: keep p a probability (≤ 1)
-            above = result > 0.0
-            self.clamped += int(above.sum())
-            result[above] = 0.0
-        return result, per_tok
+        return result, self._per_token(kept, tgt_len, n) if per_token else None
+
+    def _score_by_prefixes(
+        self,
+        enc_all: EncoderOutput,
+        pair_source: np.ndarray,
+        pairs: IdPairs,
+        extra: int,
+        per_token: bool,
+    ) -> tuple[np.ndarray, list[np.ndarray] | None] | None:
+        """The block scored by shared prefixes (:mod:`phrasescore.engine.prefix_scoring`), or
+        None where they would save less than :data:`PREFIXES_PAY` of the positions."""
+        cost = pairs.tgt_lengths() + extra
+        groups = list(source_groups(pair_source, cost, self.buckets.batch_tokens))
+        tries = []
+        for group in groups:
+            sources, roots = sorted_runs(pair_source[group])
+            tries.append((sources, build_trie(roots, pairs, group)))
+        positions = int(pairs.tgt_lengths().sum()) + len(pairs)
+        if sum(trie.nodes for _, trie in tries) > PREFIXES_PAY * positions:
+            return None
+        values, paths, base = [], [], 0
+        for group, (sources, trie) in zip(groups, tries, strict=True):
+            enc = select_rows(enc_all, self._to_device(sources))
+            enc.update(self.network.source_terms(enc))
+            values.append(
+                trie_logprobs(
+                    self.network, enc, trie, self._to_device, self.chunk_rows, self.self_normalized
+                )
+            )
+            paths.append((group, np.where(trie.paths >= 0, trie.paths + base, -1)))
+            base += trie.nodes
+        flat = torch.cat(values).double().cpu().numpy()  # the block's one wait for the device
+        result = np.empty(len(pairs), dtype=np.float64)
+        per_tok: list[np.ndarray] = [np.empty(0)] * len(pairs) if per_token else []
+        for group, group_paths in paths:
+            sums, terms = path_sums(flat, group_paths, self.include_eos, per_token)
+            result[group] = sums
+            for i, row in zip(group.tolist(), terms or (), strict=False):
+                per_tok[i] = row
+        return result, per_tok if per_token else None
 
     @property
     def _sums_device(self) -> torch.device:
@@ -442,13 +510,22 @@ class CpuScorer(BlockScorer):
         scoring: str = EXACT,
         model_path: str | None = None,
         buckets: ExactBuckets | None = None,
+        shared_prefixes: bool = False,
     ):
         if buckets is None:
             buckets = ExactBuckets(batch_tokens)
         if not isinstance(buckets, ExactBuckets):
             raise TypeError("the CPU engine cuts batches of one exact length (ExactBuckets)")
         super().__init__(
-            model, device, dtype, chunk_rows, include_eos, scoring, model_path, buckets
+            model,
+            device,
+            dtype,
+            chunk_rows,
+            include_eos,
+            scoring,
+            model_path,
+            buckets,
+            shared_prefixes,
         )
 
     def warm_up(self) -> None:

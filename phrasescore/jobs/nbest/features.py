@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from phrasescore.bundle import load_lm, load_model
 from phrasescore.engine.lm_scoring import LMScorer
@@ -70,12 +71,21 @@ def nbest_feature_models(
 class ModelFeatures:
     """The models of every feature, loaded on ``device``, and their scorers: one
     scorer per model (:func:`~phrasescore.engine.protocol.build_scorer`), their ensemble per
-    feature of several (:func:`~phrasescore.engine.protocol.build_ensemble`)."""
+    feature of several (:func:`~phrasescore.engine.protocol.build_ensemble`). ``shared_prefixes``
+    (None: on the CPU): each scorer scores a chunk's distinct (source, prefix, word) once
+    (:mod:`phrasescore.engine.prefix_scoring`)."""
 
     def __init__(
-        self, features: Sequence[FeatureModel], device, batch_tokens: int, scoring: str
+        self,
+        features: Sequence[FeatureModel],
+        device,
+        batch_tokens: int,
+        scoring: str,
+        shared_prefixes: bool | None = None,
     ) -> None:
         self.features = tuple(features)
+        if shared_prefixes is None:
+            shared_prefixes = torch.device(device).type == "cpu"
         self.models = []
         """The loaded models of each feature, in order."""
         self.scorers: list[Scorer] = []
@@ -90,18 +100,20 @@ class ModelFeatures:
                     batch_tokens=batch_tokens,
                     scoring=scoring,
                     model_path=path,
+                    shared_prefixes=shared_prefixes,
                 )
                 for model, path in zip(models, feature.paths, strict=True)
             ]
             self.models.append(models)
             self.scorers.append(build_ensemble(scorers))
             log.info(
-                "n-best rescoring with %s %s, feature %s = log p(%s), %s scoring",
+                "n-best rescoring with %s %s, feature %s = log p(%s), %s scoring%s",
                 "model" if len(models) == 1 else f"the ensemble of {len(models)} models",
                 ", ".join(model.signature for model in models),
                 feature.name,
                 "source | hypothesis" if feature.inverse else "hypothesis | source",
                 scoring,
+                " by shared prefixes" if shared_prefixes else "",
             )
 
     @property
@@ -170,6 +182,7 @@ def load_features(
     batch_tokens: int,
     scoring: str,
     normalize: bool,
+    shared_prefixes: bool | None = None,
 ) -> tuple[list, dict[str, list[str]], ModelFeatures | None]:
     """(name, score(sources, hypotheses) -> values) of each feature to add, in line order:
     the CSLM's first (``lm_path``, feature ``lm_name``), then the models' (:class:`ModelFeatures`,
@@ -184,7 +197,7 @@ def load_features(
         log.info("n-best rescoring with language model %s, feature %s", lm.signature, lm_name)
         scored.append((lm_name, LMFeature(LMScorer(lm, device))))
     if features:
-        scorer = ModelFeatures(features, device, batch_tokens, scoring)
+        scorer = ModelFeatures(features, device, batch_tokens, scoring, shared_prefixes)
         signatures["models"].extend(scorer.signatures)
         scored.extend(scorer.scorer_features(normalize))
     return scored, signatures, scorer

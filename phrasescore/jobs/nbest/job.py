@@ -53,6 +53,9 @@ class NBestOptions:
     """The model is target->source: its feature is log p(source | hypothesis)."""
     inverse_models: tuple[str, ...] = ()
     """``--inverse-model NAME=MODEL[,MODEL]`` specs: target->source features."""
+    shared_prefixes: bool | None = None
+    """Score each distinct (source, prefix, word) once
+    (:mod:`phrasescore.engine.prefix_scoring`); None: on the CPU only."""
 
 
 @dataclass
@@ -132,6 +135,7 @@ def score_list(run: NBestRun, flags: RunFlags) -> NBestResult:
                 options.batch_tokens,
                 options.scoring,
                 options.normalize,
+                options.shared_prefixes,
             )
         job = _manifest_job(run, signatures, weights, sources)
         key = PartKey(NBEST, run.nbest, options.chunk_lines, job)
