@@ -113,6 +113,12 @@ def test_a_resume_with_another_flag_is_refused_naming_it_and_the_partial_is_kept
                      "-o", out)  # fmt: skip
     assert chunks.returncode == 1
     assert "(--chunk-lines differs; run without --resume" in chunks.stderr
+    # the pair plan's values differ from the tries' in their last digits: not mixed in one list
+    plan = run_cli("nbest", *_flags(tiny_model_path, "--no-shared-prefixes"), "--resume",
+                   "-o", out)  # fmt: skip
+    assert plan.returncode == 1
+    assert "(--shared-prefixes differs; run without --resume" in plan.stderr
+    assert (partial.read_bytes(), _state(out)) == before
 
 
 def test_a_resume_of_a_finished_shard_does_nothing_and_says_so(tiny_model_path, tmp_path):

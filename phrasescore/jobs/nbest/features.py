@@ -86,6 +86,8 @@ class ModelFeatures:
         self.features = tuple(features)
         if shared_prefixes is None:
             shared_prefixes = torch.device(device).type == "cpu"
+        self.shared_prefixes = shared_prefixes
+        """Whether the scorers score by shared prefixes (resolved for the device)."""
         self.models = []
         """The loaded models of each feature, in order."""
         self.scorers: list[Scorer] = []

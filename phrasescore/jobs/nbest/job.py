@@ -137,7 +137,8 @@ def score_list(run: NBestRun, flags: RunFlags) -> NBestResult:
                 options.normalize,
                 options.shared_prefixes,
             )
-        job = _manifest_job(run, signatures, weights, sources)
+        prefixes = scorer is not None and scorer.shared_prefixes
+        job = _manifest_job(run, signatures, weights, sources, prefixes)
         key = PartKey(NBEST, run.nbest, options.chunk_lines, job)
         done = chunked.finished_part(key)
         if done is not None:
@@ -403,8 +404,11 @@ def _source_of(entry: NBestEntry, sources: list[str], source_path: str) -> str:
     return text
 
 
-def _manifest_job(run: NBestRun, signatures: dict, weights, sources: list[str]) -> dict:
-    """What every shard of one n-best job must share (the manifest's ``job``)."""
+def _manifest_job(
+    run: NBestRun, signatures: dict, weights, sources: list[str], shared_prefixes: bool
+) -> dict:
+    """What every shard of one n-best job must share (the manifest's ``job``); the scoring
+    plan (``shared_prefixes``) is among the flags that change the last digits."""
     options = run.options
     inverse = [feature.name for feature in run.features if feature.inverse]
     return {
@@ -414,6 +418,7 @@ def _manifest_job(run: NBestRun, signatures: dict, weights, sources: list[str]) 
             "normalize": options.normalize,
             "batch_tokens": options.batch_tokens,
             "scoring": options.scoring,
+            "shared_prefixes": shared_prefixes,
             "weights": weights,
             **({"inverse": inverse} if inverse else {}),
         },
