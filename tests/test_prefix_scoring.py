@@ -13,7 +13,13 @@ import pytest
 import torch
 
 from phrasescore.bundle import TrainedModel
-from phrasescore.engine.batching import IdPairs, distinct_sequences, sorted_runs
+from phrasescore.engine.batching import (
+    FixedShapeBuckets,
+    IdPairs,
+    distinct_sequences,
+    sorted_runs,
+)
+from phrasescore.engine.graph_scoring import CudaGraphScorer
 from phrasescore.engine.prefix_scoring import build_trie, source_groups
 from phrasescore.engine.scoring import CpuScorer
 from phrasescore.model.builders import build_network
@@ -95,18 +101,19 @@ def test_groups_cover_every_pair_once_within_the_budget():
     assert sum(41 in set(pair_source[g].tolist()) for g in groups) > 1
 
 
-NETWORKS = [
-    ("cho", "written", {}),
-    ("cho", "fused", {}),
-    ("attention", "written", {}),
-    ("attention", "fused", {}),
-    ("lstm", "written", {}),
-    ("cho", "written", {"reverse_target": True}),
+CASES = [  # (arch, recurrence, config overrides, include_eos)
+    ("cho", "written", {}, True),
+    ("cho", "fused", {}, True),
+    ("attention", "written", {}, True),
+    ("attention", "fused", {}, True),
+    ("lstm", "written", {}, True),
+    ("cho", "written", {"reverse_target": True}, True),
+    ("attention", "written", {}, False),
+    ("cho", "written", {"reverse_target": True}, False),
 ]
 
 
-@pytest.mark.parametrize(("arch", "recurrence", "overrides"), NETWORKS)
-@pytest.mark.parametrize("include_eos", [True, False])
+@pytest.mark.parametrize(("arch", "recurrence", "overrides", "include_eos"), CASES)
 def test_prefixes_score_as_pairs_on_a_real_nbest_list(arch, recurrence, overrides, include_eos):
     model = list_model(arch, recurrence, **overrides)
     src, hyp = list_pairs()
@@ -127,6 +134,22 @@ def test_prefixes_score_as_pairs_on_a_real_nbest_list(arch, recurrence, override
     for a, b in zip(got.token_logprobs, expected.token_logprobs, strict=True):
         assert a.shape == b.shape and np.abs(a - b).max() < 1e-5
     assert scorer.score_phrases(src, hyp).logprob.tobytes() == got.logprob.tobytes()
+
+
+@pytest.mark.parametrize("arch", ["cho", "attention", "lstm"])
+def test_the_gpu_engine_by_prefixes_scores_as_the_cpu_engine(arch):
+    """``nbest --shared-prefixes --device cuda``'s path, run on the CPU: the fixed-shape engine
+    (its sources padded to a bucket width) scoring by tries gives the CPU engine's values."""
+    model = list_model(arch)
+    src, hyp = list_pairs()
+    expected = CpuScorer(model).score_phrases(src, hyp, per_token=True)
+    buckets = FixedShapeBuckets(batch_pairs=64, batch_tokens=2048)
+    engine = CudaGraphScorer(model, device="cpu", shared_prefixes=True, buckets=buckets)
+    engine.network.decode_features = None  # every value from the tries
+    got = engine.score_phrases(src, hyp, per_token=True)
+    assert np.abs(got.logprob - expected.logprob).max() < 1e-5
+    for a, b in zip(got.token_logprobs, expected.token_logprobs, strict=True):
+        assert a.shape == b.shape and np.abs(a - b).max() < 1e-5
 
 
 def test_self_normalized_prefixes_clamp_as_pairs():
