@@ -356,7 +356,8 @@ class BlockScorer:
         per_token: bool,
     ) -> tuple[np.ndarray, list[np.ndarray] | None] | None:
         """The block scored by shared prefixes (:mod:`phrasescore.engine.prefix_scoring`), or
-        None where they would save less than :data:`PREFIXES_PAY` of the positions."""
+        None when its tries would hold more than :data:`PREFIXES_PAY` of its positions (the pair
+        plan then costs less)."""
         cost = pairs.tgt_lengths() + extra
         groups = list(source_groups(pair_source, cost, self.buckets.batch_tokens))
         tries = []
@@ -379,13 +380,14 @@ class BlockScorer:
             base += trie.nodes
         flat = torch.cat(values).double().cpu().numpy()  # the block's one wait for the device
         result = np.empty(len(pairs), dtype=np.float64)
-        per_tok: list[np.ndarray] = [np.empty(0)] * len(pairs) if per_token else []
+        per_tok: list[np.ndarray] | None = [np.empty(0)] * len(pairs) if per_token else None
         for group, group_paths in paths:
             sums, terms = path_sums(flat, group_paths, self.include_eos, per_token)
             result[group] = sums
-            for i, row in zip(group.tolist(), terms or (), strict=False):
-                per_tok[i] = row
-        return result, per_tok if per_token else None
+            if per_tok is not None and terms is not None:
+                for i, row in zip(group.tolist(), terms, strict=True):
+                    per_tok[i] = row
+        return result, per_tok
 
     @property
     def _sums_device(self) -> torch.device:
