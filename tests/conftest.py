@@ -90,6 +90,27 @@ def sample_pairs(n: int | None = None) -> tuple[list[str], list[str]]:
     return src_lines[:n], tgt_lines[:n]
 
 
+def untrained_model(src, tgt, arch: str, recurrence: str = "written", seed: int = 3, **config):
+    """A freshly initialised tiny network of ``arch`` (``config``: other values of its
+    configuration) with the word vocabularies of the phrases ``src`` and ``tgt``."""
+    from phrasescore.bundle import TrainedModel
+    from phrasescore.model.builders import build_network
+    from phrasescore.model.config import preset
+    from phrasescore.text.tokenize import TextNormalizer
+    from phrasescore.text.vocab import WordVocabulary
+
+    model_config, _ = preset("tiny", arch)
+    model_config.recurrence = recurrence
+    for key, value in config.items():
+        setattr(model_config, key, value)
+    src_vocab = WordVocabulary.build((s.split() for s in src), 1000)
+    tgt_vocab = WordVocabulary.build((t.split() for t in tgt), 1000)
+    model_config.src_vocab_size, model_config.tgt_vocab_size = len(src_vocab), len(tgt_vocab)
+    torch.manual_seed(seed)
+    network = build_network(model_config).eval()
+    return TrainedModel(network, src_vocab, tgt_vocab, TextNormalizer("en"), TextNormalizer("fr"))
+
+
 @pytest.fixture(scope="session")
 def corpus_files(tmp_path_factory) -> tuple[str, str]:
     """171 real sentence pairs as plain files."""

@@ -16,13 +16,9 @@ from phrasescore.engine.graph_scoring import CapturedShapes, CudaGraphScorer
 from phrasescore.engine.protocol import ENGINES, IdScorer
 from phrasescore.engine.scoring import CpuScorer
 from phrasescore.model.base import select_rows
-from phrasescore.model.builders import build_network
-from phrasescore.model.config import preset
 from phrasescore.model.output_layer import _eager_lse_gather, target_logprobs
-from phrasescore.text.tokenize import TextNormalizer
-from phrasescore.text.vocab import WordVocabulary
 
-from .conftest import HostReads
+from .conftest import HostReads, untrained_model
 from .test_engine_arrays import table_pairs
 
 NETWORKS = [
@@ -37,15 +33,7 @@ NETWORKS = [
 def table_model(arch: str, recurrence: str, self_normalize: float = 0.0) -> TrainedModel:
     """A freshly initialised tiny network of ``arch`` with the table's vocabularies."""
     src, tgt = table_pairs()
-    config, _ = preset("tiny", arch)
-    config.recurrence = recurrence
-    config.self_normalize = self_normalize
-    src_vocab = WordVocabulary.build((s.split() for s in src), 1000)
-    tgt_vocab = WordVocabulary.build((t.split() for t in tgt), 1000)
-    config.src_vocab_size, config.tgt_vocab_size = len(src_vocab), len(tgt_vocab)
-    torch.manual_seed(3)
-    network = build_network(config).eval()
-    return TrainedModel(network, src_vocab, tgt_vocab, TextNormalizer("en"), TextNormalizer("fr"))
+    return untrained_model(src, tgt, arch, recurrence, self_normalize=self_normalize)
 
 
 def test_fixed_shape_plan_repeats_few_shapes_and_covers_every_row_once():

@@ -10,7 +10,6 @@ import gzip
 
 import numpy as np
 import pytest
-import torch
 
 from phrasescore.bundle import TrainedModel
 from phrasescore.engine.batching import (
@@ -22,13 +21,9 @@ from phrasescore.engine.batching import (
 from phrasescore.engine.graph_scoring import CudaGraphScorer
 from phrasescore.engine.prefix_scoring import build_trie, source_groups
 from phrasescore.engine.scoring import CpuScorer
-from phrasescore.model.builders import build_network
-from phrasescore.model.config import preset
 from phrasescore.special_ids import EOS_ID
-from phrasescore.text.tokenize import TextNormalizer
-from phrasescore.text.vocab import WordVocabulary
 
-from .conftest import DATA, run_cli
+from .conftest import DATA, run_cli, untrained_model
 
 NBEST = DATA / "nbest" / "multi30k.test2016.ids0-4.100best.nbest.gz"
 SOURCE = DATA / "nbest" / "multi30k.test2016.head5.tok.lc.en"
@@ -48,16 +43,7 @@ def list_pairs() -> tuple[list[str], list[str]]:
 def list_model(arch: str, recurrence: str = "written", **overrides) -> TrainedModel:
     """A freshly initialised tiny network of ``arch`` with the list's vocabularies."""
     src, hyp = list_pairs()
-    config, _ = preset("tiny", arch)
-    config.recurrence = recurrence
-    for key, value in overrides.items():
-        setattr(config, key, value)
-    src_vocab = WordVocabulary.build((s.split() for s in src), 1000)
-    tgt_vocab = WordVocabulary.build((h.split() for h in hyp), 1000)
-    config.src_vocab_size, config.tgt_vocab_size = len(src_vocab), len(tgt_vocab)
-    torch.manual_seed(5)
-    network = build_network(config).eval()
-    return TrainedModel(network, src_vocab, tgt_vocab, TextNormalizer("en"), TextNormalizer("fr"))
+    return untrained_model(src, hyp, arch, recurrence, seed=5, **overrides)
 
 
 def test_the_trie_holds_each_distinct_prefix_once_and_each_path_spells_its_target():
@@ -187,15 +173,13 @@ def test_nbest_default_and_no_shared_prefixes_agree(tmp_path, tiny_model_path, t
     with_prefixes, without = outputs.values()
     assert len(with_prefixes) == len(without) == len(list_pairs()[0])
     for a, b in zip(with_prefixes, without, strict=True):
-        head_a, features_a, tail_a = _split(a)
-        head_b, features_b, tail_b = _split(b)
+        (head_a, values_a, tail_a), (head_b, values_b, tail_b) = _split(a), _split(b)
         assert head_a == head_b and tail_a == tail_b  # every other byte unchanged
-        values_a = [float(v) for v in features_a.split("L2R=")[1].replace("R2L=", "").split()]
-        values_b = [float(v) for v in features_b.split("L2R=")[1].replace("R2L=", "").split()]
-        assert np.abs(np.array(values_a) - np.array(values_b)).max() < 1e-3
+        assert np.abs(values_a - values_b).max() < 1e-3
 
 
-def _split(line: str) -> tuple[str, str, str]:
-    """(id and hypothesis, features, the rest) of an n-best line."""
+def _split(line: str) -> tuple[str, np.ndarray, str]:
+    """(id and hypothesis, the L2R and R2L values, the rest) of an n-best line."""
     fields = line.split(" ||| ")
-    return " ||| ".join(fields[:2]), fields[2], " ||| ".join(fields[3:])
+    values = [float(v) for v in fields[2].split("L2R=")[1].replace("R2L=", "").split()]
+    return " ||| ".join(fields[:2]), np.array(values), " ||| ".join(fields[3:])

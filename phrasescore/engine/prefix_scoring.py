@@ -71,8 +71,8 @@ class PrefixTrie:
 def build_trie(roots: np.ndarray, pairs: IdPairs, index: np.ndarray) -> PrefixTrie:
     """The trie of the pairs ``index`` of ``pairs``, whose sources are the rows ``roots``
     (one per pair, 0 .. sources - 1): each target read in its order, then EOS."""
-    lengths = pairs.tgt_lengths()[index] + 1  # with EOS
     starts = pairs.tgt_offsets[index]
+    lengths = pairs.tgt_offsets[index + 1] - starts + 1  # the group's alone, with EOS
     depth = int(lengths.max(initial=0))
     paths = np.full((len(index), depth), -1, dtype=np.int64)
     levels: list[TrieLevel] = []

@@ -358,13 +358,13 @@ class BlockScorer:
         """The block scored by shared prefixes (:mod:`phrasescore.engine.prefix_scoring`), or
         None when its tries would hold more than :data:`PREFIXES_PAY` of its positions (the pair
         plan then costs less)."""
-        cost = pairs.tgt_lengths() + extra
-        groups = list(source_groups(pair_source, cost, self.buckets.batch_tokens))
+        tgt_len = pairs.tgt_lengths()
+        groups = list(source_groups(pair_source, tgt_len + extra, self.buckets.batch_tokens))
         tries = []
         for group in groups:
             sources, roots = sorted_runs(pair_source[group])
             tries.append((sources, build_trie(roots, pairs, group)))
-        positions = int(pairs.tgt_lengths().sum()) + len(pairs)
+        positions = int(tgt_len.sum()) + len(pairs)
         if sum(trie.nodes for _, trie in tries) > PREFIXES_PAY * positions:
             return None
         values, paths, base = [], [], 0
