@@ -287,3 +287,31 @@ def test_fused_linear_cross_entropy_libraries_equal_the_chunked_torch_output_lay
         expected = target_logprobs(layer, features, gold, vocab, chunk_rows=512)
         got = library_gold_logprobs(kernel, features, layer, gold)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_the_vocabulary_projection_runs_on_aligned_rows_and_no_align1_kernel():
+    """On CUDA the output layer's product over a vocabulary of 10,001 words (not a multiple of
+    8) runs on rows padded to 10,008 (vocabulary_logits): bf16 logits within bf16's rounding of
+    the float64 product, and none of cuBLAS's one-element-at-a-time kernels (``align1``, half of
+    a scoring batch's GPU time before the padding) in the profile of the product."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from phrasescore.model.output_layer import vocabulary_logits
+
+    if DEVICE != "cuda":
+        pytest.skip("cuBLAS's kernels: CUDA only")
+    torch.manual_seed(0)
+    vocab, width = 10_001, 128
+    layer = torch.nn.Linear(width, vocab).to(DEVICE, torch.bfloat16)
+    features = torch.randn(4096, width, device=DEVICE, dtype=torch.bfloat16)
+    with torch.no_grad():
+        vocabulary_logits(layer, features)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            logits = vocabulary_logits(layer, features)
+            torch.cuda.synchronize()
+        exact = features.double() @ layer.weight.double().T + layer.bias.double()
+    assert logits.shape == (4096, vocab) and logits.stride(0) == 10_008
+    err = (logits.double() - exact).norm() / exact.norm()
+    assert err < 1e-2
+    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert kernels and not [k for k in kernels if "align1" in k], kernels

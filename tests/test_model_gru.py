@@ -269,3 +269,31 @@ def test_token_nll_gives_cross_entropys_loss_and_gradient_also_through_log_z():
         lambda x: token_nll(x, gold[:4] % 7)[0],
         torch.randn(4, 7, dtype=torch.float64).requires_grad_(),
     )
+
+
+@pytest.mark.parametrize("vocab", [1201, 1200])
+def test_the_vocabulary_projection_padded_for_cublas_gives_the_same_logits_and_gradients(vocab):
+    """vocabulary_logits with the alignment CUDA gets (forced here on the CPU): a vocabulary of
+    1,201 words runs on W and b padded to 1,208 rows and returns the first 1,201 columns, the
+    same logits and the same gradients for the features, W and b as the plain layer (float64);
+    1,200 words need no padding; on the CPU by default it is the layer itself, bit for bit."""
+    from phrasescore.model.output_layer import vocabulary_logits
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(24, vocab).double()
+    features = torch.randn(3, 5, 24, dtype=torch.float64, requires_grad=True)
+    gold = torch.randint(0, vocab, (15,))
+    grads = []
+    for align in (1, 8):
+        logits = vocabulary_logits(layer, features, align)
+        assert logits.shape == (3, 5, vocab)
+        padded = -(-vocab // 8) * 8 if align == 8 else vocab
+        assert logits.stride(1) == padded  # the rows of the padded product, viewed
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), gold)
+        params = (features, layer.weight, layer.bias)
+        grads.append((logits.detach(), *torch.autograd.grad(loss, params)))
+    for plain, padded in zip(*grads, strict=True):
+        assert plain.shape == padded.shape
+        torch.testing.assert_close(padded, plain, rtol=1e-12, atol=1e-12)
+    on_cpu = vocabulary_logits(layer, features)
+    assert torch.equal(on_cpu, layer(features)) and on_cpu.is_contiguous()

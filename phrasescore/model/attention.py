@@ -269,9 +269,6 @@ class AttentionEncoderDecoder(EncoderDecoder):
         features = self._output_features(s, prev_emb, context)
         return features, {**state, "s": s}
 
-    def logits(self, features: Tensor) -> Tensor:
-        return self.out_vocab(features)
-
     def scoring_flops(self, src_len: float, tgt_len: float, share: float = 1.0) -> float:
         """Floating-point operations (2 per multiply-add) to score one pair teacher-forced.
 

@@ -46,7 +46,12 @@ import torch
 from torch import Tensor, nn
 
 from phrasescore.model.config import ModelConfig
-from phrasescore.model.output_layer import chunked_output_nll, target_logprobs, token_nll
+from phrasescore.model.output_layer import (
+    chunked_output_nll,
+    target_logprobs,
+    token_nll,
+    vocabulary_logits,
+)
 
 EncoderOutput = dict[str, Tensor]
 
@@ -106,7 +111,10 @@ class EncoderDecoder(nn.Module):
         raise NotImplementedError
 
     def logits(self, features: Tensor) -> Tensor:
-        raise NotImplementedError
+        """u = W f + b over the target vocabulary ([..., V] for features [..., R]): every
+        architecture's last layer ``out_vocab`` (:func:`~phrasescore.model.output_layer.
+        vocabulary_logits`, aligned for cuBLAS on CUDA)."""
+        return vocabulary_logits(self.out_vocab, features)
 
     def scoring_flops(self, src_len: float, tgt_len: float, share: float = 1.0) -> float:
         """Analytic FLOPs to score one pair (for benchmarks); see the architectures."""

@@ -152,9 +152,6 @@ class ChoEncoderDecoder(EncoderDecoder):
         """h'_t [B, H] from ``state["h"]`` = h'_{t-1} and e(y_{t-1}) ``prev_emb`` [B, E]."""
         raise NotImplementedError
 
-    def logits(self, features: Tensor) -> Tensor:
-        return self.out_vocab(features)
-
     def scoring_flops(self, src_len: float, tgt_len: float, share: float = 1.0) -> float:
         """Floating-point operations (2 per multiply-add) to score one pair teacher-forced.
 

@@ -144,9 +144,6 @@ class DeepLSTMEncoderDecoder(EncoderDecoder):
         features = self._output_features(top[:, 0])
         return features, {"h": h.transpose(0, 1), "c": c.transpose(0, 1)}
 
-    def logits(self, features: Tensor) -> Tensor:
-        return self.out_vocab(features)
-
     def scoring_flops(self, src_len: float, tgt_len: float, share: float = 1.0) -> float:
         """Floating-point operations (2 per multiply-add) to score one pair teacher-forced.
 

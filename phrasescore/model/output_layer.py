@@ -12,6 +12,8 @@ The last layer of each network is a softmax over the target vocabulary,
   :func:`fused_logsumexp_gather`), compiled on a GPU where torch.compile works
   (:func:`_run_kernel`);
   without a host sync for the CUDA-graph engine (``sync_free``);
+* the vocabulary projection u = W f + b itself, on CUDA over a vocabulary padded to a multiple
+  of :data:`CUDA_VOCAB_ALIGNMENT` words (:func:`vocabulary_logits`);
 * the layers under the softmax: maxout (Goodfellow et al. 2013; Cho et al. A.1.2, Bahdanau et
   al. A.2.2: :func:`maxout`) and its pre-activation, a sum of linear maps (:func:`summed_linear`).
 
@@ -24,9 +26,39 @@ import logging
 import os
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 log = logging.getLogger(__name__)
+
+CUDA_VOCAB_ALIGNMENT = 8
+"""On CUDA the vocabulary projection runs over a vocabulary padded to a multiple of this many
+words. cuBLAS takes its fast kernels (sm80/sm90 tensor-core tiles) only where every matrix's
+leading dimension is a multiple of 16 bytes: [rows x V] logits with V not a multiple of 8 words
+(bf16) or 4 (fp32) fall back to kernels that read one element at a time (``..._align1``), which
+took half of a scoring batch's GPU time in the first profile on an H200 (docs/benchmarks.md, "On
+an H200: the first gpu-check run of the engine"))."""
+
+
+def vocabulary_logits(layer: nn.Linear, features: Tensor, align: int | None = None) -> Tensor:
+    """u = W f + b (the output layer's logits, Cho et al. 2014, A.1.2; Bahdanau et al. 2015,
+    A.2.2) of ``features`` [..., R] over the ``layer``'s V words: [..., V].
+
+    On CUDA (or with ``align`` given) a V that is not a multiple of ``align`` (default
+    :data:`CUDA_VOCAB_ALIGNMENT`) is padded: the product runs on W and b with zero rows added
+    up to the next multiple, and the result is the first V columns of it, a view whose rows
+    are aligned. Every logit is the same dot product; the gradient flows back through the view
+    and the padding to W and b (the padded rows' share is dropped). Elsewhere, ``layer`` itself:
+    the CPU's bytes never change."""
+    vocab = layer.out_features
+    if align is None:
+        align = CUDA_VOCAB_ALIGNMENT if features.is_cuda else 1
+    pad = -vocab % align
+    if pad == 0:
+        return layer(features)
+    weight = F.pad(layer.weight, (0, 0, 0, pad))
+    bias = None if layer.bias is None else F.pad(layer.bias, (0, pad))
+    return F.linear(features, weight, bias)[..., :vocab]
 
 
 class _TokenNLL(torch.autograd.Function):
