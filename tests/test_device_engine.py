@@ -233,10 +233,8 @@ class ReplayOnTheCpu(CapturedShapes):
     def __init__(self):
         super().__init__(torch.device("cpu"))
         self.enabled = True
-        self.captures = 0
 
     def _capture(self, fn, static_in):
-        self.captures += 1
         graph = self.Graph(fn, static_in)
         return graph, graph.static_out
 
@@ -295,16 +293,18 @@ def test_replayed_shapes_score_as_the_engine_without_capture(arch, recurrence):
     captured = engine.captured = ReplayOnTheCpu()
     small = engine.score_phrases(src[:40], tgt[:40])  # smaller batches first: buffers grow later
     assert np.abs(small.logprob - expected.logprob[:40]).max() < 1e-5
-    captures = []
+    captures, drops = [], []
     for _ in range(3):
         got = engine.score_phrases(src, tgt, per_token=True)
         assert got.logprob.tobytes() == expected.logprob.tobytes()
         for a, b in zip(got.token_logprobs, expected.token_logprobs, strict=True):
             assert a.tobytes() == b.tobytes()
         captures.append(captured.captures)
+        drops.append(captured.drops)
     # the buffers grew in the first full block, dropping the graphs captured before (captured
     # again as their shapes come back, in the next block); then nothing new
     assert captures[0] > len(captured.graphs) >= 4 and captures[2] == captures[1]
+    assert drops[0] >= 1 and drops[2] == drops[1] == drops[0]
     assert all(graph.replays >= 3 for graph, _, _ in captured.graphs.values())
     largest = {}
     for key, (_, static_in, _) in captured.graphs.items():

@@ -84,6 +84,10 @@ class CapturedShapes:
         """An empty graph captured into :attr:`pool`, held so that the pool stays registered."""
         self.failure: str | None = None
         """Why a capture failed (capture then off), None while every capture succeeded."""
+        self.captures = 0
+        """Graphs captured so far (each costs a warm-up run and the capture)."""
+        self.drops = 0
+        """Times every graph was dropped because an input's buffer grew."""
 
     def run(self, key: tuple, fn: Callable[..., Tensors], inputs: Tensors) -> Tensors:
         """``fn(*inputs)``, a tuple of tensors, from the graph of ``key`` (a kind and the inputs'
@@ -104,6 +108,7 @@ class CapturedShapes:
                 self._drop_graphs()
                 return fn(*inputs)
             entry = self.graphs[key] = (graph, static_in, static_out)
+            self.captures += 1
         graph, static_in, static_out = entry
         for buffer, value in zip(static_in, inputs, strict=True):
             buffer.copy_(value, non_blocking=True)
@@ -128,6 +133,7 @@ class CapturedShapes:
     def _drop_graphs(self) -> None:
         """Forget every graph; an unanchored pool goes with them (a capture into a pool whose
         graphs are all gone fails: class docstring), so the next capture takes a fresh one."""
+        self.drops += bool(self.graphs)
         self.graphs.clear()
         if self.anchor is None:
             self.pool = None

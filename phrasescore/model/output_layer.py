@@ -36,8 +36,8 @@ CUDA_VOCAB_ALIGNMENT = 8
 words. cuBLAS takes its fast kernels (sm80/sm90 tensor-core tiles) only where every matrix's
 leading dimension is a multiple of 16 bytes: [rows x V] logits with V not a multiple of 8 words
 (bf16) or 4 (fp32) fall back to kernels that read one element at a time (``..._align1``), which
-took half of a scoring batch's GPU time in the first profile on an H200 (docs/benchmarks.md, "On
-an H200: the first gpu-check run of the engine"))."""
+took half of a scoring batch's GPU time in a profile on an H200 (docs/benchmarks.md, "On an
+H200, 2026-11-28")."""
 
 
 def vocabulary_logits(layer: nn.Linear, features: Tensor, align: int | None = None) -> Tensor:
