@@ -1,8 +1,13 @@
 """phrasescore: neural phrase scores for Moses phrase tables (Cho et al. 2014)."""
 
 import os as _os
+import time as _time
 
 __version__ = "0.1.0"
+
+STARTED = _time.monotonic()
+"""When this process first imported phrasescore (every command does, before torch): the start
+of the start-up that the scoring commands log (:func:`phrasescore.progress.log_startup`)."""
 
 # Bounded oneDNN caches. On CPU, bf16 (and some fp32) matrix products go through oneDNN, which
 # keeps one compiled kernel per distinct matrix shape in two caches of 1,024 entries each (oneDNN's

@@ -8,7 +8,9 @@ carriage returns), and once more, complete, when it closes. ``--no-progress`` dr
 
 from __future__ import annotations
 
+import logging
 import sys
+import time
 from typing import Any, TextIO
 
 from tqdm import tqdm
@@ -51,3 +53,14 @@ def progress_bar(enabled: bool = True, **options: Any) -> tqdm:
         ncols=100,
         **options,
     )
+
+
+def log_startup(log: logging.Logger, what: str) -> float:
+    """Log and return the seconds from the process's first import of phrasescore to now, when a
+    command starts its work (``what``: what the start-up did, e.g. "models loaded"): the
+    imports, the device's set-up and the loading, apart from the work's own rate."""
+    import phrasescore  # noqa: PLC0415 - the package's own start time
+
+    seconds = time.monotonic() - phrasescore.STARTED
+    log.info("start-up %.1f s (imports, device set-up, %s)", seconds, what)
+    return seconds

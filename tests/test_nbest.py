@@ -336,3 +336,35 @@ def test_a_model_of_the_other_direction_is_warned_about(
         proc = run_cli("nbest", nbest, *args, *flags)
         assert proc.returncode == 0, proc.stderr
         assert "other direction" not in proc.stderr
+
+
+def test_nbest_and_translate_log_their_start_up_apart_from_their_rate(tiny_model_path, tmp_path):
+    """Each command says, before its work, how long its start-up took (from the process's first
+    import of phrasescore: imports, device, model), a part of the command's wall time, and
+    then the rate of the work alone."""
+    import subprocess
+    import sys
+    import time
+
+    flags = ["--no-progress", "-o"]
+    runs = {
+        "nbest": ["nbest", MULTI30K_LIST, "--source", MULTI30K_SRC, "-m", tiny_model_path],
+        "translate": ["translate", MULTI30K_SRC, "-m", tiny_model_path],
+    }
+    for name, args in runs.items():
+        started = time.monotonic()
+        # a process of its own (the tests' forked CLI starts from a process imported already)
+        command = [sys.executable, "-m", "phrasescore", *map(str, args), *flags]
+        proc = subprocess.run(
+            [*command, str(tmp_path / f"{name}.out")], capture_output=True, text=True
+        )
+        wall = time.monotonic() - started
+        assert proc.returncode == 0, proc.stderr
+        lines = proc.stderr.splitlines()
+        found = [i for i, line in enumerate(lines) if "start-up" in line]
+        assert len(found) == 1, proc.stderr
+        m = re.fullmatch(r"phrasescore: start-up ([\d.]+) s \(imports, device set-up, .+\)",
+                         lines[found[0]])  # fmt: skip
+        assert m and 0 < float(m.group(1)) < wall, proc.stderr
+        rate = next(i for i, line in enumerate(lines) if re.search(r" in [\d.]+ s", line))
+        assert found[0] < rate

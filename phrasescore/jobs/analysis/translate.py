@@ -41,7 +41,7 @@ from phrasescore.hardware import resolve_device
 from phrasescore.jobs.bleu import Evaluation, evaluate, require_sacrebleu
 from phrasescore.jobs.common import model_for
 from phrasescore.moses.nbest import check_feature_name, format_nbest_line
-from phrasescore.progress import progress_bar
+from phrasescore.progress import log_startup, progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -205,6 +205,7 @@ def translate_file(
     refs = list(iter_lines(reference)) if reference is not None else None
     firsts: list[str] = []
     sentences = empty = tokens = 0
+    log_startup(log, "the model loaded")
     started = time.monotonic()
     bar = progress_bar(progress, unit=" sentences")
     try:

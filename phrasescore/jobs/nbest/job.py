@@ -23,7 +23,7 @@ from phrasescore.jobs.feature_specs import FeatureModel
 from phrasescore.jobs.nbest.features import ChunkFeatures, load_features
 from phrasescore.jobs.nbest.writer import ListWriter, OneBestLines, regroup, with_features
 from phrasescore.moses.nbest import NBestEntry, iter_nbest_groups, read_nbest, read_weights
-from phrasescore.progress import progress_bar
+from phrasescore.progress import log_startup, progress_bar
 from phrasescore.runners.chunked_job import ChunkedRun, PartKey, PartPlan, RunFlags, Written
 from phrasescore.runners.partial import PartialOutput, TextPublish, file_identity
 from phrasescore.runners.shards import NBEST, Shard, chunk_record, joined_runs
@@ -148,6 +148,7 @@ def score_list(run: NBestRun, flags: RunFlags) -> NBestResult:
         chunks = ListChunks(run.nbest, sources, run.source, options.chunk_lines, flags.shard)
         chunks.first_chunk = scorer.warn_direction if scorer is not None else None
         start_line = chunked.open(_output(run, flags, _identity(run, flags, job), len(sources)))
+        log_startup(log, "the source read, the models loaded")
         started = time.monotonic()
         with progress_bar(flags.progress, unit=" hyps", unit_scale=True) as bar:
             totals = chunked.resumed_totals()
