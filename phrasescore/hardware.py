@@ -62,13 +62,23 @@ def deterministic_kernels(device: torch.device) -> None:
     fixed workspace (``CUBLAS_WORKSPACE_CONFIG``, read when its handle is made: call this before
     the first matrix product), cuDNN's deterministic algorithms, and PyTorch's deterministic
     scatter/index kernels (the embeddings' gradients), at some cost in speed. The CPU kernels
-    are deterministic for a given thread count already."""
+    are deterministic for a given thread count already.
+
+    Not PyTorch's filling of every new tensor's memory that deterministic mode turns on with
+    them (``torch.utils.deterministic.fill_uninitialized_memory``: NaN in each ``empty``): it
+    changes no result of code that never reads memory it has not written, and it was 709 of a
+    training step's 3,031 kernels on an H200 (docs/benchmarks.md, "On an H200, 2026-11-28")."""
     if device.type != "cuda":
         return
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
     torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        import torch.utils.deterministic as fill  # noqa: PLC0415 - PyTorch >= 2.1
+    except ImportError:
+        return
+    fill.fill_uninitialized_memory = False
 
 
 def set_threads(threads: int | None) -> None:

@@ -120,3 +120,35 @@ def test_an_update_is_one_optimiser_call_and_one_clipping_pass(optimizer):
     assert ops.counts["aten._foreach_mul_"] >= 1
     if optimizer == "adam":
         assert ops.counts["aten._fused_adam_"] == 1
+
+
+def test_deterministic_cuda_kernels_without_filling_every_new_tensor(monkeypatch):
+    """deterministic_kernels for a CUDA device (flags only: nothing touches a GPU): cuDNN's and
+    PyTorch's deterministic algorithms on, PyTorch's NaN filling of each new tensor's memory
+    (which deterministic mode turns on too, one more kernel per allocation) off; on the CPU
+    nothing changes. The flags are restored afterwards."""
+    import torch.utils.deterministic as fill
+
+    from phrasescore.hardware import deterministic_kernels
+
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    saved = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+        fill.fill_uninitialized_memory,
+    )
+    try:
+        deterministic_kernels(torch.device("cpu"))
+        assert not torch.are_deterministic_algorithms_enabled() or saved[0]
+        torch.use_deterministic_algorithms(True)  # what deterministic mode does alone
+        assert fill.fill_uninitialized_memory
+        deterministic_kernels(torch.device("cuda"))
+        assert torch.are_deterministic_algorithms_enabled()
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+        assert not fill.fill_uninitialized_memory
+    finally:
+        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[2:4]
+        fill.fill_uninitialized_memory = saved[4]
