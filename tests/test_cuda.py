@@ -315,3 +315,27 @@ def test_the_vocabulary_projection_runs_on_aligned_rows_and_no_align1_kernel():
     assert err < 1e-2
     kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     assert kernels and not [k for k in kernels if "align1" in k], kernels
+
+
+@pytest.mark.parametrize("kernel", ["cce", "liger"])
+@pytest.mark.parametrize("graphs", [True, False])
+def test_the_gpu_engine_with_a_fused_output_library_scores_as_with_torch(kernel, graphs):
+    """CudaGraphScorer(output_kernel=...) on CUDA where the package is installed: the table's
+    pairs score as with the torch row chunks (fp32, TF32 off), inside CUDA graphs or not."""
+    from phrasescore.engine.graph_scoring import CudaGraphScorer
+
+    from .test_device_engine import table_model, table_pairs
+
+    if DEVICE != "cuda":
+        pytest.skip("Triton kernels: CUDA only")
+    pytest.importorskip({"liger": "liger_kernel", "cce": "cut_cross_entropy"}[kernel])
+    torch.backends.cuda.matmul.allow_tf32 = False
+    src, tgt = table_pairs()
+    torch_engine = CudaGraphScorer(table_model("cho", "written"), device=DEVICE, graphs=graphs)
+    expected = torch_engine.score_phrases(src, tgt).logprob
+    engine = CudaGraphScorer(
+        table_model("cho", "written"), device=DEVICE, graphs=graphs, output_kernel=kernel
+    )
+    got = engine.score_phrases(src, tgt).logprob
+    assert engine.graph_failure is None
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)

@@ -6,6 +6,8 @@ tests/test_cuda.py on a GPU."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 import torch
@@ -372,3 +374,29 @@ def test_an_ensemble_of_gpu_engines_scores_as_one_of_cpu_engines(
     gpu = EnsembleScorer(gpu_engines).score_phrases(src, tgt, per_token=True)
     assert np.abs(gpu.logprob - cpu.logprob).max() < 1e-5
     assert [len(t) for t in gpu.token_logprobs] == [len(t.split()) + 1 for t in tgt]
+
+
+def test_an_output_kernel_the_engine_cannot_run_is_refused():
+    """The GPU engine's output kernels: torch's anywhere; a fused library only on CUDA, with
+    exact scoring and its package installed; an unknown name never."""
+    from phrasescore.engine.graph_scoring import check_output_kernel
+    from phrasescore.engine.scoring import EXACT, SELF_NORMALIZED
+
+    model = table_model("cho", "written")
+    src, tgt = table_pairs(20)
+    plain = CudaGraphScorer(model, device="cpu").score_phrases(src, tgt).logprob
+    same = CudaGraphScorer(model, device="cpu", output_kernel="torch")
+    assert same.score_phrases(src, tgt).logprob.tobytes() == plain.tobytes()
+    with pytest.raises(ValueError, match="unknown output kernel 'fast'"):
+        CudaGraphScorer(model, device="cpu", output_kernel="fast")
+    with pytest.raises(ValueError, match="runs on CUDA only"):
+        CudaGraphScorer(model, device="cpu", output_kernel="cce")
+    cuda = torch.device("cuda")  # a device object: nothing here touches a GPU
+    with pytest.raises(ValueError, match="exact log-probabilities only"):
+        check_output_kernel("liger", cuda, SELF_NORMALIZED)
+    for kernel, module in (("liger", "liger_kernel"), ("cce", "cut_cross_entropy")):
+        if importlib.util.find_spec(module) is None:
+            with pytest.raises(ValueError, match=f"needs the package {module}"):
+                check_output_kernel(kernel, cuda, EXACT)
+        else:
+            check_output_kernel(kernel, cuda, EXACT)

@@ -29,6 +29,7 @@ tests/test_device_engine.py).
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import warnings
 from collections.abc import Callable, Sequence
@@ -168,11 +169,33 @@ class CapturedShapes:
         return graph, static_out
 
 
+def check_output_kernel(kernel: str, device: torch.device, scoring: str) -> None:
+    """Refuse an output kernel the engine cannot run: an unknown name, a fused library off
+    CUDA (Triton kernels) or where it is not installed, or one with self-normalised scoring
+    (which reads the reference word's logit alone)."""
+    from phrasescore.model.output_layer import OUTPUT_KERNELS
+
+    if kernel not in OUTPUT_KERNELS:
+        raise ValueError(f"unknown output kernel {kernel!r} (one of {', '.join(OUTPUT_KERNELS)})")
+    if kernel == "torch":
+        return
+    if device.type != "cuda":
+        raise ValueError(f"the output kernel {kernel!r} runs on CUDA only (Triton kernels)")
+    if scoring != EXACT:
+        raise ValueError(f"the output kernel {kernel!r} computes exact log-probabilities only")
+    module = {"liger": "liger_kernel", "cce": "cut_cross_entropy"}[kernel]
+    if importlib.util.find_spec(module) is None:
+        raise ValueError(f"the output kernel {kernel!r} needs the package {module}")
+
+
 class CudaGraphScorer(BlockScorer):
     """The CUDA-graph engine (module docstring): :class:`~phrasescore.engine.scoring.
     BlockScorer`'s plan with fixed-shape batches, each shape's kernel captured in a CUDA graph
     (CUDA only, ``graphs``); on a device that is neither CPU nor CUDA the same plan runs
-    uncaptured. ``batch_pairs``: the most pairs a batch."""
+    uncaptured. ``batch_pairs``: the most pairs a batch. ``output_kernel``: the output layer's
+    kernel (:data:`~phrasescore.model.output_layer.OUTPUT_KERNELS`): torch's row chunks (the
+    default), or on CUDA liger-kernel's or cut-cross-entropy's fused linear cross-entropy where
+    the package is installed (tools/gpu-score times each; exact scoring only)."""
 
     def __init__(
         self,
@@ -188,7 +211,10 @@ class CudaGraphScorer(BlockScorer):
         graphs: bool = True,
         batch_pairs: int = 32768,
         shared_prefixes: bool = False,
+        output_kernel: str = "torch",
     ):
+        check_output_kernel(output_kernel, torch.device(device), scoring)
+        self.output_kernel = output_kernel
         if buckets is None:
             buckets = FixedShapeBuckets(batch_pairs, max(batch_tokens, 1 << 19))
         if not isinstance(buckets, FixedShapeBuckets):
@@ -250,7 +276,12 @@ class CudaGraphScorer(BlockScorer):
         flat = features.reshape(-1, features.shape[-1])
         chunk = self.chunk_rows or max(256, LOGITS_PER_CHUNK // network.config.tgt_vocab_size)
         values = network.gold_logprobs(
-            flat, tgt_out.reshape(-1), chunk, self.self_normalized, sync_free=True
+            flat,
+            tgt_out.reshape(-1),
+            chunk,
+            self.self_normalized,
+            sync_free=True,
+            kernel=self.output_kernel,
         ).view(tgt_out.shape)
         values = torch.where(real, values, 0.0)
         return torch.where(summed, values, 0.0).double().sum(1), values

@@ -48,6 +48,7 @@ from torch import Tensor, nn
 from phrasescore.model.config import ModelConfig
 from phrasescore.model.output_layer import (
     chunked_output_nll,
+    library_gold_logprobs,
     target_logprobs,
     token_nll,
     vocabulary_logits,
@@ -256,15 +257,20 @@ class EncoderDecoder(nn.Module):
         chunk_rows: int | None = None,
         self_normalized: bool = False,
         sync_free: bool = False,
+        kernel: str = "torch",
     ) -> Tensor:
         """log p(gold[i] | rows[i]) in float32 for feature rows [N, R], the scoring modes written
         once for every engine. Exact: u_{gold[i]} - log Z over the vocabulary, row chunk by row
-        chunk (:func:`~phrasescore.model.output_layer.target_logprobs`; ``sync_free``: nothing
+        chunk (``kernel`` "torch": :func:`~phrasescore.model.output_layer.target_logprobs`; a
+        fused linear cross-entropy library on CUDA, ``liger`` or ``cce``:
+        :func:`~phrasescore.model.output_layer.library_gold_logprobs`; ``sync_free``: nothing
         that makes a GPU wait for the host). Self-normalised: u_{gold[i]} alone
         (:meth:`target_logits`), the approximation log p ≈ u_{y_t} (Devlin et al. 2014, §2.1),
         which may exceed 0."""
         if self_normalized:
             return self.target_logits(rows, gold)
+        if kernel != "torch":
+            return library_gold_logprobs(kernel, rows, self.out_vocab, gold)
         vocab = self.config.tgt_vocab_size
         return target_logprobs(self.logits, rows, gold, vocab, chunk_rows, sync_free)
 
