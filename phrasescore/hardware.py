@@ -66,8 +66,9 @@ def deterministic_kernels(device: torch.device) -> None:
 
     Not PyTorch's filling of every new tensor's memory that deterministic mode turns on with
     them (``torch.utils.deterministic.fill_uninitialized_memory``: NaN in each ``empty``): it
-    changes no result of code that never reads memory it has not written, and it was 709 of a
-    training step's 3,031 kernels on an H200 (docs/benchmarks.md, "On an H200, 2026-11-28")."""
+    changes no result of code that never reads memory it has not written, and it is one more
+    kernel per allocation, a large share of a training step's launches (docs/benchmarks.md,
+    "the engine and the trainer measured")."""
     if device.type != "cuda":
         return
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

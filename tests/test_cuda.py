@@ -292,8 +292,8 @@ def test_fused_linear_cross_entropy_libraries_equal_the_chunked_torch_output_lay
 def test_the_vocabulary_projection_runs_on_aligned_rows_and_no_align1_kernel():
     """On CUDA the output layer's product over a vocabulary of 10,001 words (not a multiple of
     8) runs on rows padded to 10,008 (vocabulary_logits): bf16 logits within bf16's rounding of
-    the float64 product, and none of cuBLAS's one-element-at-a-time kernels (``align1``, half of
-    a scoring batch's GPU time before the padding) in the profile of the product."""
+    the float64 product, and none of cuBLAS's one-element-at-a-time kernels (``align1``, what
+    an unpadded vocabulary gets) in the profile of the product."""
     from torch.profiler import ProfilerActivity, profile
 
     from phrasescore.model.output_layer import vocabulary_logits

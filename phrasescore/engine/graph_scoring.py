@@ -41,6 +41,7 @@ import torch
 from phrasescore.bundle import TrainedModel
 from phrasescore.engine.batching import FixedShapeBuckets
 from phrasescore.engine.scoring import EXACT, BlockScorer
+from phrasescore.model.output_layer import OUTPUT_KERNELS
 
 log = logging.getLogger(__name__)
 
@@ -173,8 +174,6 @@ def check_output_kernel(kernel: str, device: torch.device, scoring: str) -> None
     """Refuse an output kernel the engine cannot run: an unknown name, a fused library off
     CUDA (Triton kernels) or where it is not installed, or one with self-normalised scoring
     (which reads the reference word's logit alone)."""
-    from phrasescore.model.output_layer import OUTPUT_KERNELS
-
     if kernel not in OUTPUT_KERNELS:
         raise ValueError(f"unknown output kernel {kernel!r} (one of {', '.join(OUTPUT_KERNELS)})")
     if kernel == "torch":

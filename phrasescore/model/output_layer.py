@@ -35,9 +35,9 @@ CUDA_VOCAB_ALIGNMENT = 8
 """On CUDA the vocabulary projection runs over a vocabulary padded to a multiple of this many
 words. cuBLAS takes its fast kernels (sm80/sm90 tensor-core tiles) only where every matrix's
 leading dimension is a multiple of 16 bytes: [rows x V] logits with V not a multiple of 8 words
-(bf16) or 4 (fp32) fall back to kernels that read one element at a time (``..._align1``), which
-took half of a scoring batch's GPU time in a profile on an H200 (docs/benchmarks.md, "On an
-H200, 2026-11-28")."""
+(bf16) or 4 (fp32) fall back to kernels that read one element at a time (``..._align1``), the
+largest share of a scoring batch's GPU time where they ran (docs/benchmarks.md, "the engine and
+the trainer measured")."""
 
 
 def vocabulary_logits(layer: nn.Linear, features: Tensor, align: int | None = None) -> Tensor:
