@@ -31,6 +31,7 @@ from phrasescore.jobs.tuning.ab import (
 from phrasescore.jobs.tuning.ab_rerank import RerankStep
 from phrasescore.jobs.tuning.moses_tools import Programs
 from phrasescore.moses.ini import read_weights
+from phrasescore.moses.nbest import read_nbest
 
 SYSTEM = Path(__file__).parent / "data" / "moses-system"
 
@@ -294,3 +295,53 @@ def test_rerank_tune_new_with_kbmira_is_one_line_before_moses_is_looked_for(
     assert errors and "--rerank-tune new moves the models' weights with mert's -o" in errors[0], (
         result.output
     )
+
+
+def test_a_test_list_is_scored_once_for_every_choice_of_reranking_weights(
+    tmp_path, tiny_model_path
+):
+    """The test list scored by the models is kept (scored/, as the dev list), and each tuned
+    variant (every weight, then the models' alone) re-ranks it without scoring it again: the
+    second variant runs one nbest call, with --weights and no model; both 1-best outputs have
+    a line per sentence, each a hypothesis of that sentence."""
+    data = Path(__file__).parent / "data" / "nbest"
+    source = data / "multi30k.test2016.head5.tok.lc.en"
+    nbest = tmp_path / "t16.100best.nbest"
+    with gzip.open(data / "multi30k.test2016.ids0-4.100best.nbest.gz", "rt") as lines:
+        nbest.write_text(lines.read())
+    commands = []
+
+    def run(command, cwd, log_name):
+        Path(cwd).mkdir(parents=True, exist_ok=True)
+        commands.append(command)
+        subprocess.run(command, cwd=cwd, check=True, capture_output=True)
+
+    models = rerank_models([f"L2R={tiny_model_path}"])
+    first = next(iter(read_nbest(str(nbest))))
+    values: dict[str, int] = {}  # each feature's number of values
+    for field in first.features.split():
+        if field.endswith("="):
+            name = field
+            values[name] = 0
+        else:
+            values[name] += 1
+    weights = tmp_path / "weights.ini"
+    lines = [f"{name} {' '.join(['0.1'] * n)}\n" for name, n in values.items()]
+    weights.write_text("".join(lines) + "L2R= 0.5\n")
+    outputs = {}
+    for tune in ("all", "new"):
+        commands.clear()
+        step = RerankStep(models, "mert", 5, 1, str, run, tuned_weights=tune)
+        outputs[tune] = step.rerank(nbest, "t16", source, tmp_path, weights)
+        with_models = [c for c in commands if any(a.startswith("L2R=") for a in c)]
+        assert len(with_models) == (1 if tune == "all" else 0), commands
+        assert len(commands) == (2 if tune == "all" else 1)
+    assert outputs["all"] != outputs["new"]
+    assert len(list((tmp_path / "scored").iterdir())) == 1
+    hypotheses = {}
+    for entry in read_nbest(str(nbest)):
+        hypotheses.setdefault(entry.id, set()).add(entry.hypothesis)
+    for path in outputs.values():
+        best = path.read_text().splitlines()
+        assert len(best) == 5 and all(b in hypotheses[i] for i, b in enumerate(best))
+    assert outputs["all"].read_text() == outputs["new"].read_text()  # the same weights

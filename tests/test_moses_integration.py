@@ -238,11 +238,12 @@ def test_ab_rerank_with_an_inverse_model_and_kbmira_reuses_the_scored_lists(
     moses_system, tiny_model_path, tiny_inverse_model_path, tmp_path
 ):
     """Two sets of re-ranking models in one workdir, the second adding a target->source model
-    and tuned with kbmira: the lists scored by the first model are not scored again."""
+    and tuned with kbmira: the dev and test lists scored by the first model are not scored
+    again (the second adds its model to them)."""
     rerank_baseline(moses_system, tmp_path / "ab", [f"Sent0={tiny_model_path}"])
     scored = tmp_path / "ab" / "baseline" / "mert-1234" / "scored"
     first = {p.name: p.stat().st_mtime_ns for p in scored.iterdir()}
-    assert len(first) == 1  # dev scored by Sent0 (the test list is scored in the re-ranking)
+    assert len(first) == 2  # dev and test scored by Sent0 (the test list re-ranked from it)
     results = rerank_baseline(
         moses_system,
         tmp_path / "ab",
@@ -252,8 +253,8 @@ def test_ab_rerank_with_an_inverse_model_and_kbmira_reuses_the_scored_lists(
     )
     assert [r.system.name for r in results] == ["baseline", "baseline+rerank-kbmira"]
     now = {p.name: p.stat().st_mtime_ns for p in scored.iterdir()}
-    # + dev by both (Inv added to dev by Sent0; a test list is scored and re-ranked in one call)
-    assert {k: now[k] for k in first} == first and len(now) == 2
+    # + dev and test by both (Inv added to the lists scored by Sent0)
+    assert {k: now[k] for k in first} == first and len(now) == 4
     (run,) = results[1].runs
     assert list(results[1].new_weights) == ["Sent0[0]", "Inv[0]"]
     assert abs(sum(abs(w) for ws in run.weights.values() for w in ws) - 1.0) < 1e-4
@@ -273,8 +274,9 @@ def test_ab_rerank_with_an_ensemble_feature_scores_the_lists_with_both_models(
     models = f"{tiny_model_path},{tiny_second_seed_model_path}"
     results = rerank_baseline(moses_system, tmp_path / "ab", [f"Ens={models}"])
     assert list(results[1].new_weights) == ["Ens[0]"]
-    (scored,) = (tmp_path / "ab" / "baseline" / "mert-1234" / "scored").iterdir()
-    entries = list(read_nbest(str(scored)))
+    lists = sorted((tmp_path / "ab" / "baseline" / "mert-1234" / "scored").iterdir())
+    assert [p.name.split(".")[0] for p in lists] == ["dev", "test20"]
+    entries = list(read_nbest(str(lists[0])))
     sources = (SYSTEM / "dev50.en").read_text(encoding="utf-8").splitlines()
     scorer = EnsembleScorer(
         [PairScorer(load_model(p)) for p in (tiny_model_path, tiny_second_seed_model_path)]

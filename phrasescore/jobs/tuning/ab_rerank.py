@@ -92,10 +92,10 @@ class RerankStep:
     """Step 4 of ``ab`` for one tuned run: score its n-best lists with every model, tune the
     weights on the dev lists (extractor, then mert or kbmira), re-rank the test lists.
 
-    Layout in the run's folder: ``scored/`` (the dev lists scored by all the models in one
-    ``nbest`` call, under a digest of them: another set of models that starts with the same k
-    models scores only the rest, from the list of those k) and :attr:`label` (this set of
-    models: the extractor's files, the tuned weights, the re-ranked test outputs)."""
+    Layout in the run's folder: ``scored/`` (the dev and test lists scored by all the models
+    in one ``nbest`` call, under a digest of them: another set of models that starts with the
+    same k models scores only the rest, from the list of those k) and :attr:`label` (this set
+    of models: the extractor's files, the tuned weights, the re-ranked test outputs)."""
 
     models: tuple[FeatureModel, ...]
     tuner: str
@@ -164,28 +164,35 @@ class RerankStep:
     ) -> Path:
         """``nbest`` (of the source sentences ``source`` of the set ``set_name``) with every
         model's feature added by one ``phrasescore nbest`` call, started from the list scored
-        by the longest run of first models already (``scored/``, :meth:`scored_list`); with
-        ``weights``, the re-ranked 1-best texts of that call instead (the whole scored list is
-        then not kept)."""
+        by the longest run of first models already (``scored/``, :meth:`scored_list`, where
+        it is kept); with ``weights``, then the re-ranked 1-best texts of that scored list (a
+        second ``nbest`` call with ``--weights`` and no model: the features are in the list),
+        so that another choice of weights on the same lists (``--rerank-tune new`` after
+        ``all``) re-ranks without scoring again."""
         work = run_dir / self.label
-        if weights is not None:
-            target = work / f"{set_name}.{self.name}.out"
-        else:
-            target = self.scored_list(run_dir, set_name, len(self.models))
-            target.parent.mkdir(exist_ok=True)
+        scored = self.scored_list(run_dir, set_name, len(self.models))
+        target = scored if weights is None else work / f"{set_name}.{self.name}.out"
         if target.exists():
             return target
-        done = max(
-            k for k in range(len(self.models) + 1) if k == 0 or self._scored(run_dir, set_name, k)
-        )
-        current = nbest if done == 0 else self.scored_list(run_dir, set_name, done)
-        command = [sys.executable, "-m", "phrasescore", "nbest", str(current)]
-        command += ["--source", str(source)]
-        for name, paths, inverse in self.models[done:]:
-            command += ["--inverse-model" if inverse else "-m", f"{name}={','.join(paths)}"]
-        command += ["-o", str(target), "--no-progress", "--threads", str(self.threads)]
-        if weights is not None:
-            command += ["--weights", str(weights), "--one-best"]
+        if not scored.exists():
+            scored.parent.mkdir(exist_ok=True)
+            done = max(
+                k
+                for k in range(len(self.models) + 1)
+                if k == 0 or self._scored(run_dir, set_name, k)
+            )
+            current = nbest if done == 0 else self.scored_list(run_dir, set_name, done)
+            command = [sys.executable, "-m", "phrasescore", "nbest", str(current)]
+            command += ["--source", str(source)]
+            for name, paths, inverse in self.models[done:]:
+                command += ["--inverse-model" if inverse else "-m", f"{name}={','.join(paths)}"]
+            command += ["-o", str(scored), "--no-progress", "--threads", str(self.threads)]
+            self.run(command, work, f"{scored.name}.log")
+        if weights is None:
+            return scored
+        command = [sys.executable, "-m", "phrasescore", "nbest", str(scored)]
+        command += ["--source", str(source), "--weights", str(weights), "--one-best"]
+        command += ["-o", str(target), "--no-progress"]
         self.run(command, work, f"{target.name}.log")
         return target
 
