@@ -18,6 +18,7 @@ import torch
 
 from phrasescore.bundle import load_model
 from phrasescore.engine.scoring import CpuScorer
+from phrasescore.model.output_layer import OUTPUT_KERNEL_PACKAGES
 from phrasescore.moses.nbest import iter_nbest_groups, read_nbest
 from phrasescore.moses.phrase_table import format_entry, read_phrase_table
 from phrasescore.training.trainer import Trainer
@@ -276,7 +277,7 @@ def test_fused_linear_cross_entropy_libraries_equal_the_chunked_torch_output_lay
 
     if DEVICE != "cuda":
         pytest.skip("Triton kernels: CUDA only")
-    pytest.importorskip({"liger": "liger_kernel", "cce": "cut_cross_entropy"}[kernel])
+    pytest.importorskip(OUTPUT_KERNEL_PACKAGES[kernel])
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(0)
     vocab, width = 11_000, 500
@@ -328,7 +329,7 @@ def test_the_gpu_engine_with_a_fused_output_library_scores_as_with_torch(kernel,
 
     if DEVICE != "cuda":
         pytest.skip("Triton kernels: CUDA only")
-    pytest.importorskip({"liger": "liger_kernel", "cce": "cut_cross_entropy"}[kernel])
+    pytest.importorskip(OUTPUT_KERNEL_PACKAGES[kernel])
     torch.backends.cuda.matmul.allow_tf32 = False
     src, tgt = table_pairs()
     torch_engine = CudaGraphScorer(table_model("cho", "written"), device=DEVICE, graphs=graphs)

@@ -381,6 +381,7 @@ def test_an_output_kernel_the_engine_cannot_run_is_refused():
     exact scoring and its package installed; an unknown name never."""
     from phrasescore.engine.graph_scoring import check_output_kernel
     from phrasescore.engine.scoring import EXACT, SELF_NORMALIZED
+    from phrasescore.model.output_layer import OUTPUT_KERNEL_PACKAGES
 
     model = table_model("cho", "written")
     src, tgt = table_pairs(20)
@@ -394,7 +395,7 @@ def test_an_output_kernel_the_engine_cannot_run_is_refused():
     cuda = torch.device("cuda")  # a device object: nothing here touches a GPU
     with pytest.raises(ValueError, match="exact log-probabilities only"):
         check_output_kernel("liger", cuda, SELF_NORMALIZED)
-    for kernel, module in (("liger", "liger_kernel"), ("cce", "cut_cross_entropy")):
+    for kernel, module in OUTPUT_KERNEL_PACKAGES.items():
         if importlib.util.find_spec(module) is None:
             with pytest.raises(ValueError, match=f"needs the package {module}"):
                 check_output_kernel(kernel, cuda, EXACT)

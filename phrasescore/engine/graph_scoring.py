@@ -41,7 +41,7 @@ import torch
 from phrasescore.bundle import TrainedModel
 from phrasescore.engine.batching import FixedShapeBuckets
 from phrasescore.engine.scoring import EXACT, BlockScorer
-from phrasescore.model.output_layer import OUTPUT_KERNELS
+from phrasescore.model.output_layer import OUTPUT_KERNEL_PACKAGES, OUTPUT_KERNELS
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +182,7 @@ def check_output_kernel(kernel: str, device: torch.device, scoring: str) -> None
         raise ValueError(f"the output kernel {kernel!r} runs on CUDA only (Triton kernels)")
     if scoring != EXACT:
         raise ValueError(f"the output kernel {kernel!r} computes exact log-probabilities only")
-    module = {"liger": "liger_kernel", "cce": "cut_cross_entropy"}[kernel]
+    module = OUTPUT_KERNEL_PACKAGES[kernel]
     if importlib.util.find_spec(module) is None:
         raise ValueError(f"the output kernel {kernel!r} needs the package {module}")
 

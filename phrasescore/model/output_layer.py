@@ -300,6 +300,9 @@ row chunks, everywhere) and, on CUDA where the package is importable, liger-kern
 cross-entropy or Apple's cut-cross-entropy (Triton kernels: the product, the log-sum-exp and the
 gather without the [rows x vocabulary] logits in memory). tools/gpu-score measures each."""
 
+OUTPUT_KERNEL_PACKAGES = {"liger": "liger_kernel", "cce": "cut_cross_entropy"}
+"""The Python package each library kernel of :data:`OUTPUT_KERNELS` imports."""
+
 
 def library_gold_logprobs(kernel: str, features: Tensor, layer: nn.Linear, gold: Tensor) -> Tensor:
     """log p(gold[i] | features[i]) = -CE(layer(features_i), gold_i) in float32 from a fused
