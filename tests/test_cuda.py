@@ -243,7 +243,8 @@ def test_graphs_capture_again_after_their_input_buffers_grow():
     (twice as large, the graphs captured into it dropped) and the shapes are captured again
     into the same memory pool. Every capture succeeds (no fallback to uncaptured scoring) and
     the scores stay the CPU's."""
-    from phrasescore.engine.graph_scoring import CapturedShapes, CudaGraphScorer
+    from phrasescore.cuda_graphs import CapturedShapes
+    from phrasescore.engine.graph_scoring import CudaGraphScorer
 
     from .test_device_engine import table_model, table_pairs
 

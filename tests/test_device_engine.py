@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from phrasescore.bundle import TrainedModel, load_model
+from phrasescore.cuda_graphs import CapturedShapes
 from phrasescore.engine.batching import MIN_ROWS, FixedShapeBuckets, IdPairs, fixed_rows
-from phrasescore.engine.graph_scoring import CapturedShapes, CudaGraphScorer
+from phrasescore.engine.graph_scoring import CudaGraphScorer
 from phrasescore.engine.protocol import ENGINES, IdScorer
 from phrasescore.engine.scoring import CpuScorer
 from phrasescore.model.base import select_rows
