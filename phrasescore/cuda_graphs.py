@@ -37,13 +37,19 @@ class CapturedShapes:
     pool's memory. Where the anchor cannot be captured, the pool is retired with the graphs
     and a fresh one taken for the next capture.
 
+    Each capture runs the work once first, uncaptured (a warm-up: lazy set-up, compiled
+    kernels); with ``keep_rng`` the CUDA generator is put back after it, so that work drawing
+    random numbers (dropout) draws in the replays what it would have drawn eagerly.
+
     Elsewhere (not CUDA, or ``enabled`` False) the function is called directly. If a capture
     fails, capture is switched off with a warning, the error is kept in :attr:`failure` (what
     ``tools/gpu-score`` reports as a failure, never as a graphs figure) and the work runs
     uncaptured from then on."""
 
-    def __init__(self, device: torch.device, enabled: bool = True):
+    def __init__(self, device: torch.device, enabled: bool = True, keep_rng: bool = False):
+        self.device = device
         self.enabled = enabled and device.type == "cuda"
+        self.keep_rng = keep_rng
         self.graphs: dict[tuple, tuple] = {}
         self.arenas: dict[tuple, torch.Tensor] = {}
         self.pool = None
@@ -122,11 +128,14 @@ class CapturedShapes:
 
     def _capture(self, fn, static_in: Tensors):
         """(the graph of ``fn`` over ``static_in``, its outputs' buffers)."""
+        rng = torch.cuda.get_rng_state(self.device) if self.keep_rng else None
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up outside the capture: lazy set-up, compiled kernels
             fn(*static_in)
         torch.cuda.current_stream().wait_stream(side)
+        if rng is not None:
+            torch.cuda.set_rng_state(rng, self.device)
         if self.pool is None:
             self.pool = self._new_pool()
         graph = torch.cuda.CUDAGraph()

@@ -153,6 +153,14 @@ from phrasescore.cli.options import (
     "default).",
 )
 @click.option(
+    "--graphs",
+    is_flag=True,
+    default=None,
+    help="Capture each batch shape's forward and backward in a CUDA graph and replay it: one "
+    "launch a step instead of thousands of small kernels (--device cuda, with --bucket; off by "
+    "default). The same loss and gradients up to float rounding; docs/commands.md.",
+)
+@click.option(
     "--bucket",
     type=click.IntRange(min=0),
     metavar="N",

@@ -57,13 +57,16 @@ from phrasescore.model.output_layer import (
 EncoderOutput = dict[str, Tensor]
 
 
-def bf16_autocast(device: torch.device, enabled: bool):
+def bf16_autocast(device: torch.device, enabled: bool, cache: bool = True):
     """bf16 autocast on ``device`` where ``enabled``; otherwise nothing: the caller's precision
     stays, including a whole-network autocast around it (an autocast block entered with
-    ``enabled=False`` would switch that off, and bf16 activations would meet fp32 weights)."""
+    ``enabled=False`` would switch that off, and bf16 activations would meet fp32 weights).
+    ``cache`` False: no bf16 copies of the weights kept across the block's operations, as
+    inside a CUDA graph capture (PyTorch's CUDA graphs documentation: autocast's cache would
+    hold copies made during the capture)."""
     if not enabled:
         return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16)
+    return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=cache)
 
 
 class LossTerms(NamedTuple):
@@ -171,7 +174,11 @@ class EncoderDecoder(nn.Module):
         """The objective, the NLL alone and (``log_z`` or α > 0) Σ_t |log Z_t|, summed over the
         real target tokens: ``tgt_mask`` True at them, or their flat positions (row-major, made
         on the host: :meth:`~phrasescore.text.corpus.Batch.with_positions`), which select the
-        same rows in the same order without the host waiting for a mask on a GPU.
+        same rows in the same order without the host waiting for a mask on a GPU, or a float
+        weight per position (1 at them, 0 at padding), with which every position of the batch
+        enters the output layer and the padded ones count for nothing: shapes that do not
+        depend on the batch's values, as a captured CUDA graph needs
+        (:mod:`phrasescore.training.captured_step`).
 
         NLL: -Σ_t log p(y_t | y_<t, x) (Cho et al. 2014, eq. 3, summed). Self-normalisation
         (Devlin et al. 2014, §2.1): objective = NLL + α Σ_t (log Z_t)², log Z_t = logsumexp of
@@ -183,18 +190,25 @@ class EncoderDecoder(nn.Module):
         """
         enc = self.encode(src, src_lengths)
         features = self.decode_features(enc, tgt_in)
-        flat = real_positions(features, tgt_mask)
-        gold = real_positions(tgt_out, tgt_mask)
+        weights = tgt_mask.reshape(-1) if tgt_mask.is_floating_point() else None
+        if weights is None:
+            flat = real_positions(features, tgt_mask)
+            gold = real_positions(tgt_out, tgt_mask)
+        else:
+            flat = features.reshape(-1, features.shape[-1])
+            gold = tgt_out.reshape(-1)
         if self.chunked_output:
             with bf16_autocast(flat.device, bf16_output):
-                nll, lz = chunked_output_nll(flat, self.out_vocab, gold)
+                nll, lz = chunked_output_nll(flat, self.out_vocab, gold, weights=weights)
         else:
             with bf16_autocast(flat.device, bf16_output):
                 logits = self.logits(flat)
-            nll, lz = token_nll(logits, gold)
+            nll, lz = token_nll(logits, gold, weights)
         alpha = float(self.config.self_normalize)
         if not (alpha or log_z):
             return LossTerms(nll, nll.detach(), None)
+        if weights is not None:  # padded positions' log Z neither penalised nor reported
+            lz = lz * weights
         objective = nll + alpha * lz.square().sum() if alpha else nll
         return LossTerms(objective, nll.detach(), lz.detach().abs().sum())
 

@@ -149,6 +149,9 @@ class TrainConfig:
     # train --chunked-output: the vocabulary projection and the loss fused over row chunks, no
     # [tokens x vocabulary] logits kept (one more product in the backward; off by default)
     chunked_output: bool = False
+    # train --graphs: each batch shape's forward and backward captured in a CUDA graph and
+    # replayed (training/captured_step.py; CUDA, with --bucket; off by default)
+    graphs: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

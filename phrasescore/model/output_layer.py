@@ -64,10 +64,12 @@ def vocabulary_logits(layer: nn.Linear, features: Tensor, align: int | None = No
 class _TokenNLL(torch.autograd.Function):
     """Summed NLL and log Z of logit rows, with the softmax gradient written in one buffer.
 
-    Forward: log Z_i = logsumexp_v u_iv, NLL = Σ_i (log Z_i - u_{i,gold_i}). Backward, for the
-    incoming gradients g (of the NLL, a scalar) and g_i (of log Z_i, for self-normalisation)::
+    Forward: log Z_i = logsumexp_v u_iv, NLL = Σ_i w_i (log Z_i - u_{i,gold_i}), the row weights
+    w_i 1 unless given (0 at a padded position: every row of a fixed-shape batch enters, the
+    padded ones with no weight). Backward, for the incoming gradients g (of the NLL, a scalar)
+    and g_i (of log Z_i, for self-normalisation)::
 
-        ∂/∂u_iv = softmax(u_i)_v (g + g_i) - g [v = gold_i]
+        ∂/∂u_iv = softmax(u_i)_v (g w_i + g_i) - g w_i [v = gold_i]
 
     as exp(u - log Z) scaled, in float32 and written in the logits' dtype (bf16 logits of
     autocast get a bf16 gradient, so the output layer's backward products stay in bf16), the
@@ -79,32 +81,52 @@ class _TokenNLL(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, logits: Tensor, gold: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(ctx, logits: Tensor, gold: Tensor, weights: Tensor | None) -> tuple[Tensor, Tensor]:
         log_z = log_z_rows(logits)
-        nll = log_z.sum() - _widened(logits.gather(1, gold[:, None])).sum()
-        ctx.save_for_backward(logits, log_z, gold)
+        nll = weighted_nll(log_z, _widened(logits.gather(1, gold[:, None])).squeeze(1), weights)
+        ctx.save_for_backward(logits, log_z, gold, weights)
         return nll, log_z
 
     @staticmethod
-    def backward(ctx, grad_nll: Tensor, grad_log_z: Tensor) -> tuple[Tensor, None]:
-        logits, log_z, gold = ctx.saved_tensors
-        scale = grad_nll.expand(log_z.shape) if grad_log_z is None else grad_nll + grad_log_z
-        grad = _run_kernel(_scaled_softmax, logits.shape[1], logits, log_z, scale.contiguous())
-        # the gold entries again in float32, minus g, written once by indexing (one word per
-        # row; scatter_ and scatter_add_ of bf16 copy the whole gradient on the CPU:
+    def backward(ctx, grad_nll: Tensor, grad_log_z: Tensor) -> tuple[Tensor, None, None]:
+        logits, log_z, gold, weights = ctx.saved_tensors
+        grad_gold, scale = row_scales(grad_nll, grad_log_z, weights, log_z.shape)
+        grad = _run_kernel(_scaled_softmax, logits.shape[1], logits, log_z, scale)
+        # the gold entries again in float32, minus g w_i, written once by indexing (one word
+        # per row; scatter_ and scatter_add_ of bf16 copy the whole gradient on the CPU:
         # docs/benchmarks.md, "bf16 output layer on the CPU")
         rows = torch.arange(gold.shape[0], device=gold.device)
-        at_gold = torch.exp(_widened(logits[rows, gold]) - log_z) * scale - grad_nll
+        at_gold = torch.exp(_widened(logits[rows, gold]) - log_z) * scale - grad_gold
         grad[rows, gold] = at_gold.to(grad.dtype)
-        return grad, None
+        return grad, None, None
 
 
-def token_nll(logits: Tensor, gold: Tensor) -> tuple[Tensor, Tensor]:
-    """(Σ_i -log softmax(logits_i)[gold_i], log Z [N], both float32) for logit rows [N, V]
-    (float32, or bf16 under autocast): the training loss of every architecture (Cho et al.
-    2014, eq. 3), with a gradient that costs about half of ``cross_entropy``'s
-    (:class:`_TokenNLL`)."""
-    return _TokenNLL.apply(logits, gold)
+def weighted_nll(log_z: Tensor, gold_logit: Tensor, weights: Tensor | None) -> Tensor:
+    """Σ_i w_i (log Z_i - u_{i,gold_i}), w_i = 1 without ``weights``."""
+    if weights is None:
+        return log_z.sum() - gold_logit.sum()
+    return ((log_z - gold_logit) * weights).sum()
+
+
+def row_scales(
+    grad_nll: Tensor, grad_log_z: Tensor | None, weights: Tensor | None, shape
+) -> tuple[Tensor, Tensor]:
+    """(g w_i, g w_i + g_i) per row: the gold word's share and the softmax's scale of a row's
+    logit gradient, for the NLL's gradient g, log Z's g_i (None: 0) and the row weights w_i
+    (None: 1)."""
+    grad_gold = grad_nll.expand(shape) if weights is None else grad_nll * weights
+    scale = grad_gold if grad_log_z is None else grad_gold + grad_log_z
+    return grad_gold, scale.contiguous()
+
+
+def token_nll(logits: Tensor, gold: Tensor, weights: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(Σ_i w_i (-log softmax(logits_i)[gold_i]), log Z [N], both float32) for logit rows
+    [N, V] (float32, or bf16 under autocast) and row weights ``weights`` [N] (None: 1): the
+    training loss of every architecture (Cho et al. 2014, eq. 3), with a gradient that costs
+    about half of ``cross_entropy``'s (:class:`_TokenNLL`). With weights 0 at padded positions
+    every row of a fixed-shape batch enters and the padded ones count for nothing (the captured
+    training step: :mod:`phrasescore.training.captured_step`)."""
+    return _TokenNLL.apply(logits, gold, weights)
 
 
 LOGIT_CHUNK_ELEMENTS = 1 << 21
@@ -379,7 +401,7 @@ class _ChunkedOutputNLL(torch.autograd.Function):
     log-sum-exp and the gradients' sums in float32."""
 
     @staticmethod
-    def forward(ctx, features, weight, bias, gold, chunk_rows: int):
+    def forward(ctx, features, weight, bias, gold, chunk_rows: int, weights=None):
         n = features.shape[0]
         log_z = torch.empty(n, dtype=torch.float32, device=features.device)
         gold_logit = torch.empty(n, dtype=torch.float32, device=features.device)
@@ -390,15 +412,17 @@ class _ChunkedOutputNLL(torch.autograd.Function):
             dtype = logits.dtype
             log_z[begin:end] = log_z_rows(logits)
             gold_logit[begin:end] = _widened(logits.gather(1, gold[begin:end, None])).squeeze(1)
-        ctx.save_for_backward(features, weight, bias, gold, log_z)
+        ctx.save_for_backward(features, weight, bias, gold, log_z, weights)
         ctx.chunk_rows, ctx.dtype = chunk_rows, dtype or features.dtype
-        return (log_z - gold_logit).sum(), log_z
+        if weights is None:
+            return (log_z - gold_logit).sum(), log_z
+        return weighted_nll(log_z, gold_logit, weights), log_z
 
     @staticmethod
     def backward(ctx, grad_nll, grad_log_z):
-        features, weight, bias, gold, log_z = ctx.saved_tensors
+        features, weight, bias, gold, log_z, weights = ctx.saved_tensors
         dtype, chunk_rows = ctx.dtype, ctx.chunk_rows
-        scale_all = grad_nll.expand(log_z.shape) if grad_log_z is None else grad_nll + grad_log_z
+        gold_all, scale_all = row_scales(grad_nll, grad_log_z, weights, log_z.shape)
         w = weight.to(dtype)
         grad_f = torch.empty_like(features)
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
@@ -412,7 +436,10 @@ class _ChunkedOutputNLL(torch.autograd.Function):
             grad = _run_kernel(_scaled_softmax, logits.shape[1], logits, log_z[begin:end], scale)
             rows = torch.arange(end - begin, device=gold.device)
             g = gold[begin:end]
-            at_gold = torch.exp(_widened(logits[rows, g]) - log_z[begin:end]) * scale - grad_nll
+            at_gold = (
+                torch.exp(_widened(logits[rows, g]) - log_z[begin:end]) * scale
+                - gold_all[begin:end]
+            )
             grad[rows, g] = at_gold.to(grad.dtype)
             grad_f[begin:end] = (grad @ w).to(grad_f.dtype)
             grad_w += (grad.t() @ f).float()
@@ -424,15 +451,21 @@ class _ChunkedOutputNLL(torch.autograd.Function):
             None if grad_b is None else grad_b.to(bias.dtype),
             None,
             None,
+            None,
         )
 
 
 def chunked_output_nll(
-    features: Tensor, layer: nn.Linear, gold: Tensor, chunk_rows: int | None = None
+    features: Tensor,
+    layer: nn.Linear,
+    gold: Tensor,
+    chunk_rows: int | None = None,
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """:func:`token_nll` of ``layer(features)`` without the [N x V] logits in memory: the
-    vocabulary projection and the loss fused over row chunks (:class:`_ChunkedOutputNLL`;
-    ``train --chunked-output``). Default chunk: :data:`LOGIT_CHUNK_ELEMENTS` logits."""
+    """:func:`token_nll` of ``layer(features)`` (row weights ``weights`` as there) without the
+    [N x V] logits in memory: the vocabulary projection and the loss fused over row chunks
+    (:class:`_ChunkedOutputNLL`; ``train --chunked-output``). Default chunk:
+    :data:`LOGIT_CHUNK_ELEMENTS` logits."""
     vocab = layer.out_features
     chunk = chunk_rows or max(16, LOGIT_CHUNK_ELEMENTS // vocab)
-    return _ChunkedOutputNLL.apply(features, layer.weight, layer.bias, gold, chunk)
+    return _ChunkedOutputNLL.apply(features, layer.weight, layer.bias, gold, chunk, weights)

@@ -498,16 +498,25 @@ class Batch:
     def __len__(self) -> int:
         return int(self.src.shape[0])
 
-    def to(self, device: torch.device | str) -> Batch:
-        """The same batch on ``device``."""
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        """The same batch on ``device`` (``non_blocking``: asynchronous copies from pinned
+        memory, :meth:`pin_memory`)."""
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> Batch:
+        """The same batch in page-locked host memory, from which copies to a GPU run while the
+        host goes on."""
+        return self._map(lambda t: t.pin_memory())
+
+    def _map(self, fn) -> Batch:
         return Batch(
-            src=self.src.to(device),
-            src_lengths=self.src_lengths.to(device),
-            tgt_in=self.tgt_in.to(device),
-            tgt_out=self.tgt_out.to(device),
-            tgt_lengths=self.tgt_lengths.to(device),
+            src=fn(self.src),
+            src_lengths=fn(self.src_lengths),
+            tgt_in=fn(self.tgt_in),
+            tgt_out=fn(self.tgt_out),
+            tgt_lengths=fn(self.tgt_lengths),
             n_tgt_tokens=self.n_tgt_tokens,
-            tgt_positions=None if self.tgt_positions is None else self.tgt_positions.to(device),
+            tgt_positions=None if self.tgt_positions is None else fn(self.tgt_positions),
         )
 
 

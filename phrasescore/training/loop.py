@@ -201,20 +201,12 @@ class TrainingLoop:
             batch = bucketed(batch, self.tcfg.bucket)
         if self.device.type != "cuda":
             return batch.to(self.device)
-        # the loss's real target positions made here, on the host: selected by them, the
-        # step does not wait for a mask (Batch.tgt_positions)
-        batch = batch.with_positions()
-        pinned = Batch(
-            *(t.pin_memory() for t in (batch.src, batch.src_lengths, batch.tgt_in,
-                                       batch.tgt_out, batch.tgt_lengths)),
-            n_tgt_tokens=batch.n_tgt_tokens, tgt_positions=batch.tgt_positions.pin_memory(),
-        )  # fmt: skip
-        return Batch(
-            *(t.to(self.device, non_blocking=non_blocking) for t in (pinned.src,
-              pinned.src_lengths, pinned.tgt_in, pinned.tgt_out, pinned.tgt_lengths)),
-            n_tgt_tokens=batch.n_tgt_tokens,
-            tgt_positions=pinned.tgt_positions.to(self.device, non_blocking=non_blocking),
-        )  # fmt: skip
+        if run.captured_step is None:
+            # the loss's real target positions made here, on the host: selected by them, the
+            # step does not wait for a mask (Batch.tgt_positions); a captured step weighs
+            # every position instead
+            batch = batch.with_positions()
+        return batch.pin_memory().to(self.device, non_blocking=non_blocking)
 
     def _prefetch(self, run: RunState, upcoming) -> None:
         """On a GPU, the next step's batch made and copied to the device (pinned memory, an
@@ -225,27 +217,13 @@ class TrainingLoop:
     def _step(self, run: RunState, idx, weight: float, bar, upcoming=None) -> None:
         """One update on the batch of pair indices ``idx`` (``weight`` 0: see _rank_batch);
         ``upcoming``: the next step's indices, prefetched on a GPU."""
-        tcfg, position = self.tcfg, run.position
+        position = run.position
         batch = self._batch(run, idx)
-        mask = batch.tgt_out != 0 if batch.tgt_positions is None else batch.tgt_positions
-        terms = batch_loss(run.loss, batch, mask, self.device, self.amp)
-        objective, nll = terms.objective, terms.nll  # nll: for the perplexity (no penalty)
         n_tok = int(batch.n_tgt_tokens)
-        run.optimizer.zero_grad(set_to_none=True)
-        # mean over target tokens, or over pairs (Sutskever et al. divide the summed gradient by
-        # the batch's 128 sentences); the self-normalisation penalty is averaged the same way
-        denominator = len(idx) if tcfg.loss_per_sentence else n_tok
-        if self.launch is None:
-            (objective / denominator).backward()
+        if run.captured_step is not None:  # forward, backward and clipping in one graph
+            nll = run.captured_step(batch)
         else:
-            # DDP averages the W ranks' gradients: scaled by W / (global denominator), the
-            # average is the gradient of the summed objective over the global batch
-            total = distributed.all_sum(denominator if weight else 0)
-            (objective * (weight * self.world / total)).backward()
-            if not weight:
-                nll, n_tok = nll * 0.0, 0
-        if tcfg.clip_norm:
-            clip_gradients(run.params, tcfg.clip_norm)
+            nll, n_tok = self._gradients(run, batch, len(idx), n_tok, weight)
         run.optimizer.step()
         self._prefetch(run, upcoming)
         position.batch += 1
@@ -264,6 +242,31 @@ class TrainingLoop:
             )
             run.tick, run.tokens_since = now, 0
         bar.update(1)
+
+    def _gradients(self, run: RunState, batch: Batch, pairs: int, n_tok: int, weight: float):
+        """The clipped gradients of ``batch`` (``pairs`` pairs, ``n_tok`` target tokens) in
+        the parameters' ``.grad``, eagerly; returns (its summed NLL, its target tokens), both
+        0 for a rank's repeat of weight 0."""
+        tcfg = self.tcfg
+        mask = batch.tgt_out != 0 if batch.tgt_positions is None else batch.tgt_positions
+        terms = batch_loss(run.loss, batch, mask, self.device, self.amp)
+        objective, nll = terms.objective, terms.nll  # nll: for the perplexity (no penalty)
+        run.optimizer.zero_grad(set_to_none=True)
+        # mean over target tokens, or over pairs (Sutskever et al. divide the summed gradient by
+        # the batch's 128 sentences); the self-normalisation penalty is averaged the same way
+        denominator = pairs if tcfg.loss_per_sentence else n_tok
+        if self.launch is None:
+            (objective / denominator).backward()
+        else:
+            # DDP averages the W ranks' gradients: scaled by W / (global denominator), the
+            # average is the gradient of the summed objective over the global batch
+            total = distributed.all_sum(denominator if weight else 0)
+            (objective * (weight * self.world / total)).backward()
+            if not weight:
+                nll, n_tok = nll * 0.0, 0
+        if tcfg.clip_norm:
+            clip_gradients(run.params, tcfg.clip_norm)
+        return nll, n_tok
 
     def _after_step(self, run: RunState) -> str | None:
         """Validate and checkpoint when due; why the run stops now, or None to go on."""

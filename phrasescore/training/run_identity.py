@@ -23,9 +23,9 @@ from phrasescore.files.inputs import content_digest
 
 log = logging.getLogger(__name__)
 
-BUDGETS = ("epochs", "max_steps", "max_minutes", "patience", "compile", "chunked_output")
-"""TrainConfig fields a resumed run may change: the budgets, ``--compile`` and
-``--chunked-output`` (the same equations; values differ by float rounding only)."""
+BUDGETS = ("epochs", "max_steps", "max_minutes", "patience", "compile", "chunked_output", "graphs")
+"""TrainConfig fields a resumed run may change: the budgets, ``--compile``, ``--chunked-output``
+and ``--graphs`` (the same equations; values differ by float rounding only)."""
 
 TRAIN_FLAGS = {
     "optimizer": "--optimizer",

@@ -97,6 +97,9 @@ class RunState:
     tokens_since: int = 0
     current_lr: float | None = None
     signature: str = ""
+    captured_step: Any = None
+    """The step's forward and backward in CUDA graphs (``--graphs``, a
+    :class:`~phrasescore.training.captured_step.CapturedTrainingStep`), or None: eager."""
     prefetched: tuple | None = None
     """(indices, batch on the device) of the next step, made ahead (:meth:`~phrasescore.training.loop.TrainingLoop._prefetch`)."""
 

@@ -62,6 +62,7 @@ from phrasescore.progress import progress_bar
 from phrasescore.runners import distributed
 from phrasescore.text.corpus import TokenBudgetBatcher
 from phrasescore.training import checkpoint_file
+from phrasescore.training.captured_step import CapturedTrainingStep
 from phrasescore.training.data import TrainingData, prepare_data, unigram_perplexity
 from phrasescore.training.loop import TrainingLoop, make_optimizer
 from phrasescore.training.run_identity import BUDGETS, identity_difference, make_run_identity
@@ -382,6 +383,12 @@ class Trainer(TrainingLoop, Validating):
             train, tcfg.batch_tokens, shuffle=True, seed=tcfg.seed, max_pairs=tcfg.batch_pairs
         )
         network.train()
+        captured_step = None
+        if tcfg.graphs and self.launch is None:
+            captured_step = CapturedTrainingStep(
+                network, self.device, self.amp, tcfg.clip_norm, tcfg.loss_per_sentence
+            )
+            log.info("--graphs: each batch shape's forward and backward captured in a CUDA graph")
         loss = network.loss_terms
         if self.launch is not None:
             loss = distributed.data_parallel_loss(network, self.device)
@@ -406,6 +413,7 @@ class Trainer(TrainingLoop, Validating):
             vocab_states=[src_vocab.to_state(), tgt_vocab.to_state()],
             unigram=unigram,
             position=position,
+            captured_step=captured_step,
             started=time.monotonic() - position.elapsed,
             tick=time.monotonic(),
         )

@@ -70,6 +70,7 @@ def run_training(
         mcfg, tcfg = _configure(
             preset, arch, overrides, model_overrides, resume, bool(phrase_table)
         )
+        _check_graphs(tcfg, mcfg, dev, launch)
         data = TrainingData(
             src_path=source,
             tgt_path=target,
@@ -153,6 +154,32 @@ def _check_recurrence(recurrence: str, preset: str, arch: str) -> None:
             "--recurrence fused is refused with --preset paper: the paper presets keep Cho et "
             "al.'s GRU (eq. 8, the reset gate before the recurrent product; cuDNN's acts after it)"
         )
+
+
+def _check_graphs(tcfg, mcfg, dev, launch) -> None:
+    """``--graphs`` captures CUDA graphs of batch shapes that repeat: on CUDA, with ``--bucket``,
+    in one process, not with ``--compile`` (two ways of cutting the same launches), and of the
+    written recurrences: cuDNN's packed sequences (``--recurrence fused``, the LSTM) need their
+    lengths on the host, which a graph cannot read."""
+    if not tcfg.graphs:
+        return
+    if mcfg.arch == "lstm" or mcfg.recurrence == "fused":
+        what = "--arch lstm" if mcfg.arch == "lstm" else "--recurrence fused"
+        raise InputError(
+            f"--graphs captures the written recurrences: {what} packs its rows for cuDNN, "
+            "which reads their lengths on the host (train it without --graphs)"
+        )
+    if dev.type != "cuda":
+        raise InputError(f"--graphs captures CUDA graphs: it needs --device cuda, not {dev.type}")
+    if not tcfg.bucket:
+        raise InputError(
+            "--graphs needs --bucket N: batches padded to shapes that repeat, each captured once "
+            "(e.g. --bucket 8)"
+        )
+    if launch is not None:
+        raise InputError("--graphs is for one process: train without torchrun, or without --graphs")
+    if tcfg.compile:
+        raise InputError("--graphs and --compile: give one of them")
 
 
 def _configure(
