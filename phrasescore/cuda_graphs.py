@@ -1,6 +1,7 @@
 """CUDA graphs by shape: the work of a few fixed shapes, each captured once in a CUDA graph and
 replayed, with bounded memory (:class:`CapturedShapes`). The GPU scoring engine
-(:mod:`phrasescore.engine.graph_scoring`) runs its batches through it.
+(:mod:`phrasescore.engine.graph_scoring`) and the captured training step
+(:mod:`phrasescore.training.captured_step`) run their batches through it.
 """
 
 from __future__ import annotations
