@@ -188,7 +188,7 @@ def test_a_training_with_the_captured_step_learns_as_the_eager_one_and_resumes_e
     whole = tmp_path / "graphs.safetensors"
     graphs = train_tiny(whole, *corpus_files, max_steps=30, graphs=True, **common)
     for a, b in zip(eager.history, graphs.history, strict=True):
-        assert a["valid_ppl"] == pytest.approx(b["valid_ppl"], rel=1e-4)
+        assert a["valid_ppl"] == pytest.approx(b["valid_ppl"], rel=1e-3)
     part = tmp_path / "resumed.safetensors"
     train_tiny(part, *corpus_files, max_steps=20, graphs=True, **common)
     train_tiny(part, *corpus_files, max_steps=30, graphs=True, resume=True, **common)
