@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import collections
 import gzip
-import os
 import subprocess
 import traceback
 from pathlib import Path
@@ -14,8 +13,6 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .forked_cli import run_phrasescore
-
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 DATA = Path(__file__).parent / "data"
 TEXT = DATA / "text"
