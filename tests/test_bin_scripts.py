@@ -623,6 +623,7 @@ def test_train_recipe_stopped_mid_training_resumes_from_the_checkpoint(tmp_path)
         ("--patience 0", 2, "--patience 0 is not a positive whole number"),
         ("--force --resume", 2, "--force and --resume: give one"),
         ("--device tpu", 2, "--device tpu: give cpu or cuda"),
+        ("--graphs --device cpu", 2, "--graphs captures CUDA graphs: it needs --device cuda"),
         ("no --valid", 2, "missing --valid"),
         ("--models gru", 2, "--models: no model gru in the recipe (its models: column l2r"),
         ("--models l2r;lstm", 2, "--models l2r;lstm: give names separated by commas"),
@@ -643,6 +644,8 @@ def test_train_recipe_bad_input_fails_before_training(change, code, message, tmp
     elif change == "no --table":  # the column's model needs it
         at = args.index("--table")
         args = args[:at] + args[at + 2 :] + ["--models", "column,l2r"]
+    elif change == "--graphs --device cpu":
+        args += change.split()
     else:
         flag, value = change.split()
         if flag in args:
