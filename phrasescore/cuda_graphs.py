@@ -76,7 +76,9 @@ class CapturedShapes:
             try:
                 graph, static_out = self._capture(fn, static_in)
             except RuntimeError as exc:
-                log.warning("CUDA graph capture failed (%s); scoring without graphs", exc)
+                log.warning(
+                    "CUDA graph capture failed (%s); running without graphs from now on", exc
+                )
                 self.failure = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 self.enabled = False
                 self._drop_graphs()

@@ -83,7 +83,11 @@ class _TokenNLL(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: Tensor, gold: Tensor, weights: Tensor | None) -> tuple[Tensor, Tensor]:
         log_z = log_z_rows(logits)
-        nll = weighted_nll(log_z, _widened(logits.gather(1, gold[:, None])).squeeze(1), weights)
+        gold_logit = _widened(logits.gather(1, gold[:, None])).squeeze(1)
+        if weights is None:
+            nll = log_z.sum() - gold_logit.sum()
+        else:
+            nll = ((log_z - gold_logit) * weights).sum()
         ctx.save_for_backward(logits, log_z, gold, weights)
         return nll, log_z
 
@@ -99,13 +103,6 @@ class _TokenNLL(torch.autograd.Function):
         at_gold = torch.exp(_widened(logits[rows, gold]) - log_z) * scale - grad_gold
         grad[rows, gold] = at_gold.to(grad.dtype)
         return grad, None, None
-
-
-def weighted_nll(log_z: Tensor, gold_logit: Tensor, weights: Tensor | None) -> Tensor:
-    """Σ_i w_i (log Z_i - u_{i,gold_i}), w_i = 1 without ``weights``."""
-    if weights is None:
-        return log_z.sum() - gold_logit.sum()
-    return ((log_z - gold_logit) * weights).sum()
 
 
 def row_scales(
@@ -414,9 +411,8 @@ class _ChunkedOutputNLL(torch.autograd.Function):
             gold_logit[begin:end] = _widened(logits.gather(1, gold[begin:end, None])).squeeze(1)
         ctx.save_for_backward(features, weight, bias, gold, log_z, weights)
         ctx.chunk_rows, ctx.dtype = chunk_rows, dtype or features.dtype
-        if weights is None:
-            return (log_z - gold_logit).sum(), log_z
-        return weighted_nll(log_z, gold_logit, weights), log_z
+        terms = log_z - gold_logit
+        return (terms if weights is None else terms * weights).sum(), log_z
 
     @staticmethod
     def backward(ctx, grad_nll, grad_log_z):

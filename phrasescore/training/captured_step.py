@@ -28,10 +28,9 @@ from __future__ import annotations
 import torch
 
 from phrasescore.cuda_graphs import CapturedShapes
-from phrasescore.model.base import bf16_autocast
 from phrasescore.special_ids import PAD_ID
 from phrasescore.text.corpus import Batch
-from phrasescore.training.loop import clip_gradients
+from phrasescore.training.loop import amp_loss, clip_gradients
 
 
 class CapturedTrainingStep:
@@ -39,8 +38,8 @@ class CapturedTrainingStep:
     on CUDA (:class:`~phrasescore.cuda_graphs.CapturedShapes`, ``keep_rng``).
 
     ``network``: an :class:`~phrasescore.model.base.EncoderDecoder` whose ``loss_terms`` takes
-    position weights; ``amp``: bf16 autocast as the eager step (the whole network on a GPU, the
-    output layer alone on the CPU); ``clip_norm``: 0 for none; ``per_sentence``: the mean over
+    position weights; ``amp``: bf16 autocast as the eager step
+    (:func:`~phrasescore.training.loop.amp_loss`); ``clip_norm``: 0 for none; ``per_sentence``: the mean over
     pairs instead of target tokens."""
 
     def __init__(
@@ -82,11 +81,10 @@ class CapturedTrainingStep:
     ) -> tuple[torch.Tensor]:  # fmt: skip
         """The captured work (module docstring, 1-3): nothing here reads a value back."""
         weights = (tgt_out != PAD_ID).float()
-        whole = self.amp and self.device.type != "cpu"
-        with bf16_autocast(self.device, whole, cache=False):
-            terms = self.network.loss_terms(
-                src, src_lengths, tgt_in, tgt_out, weights, bf16_output=self.amp and not whole
-            )
+        inputs = src, src_lengths, tgt_in, tgt_out
+        terms = amp_loss(
+            self.network.loss_terms, inputs, weights, self.device, self.amp, cache=False
+        )
         if self.per_sentence:
             denominator = (weights.sum(1) > 0).sum()
         else:

@@ -61,19 +61,20 @@ def clip_gradients(params: list[torch.Tensor], max_norm: float) -> None:
 
 def batch_loss(loss, batch, mask: torch.Tensor, device: torch.device, amp: bool):
     """``loss`` (``network.loss_terms`` or its DistributedDataParallel wrapper) of a collated
-    batch, in ``--amp``'s precision: bf16 autocast of the whole network on a GPU; on the CPU of
-    the output layer alone (``bf16_output``), where bf16 matrix products are fast and bf16
-    elementwise recurrences are not."""
+    batch in ``--amp``'s precision (:func:`amp_loss`)."""
+    inputs = batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out
+    return amp_loss(loss, inputs, mask, device, amp)
+
+
+def amp_loss(loss, inputs, mask: torch.Tensor, device: torch.device, amp: bool, cache=True):
+    """``loss(src, src_lengths, tgt_in, tgt_out, mask)`` of ``inputs`` in ``--amp``'s precision:
+    bf16 autocast of the whole network on a GPU; on the CPU of the output layer alone
+    (``bf16_output``), where bf16 matrix products are fast and bf16 elementwise recurrences are
+    not. ``cache`` False: autocast keeps no bf16 copies of the weights (a CUDA graph capture,
+    :func:`~phrasescore.model.base.bf16_autocast`)."""
     whole = amp and device.type != "cpu"
-    with bf16_autocast(device, whole):
-        return loss(
-            batch.src,
-            batch.src_lengths,
-            batch.tgt_in,
-            batch.tgt_out,
-            mask,
-            bf16_output=amp and not whole,
-        )
+    with bf16_autocast(device, whole, cache=cache):
+        return loss(*inputs, mask, bf16_output=amp and not whole)
 
 
 def bucketed(batch: Batch, multiple: int) -> Batch:
