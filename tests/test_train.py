@@ -398,6 +398,43 @@ def test_init_option_gives_the_papers_scheme_with_default_sizes(tmp_path, corpus
 
 
 @pytest.mark.parametrize("arch", ["cho", "attention", "lstm"])
+def test_dropout_option_sets_the_rate_every_dropout_layer_trains_with(tmp_path, corpus_files, arch):
+    """``train --dropout P`` replaces the preset's rate (default 0.2) in every dropout layer and in
+    the model file; at 0 a training-mode forward pass is the evaluation-mode one to the bit, at
+    0.5 it is not; a rate of 1 or more is refused in one line."""
+    from phrasescore.model.builders import build_network
+    from phrasescore.model.config import preset
+
+    out = tmp_path / "m.safetensors"
+    args = ["-q", "train", *corpus_files, "-o", str(out), "--arch", arch, "--preset", "tiny"]
+    args += ["--max-steps", "1", "--valid-every", "1", "--batch-tokens", "200", "--layers", "2"]
+    args = args if arch == "lstm" else args[:-2]
+    done = run_cli(*args, "--dropout", "0.5")
+    assert done.returncode == 0, done.stderr
+    network = load_model(str(out)).network
+    assert network.config.dropout == 0.5
+    rates = [m.p for m in network.modules() if isinstance(m, torch.nn.Dropout)]
+    rates += [m.dropout for m in network.modules() if isinstance(m, torch.nn.LSTM)]
+    assert rates and set(rates) == {0.5}
+    mcfg, _ = preset("tiny", arch)
+    mcfg.src_vocab_size, mcfg.tgt_vocab_size, mcfg.layers = 300, 500, 2
+    src, lengths = torch.randint(4, 300, (6, 9)), torch.full((6,), 9)
+    tgt_in, tgt_out = torch.randint(4, 500, (6, 8)), torch.randint(4, 500, (6, 8))
+    mask = torch.ones(6, 8, dtype=torch.bool)
+    for rate in (0.0, 0.5):
+        mcfg.dropout = rate
+        torch.manual_seed(3)
+        net = build_network(mcfg)
+        with torch.no_grad():
+            trained = net.train().loss_terms(src, lengths, tgt_in, tgt_out, mask).nll
+            evaluated = net.eval().loss_terms(src, lengths, tgt_in, tgt_out, mask).nll
+        assert torch.equal(trained, evaluated) == (rate == 0.0)
+    refused = run_cli(*args, "--dropout", "1")
+    assert refused.returncode == 2 and "--dropout" in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
+@pytest.mark.parametrize("arch", ["cho", "attention", "lstm"])
 def test_loss_under_a_whole_network_autocast_keeps_it_in_the_output_layer(arch):
     """``train --amp`` on a GPU autocasts the whole network around ``loss_terms`` (bf16_output
     False): the output layer must stay under it (an inner autocast block with enabled=False

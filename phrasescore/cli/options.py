@@ -173,6 +173,8 @@ NON_NEGATIVE_FLOAT = FiniteFloat(min=0.0)
 """Finite, 0 or more (penalties, epochs before a halving)."""
 FRACTION = FiniteFloat(min=0.0, max=1.0, min_open=True)
 """Finite, in (0, 1] (factors of a learning rate)."""
+DROPOUT = FiniteFloat(min=0.0, max=1.0, max_open=True)
+"""Finite, in [0, 1) (dropout rates)."""
 
 
 def take(params: dict, *targets) -> dict:

@@ -6,6 +6,7 @@ import click
 
 from phrasescore.cli.group import cli, echo_on_rank_0
 from phrasescore.cli.options import (
+    DROPOUT,
     FRACTION,
     NON_NEGATIVE_FLOAT,
     POSITIVE,
@@ -78,6 +79,13 @@ from phrasescore.cli.options import (
     help="Add ALPHA (log Z)² per target token to the loss (Devlin et al. 2014), so that "
     "rescore/nbest --scoring self-normalized can skip the softmax; 0 (default): off. Devlin et "
     "al. used 0.1. Stored in the model.",
+)
+@click.option(
+    "--dropout",
+    type=DROPOUT,
+    metavar="P",
+    help="Dropout rate on the embeddings and the output layer's input (default: the preset's, "
+    "0.2 for default, none for paper). Stored in the model (scoring runs without it).",
 )
 @click.option(
     "--init",

@@ -49,6 +49,7 @@ MODEL_FLAGS = {
     "reverse_source": "--no-reverse",  # the flag says the opposite of the field
     "reverse_target": "--reverse-target",
     "self_normalize": "--self-normalize",
+    "dropout": "--dropout",
     "init": "--init",
     "recurrence": "--recurrence",
     "order": "--order",
