@@ -193,6 +193,9 @@ def test_runs_report_every_dev_bleu_keep_the_best_and_apply_to_it(tmp_path, scor
         r"  seed (\d+): dev BLEU \S+  <- kept \(the best dev BLEU of 3 runs\)", proc.stderr
     )
     assert float(runs[kept]) == max(map(float, runs.values()))
+    [bands] = re.findall(r"with them, the best hypothesis of 5 sentences is (.*)", proc.stderr)
+    counts = re.findall(r"for (\d+)", bands)
+    assert len(counts) == 3 and sum(map(int, counts)) == 5, bands
     # each run's BLEU is mert's own on the fixed list (its best point)
     for seed, bleu in runs.items():
         best = (work / f"mert-{seed}" / "mert.log").read_text()
@@ -284,4 +287,44 @@ def test_the_report_says_when_the_new_features_were_all_given_0():
     assert only.lines()[-1] == (
         "phrasescore: the weights of L2R, Inv (not in --start) are all 0: re-ranking keeps the "
         "list's own best"
+    )
+
+
+def test_the_report_says_where_in_the_lists_the_best_hypotheses_lie(tmp_path):
+    """Each sentence's best hypothesis under the weights, and its place in the list as the
+    decoder wrote it, counted in the report's bands (many from the end of the lists: longer
+    lists may hold better ones)."""
+    from phrasescore.jobs.tuning.rerank_tune import Choices, best_hypotheses
+
+    lines = list_lines()
+    plain = tmp_path / "list.nbest"
+    plain.write_text("".join(lines), encoding="utf-8")
+    weights, name = {}, None  # every feature of the list at 0, but the language model's
+    for token in lines[0].split(" ||| ")[2].split():
+        if token.endswith("="):
+            name = token[:-1]
+            weights[name] = []
+        else:
+            weights[name].append(1.0 if name == "LM0" else 0.0)
+    choices = best_hypotheses(str(plain), 5, weights)
+    places, best, seen = [], [], {}
+    for line in lines:  # the highest LM0 score of each id, the first listed on a tie
+        sentence, hypothesis, features = line.split(" ||| ")[:3]
+        lm = float(features.split("LM0= ")[1].split()[0])
+        place = seen.setdefault(sentence, [])
+        place.append((lm, hypothesis.strip()))
+    for hypotheses in seen.values():
+        top = max(range(len(hypotheses)), key=lambda k: (hypotheses[k][0], -k))
+        places.append(top)
+        best.append(hypotheses[top][1])
+    assert choices.places == places and choices.hypotheses == best
+    assert choices.size == max(len(h) for h in seen.values()) == 100
+    assert places != [0] * 5  # the language model alone does not pick the decoder's best
+    made = Choices([""] * 6, [0, 0, 3, 60, 95, 99], 100)
+    assert made.places_line() == (
+        "the best hypothesis of 6 sentences is the list's first for 2, at places 2-50 for 1, "
+        "51-100 for 3 (91-100: 2)"
+    )
+    assert Choices([""] * 2, [0, 1], 2).places_line() == (
+        "the best hypothesis of 2 sentences is the list's first for 1"
     )

@@ -83,6 +83,8 @@ class TuningRun:
     seed: int
     bleu: float
     weights: dict[str, list[float]]
+    places: str = ""
+    """Where its best hypotheses lie in the dev lists (:meth:`Choices.places_line`)."""
 
 
 @dataclass
@@ -115,6 +117,8 @@ class TuneResult:
                 )
             lines.append(f"  seed {run.seed}: dev BLEU {run.bleu:.2f}{kept}")
         lines.append(f"phrasescore: weights -> {self.output}")
+        if self.runs and self.runs[self.kept].places:
+            lines.append(f"phrasescore: with them, {self.runs[self.kept].places}")
         kept = self.runs[self.kept].weights if self.runs else {}
         new = [name for name in self.unweighed if name in kept]
         if new and all(value == 0 for name in new for value in kept[name]):
@@ -212,20 +216,54 @@ def _describe(features: list[tuple[str, int]]) -> str:
     return f"{values} values ({' '.join(f'{name}={n}' for name, n in features)})"
 
 
+@dataclass
+class Choices:
+    """The best hypothesis of each sentence id of a list, and where it stood in its list."""
+
+    hypotheses: list[str]
+    """Per id, its best hypothesis (an empty line for an id without any)."""
+    places: list[int]
+    """Per id with hypotheses, the best one's place in the list as the decoder wrote it (0:
+    the decoder's own best)."""
+    size: int = 0
+    """The longest list's length: the n-best size the decoder was asked for, where any list
+    reached it."""
+
+    def places_line(self) -> str:
+        """How far down the lists the best hypotheses lie: first, in the first half below it,
+        in the second half, and in the last tenth of a list of :attr:`size`. Many from the end
+        of the lists say that longer lists may hold better hypotheses still."""
+        first = sum(place == 0 for place in self.places)
+        if self.size < 10:
+            return f"the best hypothesis of {len(self.places):,} sentences is the list's first for {first:,}"
+        half, tenth = -(-self.size // 2), self.size - self.size // 10
+        upper = sum(0 < place < half for place in self.places)
+        lower = sum(place >= half for place in self.places)
+        last = sum(place >= tenth for place in self.places)
+        return (
+            f"the best hypothesis of {len(self.places):,} sentences is the list's first for "
+            f"{first:,}, at places 2-{half} for {upper:,}, {half + 1}-{self.size} for {lower:,} "
+            f"({tenth + 1}-{self.size}: {last:,})"
+        )
+
+
 def best_hypotheses(
     nbest: str, sentences: int, weights: dict | None = None, weights_path: str = ""
-) -> list[str]:
-    """The best hypothesis of each sentence id (an empty line for an id without any): under
-    ``weights`` (:func:`~phrasescore.moses.nbest.weighted_totals`, ties to the first listed, as
-    ``nbest --weights --one-best`` picks it), or without them by the list's own totals."""
-    best = [""] * sentences
+) -> Choices:
+    """The best hypothesis of each sentence id and its place in the list: under ``weights``
+    (:func:`~phrasescore.moses.nbest.weighted_totals`, ties to the first listed, as ``nbest
+    --weights --one-best`` picks it), or without them by the list's own totals."""
+    choices = Choices([""] * sentences, [])
     for group in iter_nbest_groups(read_nbest(nbest)):
         if weights is None:
             totals = [float(entry.total) for entry in group]
         else:
             totals = weighted_totals(group, weights, weights_path)
-        best[group[0].id] = group[best_index(totals)].hypothesis
-    return best
+        place = best_index(totals)
+        choices.hypotheses[group[0].id] = group[place].hypothesis
+        choices.places.append(place)
+        choices.size = max(choices.size, len(group))
+    return choices
 
 
 def dev_bleu(hypotheses: list[str], references: list[str]) -> float:
@@ -318,7 +356,7 @@ def _tune(
     nbest, reference, references, start_weights, work, moses, programs, options, output
 ) -> TuneResult:
     tuning = MosesTuning(moses.program, programs.run, options.tuner, options.restarts)
-    before = dev_bleu(best_hypotheses(nbest, len(references)), references)
+    before = dev_bleu(best_hypotheses(nbest, len(references)).hypotheses, references)
     log.info("dev BLEU before tuning (the list's own best): %.2f", before)
     scored = _plain(nbest, work, "dev.nbest")
     ref = _plain(reference, work, "dev.ref")
@@ -339,9 +377,10 @@ def _tune(
         run_dir = work / f"{options.tuner}-{seed}"
         run_dir.mkdir(exist_ok=True)
         weights = tuning.tune(run_dir, names, start_weights, seed, work, keep_start)
-        bleu = dev_bleu(best_hypotheses(nbest, len(references), weights, str(run_dir)), references)
+        choices = best_hypotheses(nbest, len(references), weights, str(run_dir))
+        bleu = dev_bleu(choices.hypotheses, references)
         log.info("run %d of %d (seed %d): dev BLEU %.2f", k + 1, options.runs, seed, bleu)
-        result.runs.append(TuningRun(seed, bleu, weights))
+        result.runs.append(TuningRun(seed, bleu, weights, choices.places_line()))
     result.kept = max(range(options.runs), key=lambda k: (result.runs[k].bleu, -k))
     if start_weights:  # what --start does not weigh started at 0
         result.unweighed = [name for name in result.runs[0].weights if name not in start_weights]
