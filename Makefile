@@ -4,7 +4,7 @@
 PYTHON ?= python3
 # ruff finds no extensionless script in a folder: the Python development scripts are named one
 # by one (the shell ones, tools/gpu-*, are not Python)
-LINTED = phrasescore tests $(shell grep -l '^\#!.*python' tools/*)
+LINTED = phrasescore tests $(shell grep -l '^\#!.*python' tools/*) tools/tool_modules.py
 export OMP_WAIT_POLICY ?= PASSIVE
 # pytest processes (pytest-xdist): one per core (docs/development.md: the suite's time)
 PYTEST_WORKERS ?= 2

@@ -234,15 +234,15 @@ class Choices:
         in the second half, and in the last tenth of a list of :attr:`size`. Many from the end
         of the lists say that longer lists may hold better hypotheses still."""
         first = sum(place == 0 for place in self.places)
+        line = f"the best hypothesis of {len(self.places):,} sentences is the list's first for {first:,}"
         if self.size < 10:
-            return f"the best hypothesis of {len(self.places):,} sentences is the list's first for {first:,}"
+            return line
         half, tenth = -(-self.size // 2), self.size - self.size // 10
         upper = sum(0 < place < half for place in self.places)
         lower = sum(place >= half for place in self.places)
         last = sum(place >= tenth for place in self.places)
         return (
-            f"the best hypothesis of {len(self.places):,} sentences is the list's first for "
-            f"{first:,}, at places 2-{half} for {upper:,}, {half + 1}-{self.size} for {lower:,} "
+            f"{line}, at places 2-{half} for {upper:,}, {half + 1}-{self.size} for {lower:,} "
             f"({tenth + 1}-{self.size}: {last:,})"
         )
 
