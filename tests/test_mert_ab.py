@@ -345,3 +345,48 @@ def test_a_test_list_is_scored_once_for_every_choice_of_reranking_weights(
         best = path.read_text().splitlines()
         assert len(best) == 5 and all(b in hypotheses[i] for i, b in enumerate(best))
     assert outputs["all"].read_text() == outputs["new"].read_text()  # the same weights
+
+
+def test_a_set_of_models_scores_only_the_models_no_earlier_set_scored(
+    tmp_path, tiny_model_path, tiny_second_seed_model_path, tiny_inverse_model_path
+):
+    """A second set of re-ranking models in the same run, its first model swapped and its
+    target->source model kept, scores the swapped model alone (one ``nbest`` call) and leaves
+    the kept model's list untouched; each set's scored list is the bytes of one ``nbest`` call
+    with all its models."""
+    data = Path(__file__).parent / "data" / "nbest"
+    source = data / "multi30k.test2016.head5.tok.lc.en"
+    nbest = tmp_path / "dev.100best.nbest"
+    with gzip.open(data / "multi30k.test2016.ids0-4.100best.nbest.gz", "rt") as lines:
+        nbest.write_text(lines.read())
+    scored_models = []
+
+    def run(command, cwd, log_name):
+        Path(cwd).mkdir(parents=True, exist_ok=True)
+        scored_models.append([a.split("=")[0] for a in command if "=" in a])
+        subprocess.run(command, cwd=cwd, check=True, capture_output=True)
+
+    def one_call(models: list[str], out: Path) -> bytes:
+        command = [sys.executable, "-m", "phrasescore", "nbest", str(nbest), "--source"]
+        subprocess.run([*command, str(source), *models, "-o", str(out)], check=True)
+        return out.read_bytes()
+
+    inverse = ["--inverse-model", f"Inv={tiny_inverse_model_path}"]
+    sets = {
+        "first": ["-m", f"L2R={tiny_model_path}", *inverse],
+        "second": ["-m", f"L2RB={tiny_second_seed_model_path}", *inverse],
+    }
+    scored, calls, kept = {}, {}, None
+    for name, flags in sets.items():
+        scored_models.clear()
+        models = rerank_models([flags[1]], [flags[3]])
+        step = RerankStep(models, "mert", 5, 1, str, run)
+        scored[name] = step.score(nbest, "dev", source, tmp_path)
+        calls[name] = list(scored_models)
+        inverse_list = step.scored_list(tmp_path, "dev", step.model_labels[1:])
+        if kept is None:
+            kept = inverse_list.stat().st_mtime_ns
+        assert scored[name].read_bytes() == one_call(flags, tmp_path / f"{name}.nbest")
+    assert calls == {"first": [["L2R"], ["Inv"]], "second": [["L2RB"]]}
+    assert inverse_list.stat().st_mtime_ns == kept
+    assert len(list((tmp_path / "scored").iterdir())) == 5  # L2R, Inv, L2RB and the two sets

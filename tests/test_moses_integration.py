@@ -239,7 +239,7 @@ def test_ab_rerank_with_an_inverse_model_and_kbmira_reuses_the_scored_lists(
 ):
     """Two sets of re-ranking models in one workdir, the second adding a target->source model
     and tuned with kbmira: the dev and test lists scored by the first model are not scored
-    again (the second adds its model to them)."""
+    again (the second scores its own model alone and joins the two)."""
     rerank_baseline(moses_system, tmp_path / "ab", [f"Sent0={tiny_model_path}"])
     scored = tmp_path / "ab" / "baseline" / "mert-1234" / "scored"
     first = {p.name: p.stat().st_mtime_ns for p in scored.iterdir()}
@@ -253,8 +253,8 @@ def test_ab_rerank_with_an_inverse_model_and_kbmira_reuses_the_scored_lists(
     )
     assert [r.system.name for r in results] == ["baseline", "baseline+rerank-kbmira"]
     now = {p.name: p.stat().st_mtime_ns for p in scored.iterdir()}
-    # + dev and test by both (Inv added to the lists scored by Sent0)
-    assert {k: now[k] for k in first} == first and len(now) == 4
+    # + dev and test by Inv alone, and by both (their features joined)
+    assert {k: now[k] for k in first} == first and len(now) == 6
     (run,) = results[1].runs
     assert list(results[1].new_weights) == ["Sent0[0]", "Inv[0]"]
     assert abs(sum(abs(w) for ws in run.weights.values() for w in ws) - 1.0) < 1e-4

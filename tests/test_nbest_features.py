@@ -11,7 +11,7 @@ from phrasescore.cli import cli
 from phrasescore.errors import InputError
 from phrasescore.jobs.feature_specs import FeatureModel
 from phrasescore.jobs.nbest.features import nbest_feature_models
-from phrasescore.moses.nbest import read_nbest, read_weights
+from phrasescore.moses.nbest import join_added_features, read_nbest, read_weights
 
 from .conftest import DATA, write_lines
 
@@ -88,6 +88,26 @@ def test_one_pass_is_byte_identical_to_one_call_per_model_chained(tmp_path, four
     workers = nbest(LIST, *one_pass_args(four), *blocks, "--workers", "2",
                     out=tmp_path / "workers.nbest")  # fmt: skip
     assert workers.read_bytes() == one.read_bytes()
+
+
+def test_features_scored_in_lists_of_their_own_join_to_the_one_pass_list(tmp_path, four):
+    """Each feature added to the list by a call of its own, the four lists joined: the bytes
+    of the one call with every model; a list that is not the list with features added, or
+    that ends early, is refused by its file and line."""
+    want = nbest(LIST, *one_pass_args(four), out=tmp_path / "one.nbest").read_bytes()
+    alone = [str(nbest(LIST, *spec, out=tmp_path / f"{name}.nbest")) for name, _, spec in four]
+    assert "".join(join_added_features(str(LIST), alone)).encode() == want
+    # two of them in the other order: the one call with those two models in that order
+    other = nbest(LIST, *four[1][2], *four[0][2], out=tmp_path / "other.nbest").read_bytes()
+    assert "".join(join_added_features(str(LIST), [alone[1], alone[0]])).encode() == other
+
+    lines = (tmp_path / "R2L.nbest").read_text().splitlines(keepends=True)
+    edited = lines[:6] + [lines[6].replace(" ||| ", " ||| a ", 1)] + lines[7:]
+    for bad, where in [(edited, ":7:"), (lines[:-1], "ends before line 324")]:
+        path = write_lines(tmp_path / "bad.nbest", [line.rstrip("\n") for line in bad])
+        with pytest.raises(InputError) as error:
+            list(join_added_features(str(LIST), [alone[0], str(path)]))
+        assert "bad.nbest" in str(error.value) and where in str(error.value), str(error.value)
 
 
 def test_one_pass_reranks_as_the_chain_with_weights_on_its_last_call(tmp_path, four):

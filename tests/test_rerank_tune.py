@@ -158,7 +158,7 @@ def ab_step_weights(tmp_path: Path, scored: Path, tuner: str, seed: int) -> byte
     run_dir = tmp_path / "ab-run"
     (run_dir / "scored").mkdir(parents=True)
     # the step's own scored dev list: the one given (RerankStep with no models scores nothing)
-    cached = step.scored_list(run_dir, "dev", 0)
+    cached = step.scored_list(run_dir, "dev")
     cached.write_bytes(scored.read_bytes())
     tuned = step.tune(run_dir, lambda: cached, (SOURCE, REFERENCE), seed, read_weights(str(INI)))
     return tuned.read_bytes()

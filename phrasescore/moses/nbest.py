@@ -12,7 +12,8 @@ Moses facts this module implements:
   feature value, before the field's trailing spaces; every other byte of the line is unchanged.
   The total is left as it is (MERT recomputes scores from features and weights; use
   :func:`total_score` to recompute it). The label is always written ``Name=``: MERT's extractor
-  recognises labels by their final ``=`` only.
+  recognises labels by their final ``=`` only. :func:`join_added_features` joins the features
+  that several lists added to the same list (each scored by one model) into one list.
 * **Feature names.** MERT's extractor takes a name containing ``_`` for a *sparse* feature (it
   then expects exactly one value and gives it no dense weight), so a dense feature name must not
   contain ``_`` (use e.g. ``RNNEncDec0``). A name already in the line is refused too.
@@ -230,6 +231,58 @@ def with_feature(entry: NBestEntry, name: str, value: float) -> NBestEntry:
     end = len(features.rstrip())
     features = f"{features[:end]} {name}= {format_feature_value(value)}{features[end:]}"
     return entry._replace(features=features)
+
+
+def added_features(base: NBestEntry, scored: NBestEntry) -> str:
+    """The ``" Name= v"`` text that ``scored`` carries after ``base``'s last feature value:
+    ``scored`` must be ``base``'s line with features added (:func:`with_feature`), every other
+    byte the same; any other line is an :class:`InputError` naming ``scored``'s file and line."""
+    end = len(base.features.rstrip())
+    head, tail = base.features[:end], base.features[end:]
+    features = scored.features
+    added = features[end : len(features) - len(tail)]
+    if (
+        scored.head != base.head
+        or scored.total != base.total
+        or scored.rest != base.rest
+        or not features.startswith(head)
+        or not features.endswith(tail)
+        or not added.startswith(" ")
+        or len(features) != end + len(added) + len(tail)
+    ):
+        raise InputError(
+            f"not line {base.lineno} of {base.path} with features added",
+            scored.path,
+            scored.lineno,
+        )
+    return added
+
+
+def join_added_features(base: str, scored: list[str]) -> Iterator[str]:
+    """The lines of the n-best list ``base`` with the features that each list of ``scored``
+    (``base`` with one or more features added, e.g. by ``phrasescore nbest -m``) adds to it, in
+    the order of ``scored``: the bytes that adding them all to ``base`` one after the other
+    writes. A list of ``scored`` that is not ``base`` with features added, line for line, is an
+    :class:`InputError` naming its file and line."""
+    readers = [read_nbest(path) for path in scored]
+    lineno = 0
+    for entry in read_nbest(base):
+        lineno = entry.lineno
+        added = []
+        for path, reader in zip(scored, readers, strict=True):
+            other = next(reader, None)
+            if other is None:
+                raise InputError(
+                    f"ends before line {lineno} of {display_name(base)}", display_name(path)
+                )
+            added.append(added_features(entry, other))
+        end = len(entry.features.rstrip())
+        yield entry.line(entry.features[:end] + "".join(added) + entry.features[end:])
+    for path, reader in zip(scored, readers, strict=True):
+        if next(reader, None) is not None:
+            raise InputError(
+                f"has more lines than {display_name(base)} ({lineno})", display_name(path)
+            )
 
 
 def with_total(entry: NBestEntry, total: float) -> NBestEntry:

@@ -2,8 +2,8 @@
 ``rerank-weights`` command that converts weights by hand.
 
 :class:`RerankStep` scores each tuned run's dev and test n-best lists with every model (one
-``phrasescore nbest`` call, one feature per
-:class:`~phrasescore.jobs.feature_specs.FeatureModel`), tunes the weights on the fixed dev lists
+``phrasescore nbest`` call and one feature per
+:class:`~phrasescore.jobs.feature_specs.FeatureModel`, the features then joined into one list), tunes the weights on the fixed dev lists
 with Moses' ``extractor`` and ``mert``/``kbmira``
 (:class:`~phrasescore.jobs.tuning.moses_tools.MosesTuning`, shared with ``rerank-tune``) and re-ranks
 the tests. :func:`rerank_weights` turns the extractor's files and a tuner's output into the
@@ -23,9 +23,10 @@ from pathlib import Path
 from phrasescore.errors import InputError
 from phrasescore.files.guards import refuse_outputs_onto_inputs
 from phrasescore.files.inputs import check_files_exist
+from phrasescore.files.outputs import AtomicOutput
 from phrasescore.jobs.feature_specs import FeatureModel, parse_feature_models
 from phrasescore.jobs.tuning.moses_tools import MosesTuning
-from phrasescore.moses.nbest import read_weights
+from phrasescore.moses.nbest import join_added_features, read_weights
 from phrasescore.moses.tuning import (
     dense_feature_names,
     read_tuner_output,
@@ -92,10 +93,11 @@ class RerankStep:
     """Step 4 of ``ab`` for one tuned run: score its n-best lists with every model, tune the
     weights on the dev lists (extractor, then mert or kbmira), re-rank the test lists.
 
-    Layout in the run's folder: ``scored/`` (the dev and test lists scored by all the models
-    in one ``nbest`` call, under a digest of them: another set of models that starts with the
-    same k models scores only the rest, from the list of those k) and :attr:`label` (this set
-    of models: the extractor's files, the tuned weights, the re-ranked test outputs)."""
+    Layout in the run's folder: ``scored/`` (the dev and test lists scored by each model alone,
+    under a digest of its label, and by the set, its features joined from those, under a digest
+    of every label: another set scores only the models it does not share with an earlier one)
+    and :attr:`label` (this set of models: the extractor's files, the tuned weights, the
+    re-ranked test outputs)."""
 
     models: tuple[FeatureModel, ...]
     tuner: str
@@ -141,12 +143,13 @@ class RerankStep:
     def _size_key(self) -> str:
         return "" if self.nbest_size == 100 else f"{self.nbest_size}best-"
 
-    def scored_list(self, run_dir: Path, set_name: str, models: int) -> Path:
-        """Where the list of ``set_name`` scored by the first ``models`` models is kept: under a
-        digest of their labels (and of the n-best size), shared by every set of models that
-        starts with the same ones."""
-        prefix = self._size_key + "+".join(self.model_labels[:models])
-        digest = hashlib.sha256(prefix.encode("utf-8")).hexdigest()[:10]
+    def scored_list(self, run_dir: Path, set_name: str, labels: list[str] | None = None) -> Path:
+        """Where the list of ``set_name`` scored by the features of ``labels`` (by default every
+        model's, :attr:`model_labels`) is kept: under a digest of those labels and of the n-best
+        size. The list of one feature is the one every set of models with that model shares."""
+        labels = self.model_labels if labels is None else labels
+        key = self._size_key + "+".join(labels)
+        digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:10]
         return run_dir / "scored" / f"{set_name}.{digest}.nbest"
 
     @functools.cached_property
@@ -163,31 +166,36 @@ class RerankStep:
         self, nbest: Path, set_name: str, source: Path, run_dir: Path, weights: Path | None = None
     ) -> Path:
         """``nbest`` (of the source sentences ``source`` of the set ``set_name``) with every
-        model's feature added by one ``phrasescore nbest`` call, started from the list scored
-        by the longest run of first models already (``scored/``, :meth:`scored_list`, where
-        it is kept); with ``weights``, then the re-ranked 1-best texts of that scored list (a
-        second ``nbest`` call with ``--weights`` and no model: the features are in the list),
-        so that another choice of weights on the same lists (``--rerank-tune new`` after
-        ``all``) re-ranks without scoring again."""
+        model's feature added: each feature's own list (``scored/``, :meth:`scored_list` of its
+        label) scored by one ``phrasescore nbest`` call where it is not kept yet, then the
+        features of those lists joined in the models' order
+        (:func:`~phrasescore.moses.nbest.join_added_features`), so that another set of models
+        scores only the models it does not share with an earlier one, in any order. With
+        ``weights``, then the re-ranked 1-best texts of that scored list (a second ``nbest``
+        call with ``--weights`` and no model: the features are in the list), so that another
+        choice of weights on the same lists (``--rerank-tune new`` after ``all``) re-ranks
+        without scoring again."""
         work = run_dir / self.label
-        scored = self.scored_list(run_dir, set_name, len(self.models))
+        scored = self.scored_list(run_dir, set_name)
         target = scored if weights is None else work / f"{set_name}.{self.name}.out"
         if target.exists():
             return target
         if not scored.exists():
             scored.parent.mkdir(exist_ok=True)
-            done = max(
-                k
-                for k in range(len(self.models) + 1)
-                if k == 0 or self._scored(run_dir, set_name, k)
-            )
-            current = nbest if done == 0 else self.scored_list(run_dir, set_name, done)
-            command = [sys.executable, "-m", "phrasescore", "nbest", str(current)]
-            command += ["--source", str(source)]
-            for name, paths, inverse in self.models[done:]:
-                command += ["--inverse-model" if inverse else "-m", f"{name}={','.join(paths)}"]
-            command += ["-o", str(scored), "--no-progress", "--threads", str(self.threads)]
-            self.run(command, work, f"{scored.name}.log")
+            features = []
+            for (name, paths, inverse), label in zip(self.models, self.model_labels, strict=True):
+                feature = self.scored_list(run_dir, set_name, [label])
+                if not feature.exists():
+                    command = [sys.executable, "-m", "phrasescore", "nbest", str(nbest)]
+                    command += ["--source", str(source)]
+                    command += ["--inverse-model" if inverse else "-m", f"{name}={','.join(paths)}"]
+                    command += ["-o", str(feature), "--no-progress", "--threads", str(self.threads)]
+                    self.run(command, work, f"{feature.name}.log")
+                features.append(str(feature))
+            if not scored.exists():  # one model: its feature's list is the set's
+                with AtomicOutput(str(scored)) as out:
+                    out.writelines(join_added_features(str(nbest), features))
+                log.info("%s: the features of %s joined", scored, ", ".join(features))
         if weights is None:
             return scored
         command = [sys.executable, "-m", "phrasescore", "nbest", str(scored)]
@@ -195,9 +203,6 @@ class RerankStep:
         command += ["-o", str(target), "--no-progress"]
         self.run(command, work, f"{target.name}.log")
         return target
-
-    def _scored(self, run_dir: Path, set_name: str, models: int) -> bool:
-        return self.scored_list(run_dir, set_name, models).exists()
 
     def tune(
         self,
