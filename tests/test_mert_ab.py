@@ -13,7 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from phrasescore.cli import cli
 from phrasescore.errors import InputError
 from phrasescore.jobs.moses_install import MosesInstall
 from phrasescore.jobs.tuning.ab import (
@@ -222,6 +224,15 @@ def test_programs_stop_ends_every_running_process_group_and_starts_no_more(tmp_p
         programs.run(["sh", "-c", "true"], tmp_path, "late.log")
 
 
+def phrasescore_in_process(command: list[str], cwd: Path) -> None:
+    """A ``python -m phrasescore ...`` command of a step, run by the CLI in this process (the
+    command's own code, without a process's start-up) in its work folder ``cwd``."""
+    assert Path(cwd).is_dir(), cwd
+    assert command[:3] == [sys.executable, "-m", "phrasescore"], command
+    result = CliRunner().invoke(cli, ["-q", *command[3:]])
+    assert result.exit_code == 0, result.output
+
+
 def test_rerank_caches_are_keyed_on_the_nbest_size(tmp_path, tiny_model_path):
     """Another --nbest-size in the same workdir scores its own lists: the 100-best's scored
     list is never taken for the 500-best's (and the 100-best keeps its earlier file names)."""
@@ -241,8 +252,7 @@ def test_rerank_caches_are_keyed_on_the_nbest_size(tmp_path, tiny_model_path):
     lists[500].write_text("".join(full))
 
     def run(command, cwd, log_name):
-        Path(cwd).mkdir(parents=True, exist_ok=True)
-        subprocess.run(command, cwd=cwd, check=True, capture_output=True)
+        phrasescore_in_process(command, cwd)
 
     models = rerank_models([f"L2R={tiny_model_path}"])
     scored = {}
@@ -279,10 +289,6 @@ def test_each_way_of_tuning_the_reranking_has_its_own_systems_and_weights_file()
 def test_rerank_tune_new_with_kbmira_is_one_line_before_moses_is_looked_for(
     tmp_path, tiny_model_path
 ):
-    from click.testing import CliRunner
-
-    from phrasescore.cli import cli
-
     result = CliRunner().invoke(
         cli,
         ["-q", "ab", "--baseline", str(tmp_path / "moses.ini"), "--rerank", str(tiny_model_path),
@@ -312,9 +318,8 @@ def test_a_test_list_is_scored_once_for_every_choice_of_reranking_weights(
     commands = []
 
     def run(command, cwd, log_name):
-        Path(cwd).mkdir(parents=True, exist_ok=True)
         commands.append(command)
-        subprocess.run(command, cwd=cwd, check=True, capture_output=True)
+        phrasescore_in_process(command, cwd)
 
     models = rerank_models([f"L2R={tiny_model_path}"])
     first = next(iter(read_nbest(str(nbest))))
@@ -362,13 +367,12 @@ def test_a_set_of_models_scores_only_the_models_no_earlier_set_scored(
     scored_models = []
 
     def run(command, cwd, log_name):
-        Path(cwd).mkdir(parents=True, exist_ok=True)
         scored_models.append([a.split("=")[0] for a in command if "=" in a])
-        subprocess.run(command, cwd=cwd, check=True, capture_output=True)
+        phrasescore_in_process(command, cwd)
 
     def one_call(models: list[str], out: Path) -> bytes:
         command = [sys.executable, "-m", "phrasescore", "nbest", str(nbest), "--source"]
-        subprocess.run([*command, str(source), *models, "-o", str(out)], check=True)
+        phrasescore_in_process([*command, str(source), *models, "-o", str(out)], tmp_path)
         return out.read_bytes()
 
     inverse = ["--inverse-model", f"Inv={tiny_inverse_model_path}"]

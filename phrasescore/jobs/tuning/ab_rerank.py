@@ -180,6 +180,7 @@ class RerankStep:
         target = scored if weights is None else work / f"{set_name}.{self.name}.out"
         if target.exists():
             return target
+        work.mkdir(parents=True, exist_ok=True)  # each command's log goes there
         if not scored.exists():
             scored.parent.mkdir(exist_ok=True)
             features = []
