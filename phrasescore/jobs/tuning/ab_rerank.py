@@ -196,7 +196,7 @@ class RerankStep:
             if not scored.exists():  # one model: its feature's list is the set's
                 with AtomicOutput(str(scored)) as out:
                     out.writelines(join_added_features(str(nbest), features))
-                log.info("%s: the features of %s joined", scored, ", ".join(features))
+                log.info("%s: the features of %d models' lists joined", scored, len(features))
         if weights is None:
             return scored
         command = [sys.executable, "-m", "phrasescore", "nbest", str(scored)]
