@@ -226,10 +226,15 @@ def test_programs_stop_ends_every_running_process_group_and_starts_no_more(tmp_p
 
 def phrasescore_in_process(command: list[str], cwd: Path) -> None:
     """A ``python -m phrasescore ...`` command of a step, run by the CLI in this process (the
-    command's own code, without a process's start-up) in its work folder ``cwd``."""
-    assert Path(cwd).is_dir(), cwd
+    command's own code, without a process's start-up) in its work folder ``cwd``, as ``ab``'s
+    :class:`Programs` runs it."""
     assert command[:3] == [sys.executable, "-m", "phrasescore"], command
-    result = CliRunner().invoke(cli, ["-q", *command[3:]])
+    before = os.getcwd()
+    os.chdir(cwd)
+    try:
+        result = CliRunner().invoke(cli, ["-q", *command[3:]])
+    finally:
+        os.chdir(before)
     assert result.exit_code == 0, result.output
 
 
@@ -353,12 +358,12 @@ def test_a_test_list_is_scored_once_for_every_choice_of_reranking_weights(
 
 
 def test_a_set_of_models_scores_only_the_models_no_earlier_set_scored(
-    tmp_path, tiny_model_path, tiny_second_seed_model_path, tiny_inverse_model_path
+    tmp_path, monkeypatch, tiny_model_path, tiny_second_seed_model_path, tiny_inverse_model_path
 ):
     """A second set of re-ranking models in the same run, its first model swapped and its
     target->source model kept, scores the swapped model alone (one ``nbest`` call) and leaves
     the kept model's list untouched; each set's scored list is the bytes of one ``nbest`` call
-    with all its models."""
+    with all its models. The second set is given paths relative to the current folder."""
     data = Path(__file__).parent / "data" / "nbest"
     source = data / "multi30k.test2016.head5.tok.lc.en"
     nbest = tmp_path / "dev.100best.nbest"
@@ -385,7 +390,11 @@ def test_a_set_of_models_scores_only_the_models_no_earlier_set_scored(
         scored_models.clear()
         models = rerank_models([flags[1]], [flags[3]])
         step = RerankStep(models, "mert", 5, 1, str, run)
-        scored[name] = step.score(nbest, "dev", source, tmp_path)
+        if name == "second":
+            monkeypatch.chdir(tmp_path)
+            scored[name] = step.score(Path(nbest.name), "dev", source, Path("."))
+        else:
+            scored[name] = step.score(nbest, "dev", source, tmp_path)
         calls[name] = list(scored_models)
         inverse_list = step.scored_list(tmp_path, "dev", step.model_labels[1:])
         if kept is None:

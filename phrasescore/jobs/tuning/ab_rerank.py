@@ -175,6 +175,9 @@ class RerankStep:
         call with ``--weights`` and no model: the features are in the list), so that another
         choice of weights on the same lists (``--rerank-tune new`` after ``all``) re-ranks
         without scoring again."""
+        # the commands run in the work folder: every path they are given is absolute
+        nbest, source, run_dir = nbest.resolve(), source.resolve(), run_dir.resolve()
+        weights = None if weights is None else weights.resolve()
         work = run_dir / self.label
         scored = self.scored_list(run_dir, set_name)
         target = scored if weights is None else work / f"{set_name}.{self.name}.out"
