@@ -3,8 +3,8 @@
 
 :class:`RerankStep` scores each tuned run's dev and test n-best lists with every model (one
 ``phrasescore nbest`` call and one feature per
-:class:`~phrasescore.jobs.feature_specs.FeatureModel`, the features then joined into one list), tunes the weights on the fixed dev lists
-with Moses' ``extractor`` and ``mert``/``kbmira``
+:class:`~phrasescore.jobs.feature_specs.FeatureModel`, the features then joined into one list),
+tunes the weights on the fixed dev lists with Moses' ``extractor`` and ``mert``/``kbmira``
 (:class:`~phrasescore.jobs.tuning.moses_tools.MosesTuning`, shared with ``rerank-tune``) and re-ranks
 the tests. :func:`rerank_weights` turns the extractor's files and a tuner's output into the
 ``Name= w ...`` lines ``nbest --weights`` reads, and a moses.ini into mert's ``init.opt``.
