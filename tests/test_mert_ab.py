@@ -308,6 +308,15 @@ def test_rerank_tune_new_with_kbmira_is_one_line_before_moses_is_looked_for(
     )
 
 
+def real_list(path: Path) -> tuple[Path, Path]:
+    """The real Moses 100-best list of tests/data/nbest (5 test_2016 sentences) written to
+    ``path``, and its source sentences."""
+    data = Path(__file__).parent / "data" / "nbest"
+    with gzip.open(data / "multi30k.test2016.ids0-4.100best.nbest.gz", "rt") as lines:
+        path.write_text(lines.read())
+    return path, data / "multi30k.test2016.head5.tok.lc.en"
+
+
 def test_a_test_list_is_scored_once_for_every_choice_of_reranking_weights(
     tmp_path, tiny_model_path
 ):
@@ -315,11 +324,7 @@ def test_a_test_list_is_scored_once_for_every_choice_of_reranking_weights(
     variant (every weight, then the models' alone) re-ranks it without scoring it again: the
     second variant runs one nbest call, with --weights and no model; both 1-best outputs have
     a line per sentence, each a hypothesis of that sentence."""
-    data = Path(__file__).parent / "data" / "nbest"
-    source = data / "multi30k.test2016.head5.tok.lc.en"
-    nbest = tmp_path / "t16.100best.nbest"
-    with gzip.open(data / "multi30k.test2016.ids0-4.100best.nbest.gz", "rt") as lines:
-        nbest.write_text(lines.read())
+    nbest, source = real_list(tmp_path / "t16.100best.nbest")
     commands = []
 
     def run(command, cwd, log_name):
@@ -364,11 +369,7 @@ def test_a_set_of_models_scores_only_the_models_no_earlier_set_scored(
     target->source model kept, scores the swapped model alone (one ``nbest`` call) and leaves
     the kept model's list untouched; each set's scored list is the bytes of one ``nbest`` call
     with all its models. The second set is given paths relative to the current folder."""
-    data = Path(__file__).parent / "data" / "nbest"
-    source = data / "multi30k.test2016.head5.tok.lc.en"
-    nbest = tmp_path / "dev.100best.nbest"
-    with gzip.open(data / "multi30k.test2016.ids0-4.100best.nbest.gz", "rt") as lines:
-        nbest.write_text(lines.read())
+    nbest, source = real_list(tmp_path / "dev.100best.nbest")
     scored_models = []
 
     def run(command, cwd, log_name):
