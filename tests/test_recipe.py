@@ -32,13 +32,20 @@ HAS_MOSES = bool(MOSES_HOME) and Path(str(MOSES_HOME), "bin", "moses").is_file()
 TRAIN_FLAGS = ["--preset", "tiny", "--max-steps", "2", "--seed", "1"]
 SMALL = ["--jobs", "1", "--nbest-size", "10", "--mert-iterations", "1", "--runs", "1"]
 TRAIN_STEPS = ["train-l2r", "train-r2l", "train-inverse", "train-lstm", "train-column"]
-MOSES_STEPS = ["sets", "mert", "decode-dev", "decode-test", "nbest-dev", "nbest-test"]
+SCORING = ["l2r", "r2l", "lstm", "inverse"]
+"""The sentence models, each scoring each list in a step of its own (nbest-SET-MODEL)."""
+MOSES_STEPS = ["sets", "mert", "decode-dev", "decode-test"]
+for _set in ("dev", "test"):
+    MOSES_STEPS += [f"nbest-{_set}-{model}" for model in SCORING] + [f"nbest-{_set}"]
 MOSES_STEPS += ["rerank-tune", "rerank-test", "bleu"]
 ALL_STEPS = TRAIN_STEPS + ["rescore"] + MOSES_STEPS
+WIDTH = max(map(len, ALL_STEPS))
+"""The plan's column of step names."""
 KILLED = ["train-column", "rescore"]
 """A step of each kind the recipe kills in turn (then resumes); the Moses ones with Moses."""
 if HAS_MOSES:
-    KILLED += ["sets", "mert", "decode-test", "nbest-dev", "rerank-tune", "rerank-test", "bleu"]
+    KILLED += ["sets", "mert", "decode-test", "nbest-dev-l2r", "nbest-dev", "rerank-tune"]
+    KILLED += ["rerank-test", "bleu"]
 
 INI = """\
 [input-factors]
@@ -158,6 +165,7 @@ def final_outputs(work: Path) -> dict[str, bytes]:
     if HAS_MOSES:
         names += ["data/dev.en", "data/test.fr", "mert/moses.ini", "lists/dev.10best.nbest"]
         names += ["lists/test.1best.fr", "lists/dev.scored.nbest", "lists/test.scored.nbest"]
+        names += [f"lists/test.{model}.nbest" for model in SCORING]
         names += ["rerank.weights", "test.reranked.fr", "results.txt"]
     outputs = {}
     for name in names:
@@ -223,7 +231,7 @@ def test_a_recipe_killed_in_any_step_resumes_with_that_step_and_ends_as_an_unint
                 assert "resuming at step 2" in (work / "nn" / f"{model}.stderr").read_text()
         if step.startswith("train-"):
             plan = recipe(system, work, "--dry-run").stdout
-            assert f"{step:<13}  run (stopped: continues from its progress)" in plan
+            assert f"{step:<{WIDTH}}  run (stopped: continues from its progress)" in plan
             assert f"--models {step.split('-')[1]} -o {work}/nn --resume" in plan
         before = done
     proc = recipe(system, work)
@@ -247,7 +255,7 @@ def test_a_recipe_killed_in_any_step_resumes_with_that_step_and_ends_as_an_unint
             plan = recipe(system, work, "--dry-run", *changed).stdout
             runs = [name for name, state in states(plan).items() if state == "run"]
             assert runs == ["rerank-tune", "rerank-test", "bleu"]
-            assert "rerank-tune    run (settings changed: rerank-tune)" in plan
+            assert f"{'rerank-tune':<{WIDTH}}  run (settings changed: rerank-tune)" in plan
         assert "--tune new" in plan
     os.utime(system / "phrase-table.gz")
     plan = states(recipe(system, work, "--dry-run").stdout)
@@ -260,6 +268,21 @@ def test_a_recipe_killed_in_any_step_resumes_with_that_step_and_ends_as_an_unint
     for name in ["train-l2r", "train-r2l", "train-inverse", "train-lstm"]:
         assert finished(work)[name] == kept[name]
     assert final_outputs(work) == final_outputs(uninterrupted)
+    if not HAS_MOSES:
+        return
+
+    # a model trained again (here: its file newer) scores its two lists again, no other model
+    os.utime(work / "nn" / "lstm.safetensors")
+    kept = finished(work)
+    proc = recipe(system, work)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ran = [name for name, state in states(proc.stdout).items() if state == "ran"]
+    assert (
+        ran == ["nbest-dev-lstm", "nbest-dev", "nbest-test-lstm", "nbest-test"] + MOSES_STEPS[-3:]
+    )
+    for name in ("l2r", "r2l", "inverse"):
+        assert finished(work)[f"nbest-test-{name}"] == kept[f"nbest-test-{name}"]
+    assert final_outputs(work) == final_outputs(uninterrupted)
 
 
 def test_changed_training_flags_retrain_the_five_models(system, uninterrupted):
@@ -268,7 +291,7 @@ def test_changed_training_flags_retrain_the_five_models(system, uninterrupted):
     proc = run(command)
     plan = states(proc.stdout)
     assert [name for name, state in plan.items() if state == "run"][:6] == TRAIN_STEPS + ["rescore"]
-    assert "train-l2r      run (settings changed: train)" in proc.stdout
+    assert f"{'train-l2r':<{WIDTH}}  run (settings changed: train)" in proc.stdout
     stamp = json.loads((uninterrupted / "logs" / "train-l2r.stamp").read_text())
     assert stamp["settings"]["train"] == TRAIN_FLAGS
 
@@ -324,3 +347,25 @@ def test_a_bad_input_is_one_line_and_exit_1(system, tmp_path):
     assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
     assert f"--dev {tmp_path / 'missing'}: neither" in proc.stderr
     assert not (tmp_path / "work").exists()
+
+
+@pytest.mark.skipif(not HAS_MOSES, reason="the n-best lists come from Moses")
+def test_each_lists_joined_features_are_the_bytes_of_one_nbest_call_with_the_four_models(
+    uninterrupted, tmp_path
+):
+    lists, nn = uninterrupted / "lists", uninterrupted / "nn"
+    for name in ("dev", "test"):
+        one_call = tmp_path / f"{name}.nbest"
+        models = ["-m", f"L2R={nn}/l2r.safetensors", "-m", f"R2L={nn}/r2l.safetensors"]
+        models += ["-m", f"LSTM={nn}/lstm.safetensors"]
+        models += ["--inverse-model", f"Inv={nn}/inverse.safetensors"]
+        proc = forked_cli.run_phrasescore(
+            ["nbest", str(lists / f"{name}.10best.nbest"), "--source"]
+            + [str(uninterrupted / "data" / f"{name}.en"), *models, "-o", str(one_call)]
+            + ["--no-progress", "--device", "cpu", "--threads", "1"]
+        )
+        assert proc.returncode == 0, proc.stderr
+        joined = (lists / f"{name}.scored.nbest").read_bytes()
+        assert joined == one_call.read_bytes()
+        assert joined.count(b"\n") == (lists / f"{name}.10best.nbest").read_bytes().count(b"\n")
+        assert b" L2R= " in joined and b" Inv= " in joined

@@ -10,7 +10,8 @@ the re-ranked test BLEU, in the steps a user would otherwise run by hand:
 3. ``sets``: the dev and test sets as plain files (what mert-moses.pl and the decoder read);
 4. ``mert``: the rescored system tuned with mert-moses.pl on dev;
 5. ``decode-dev``, ``decode-test``: the tuned system's n-best lists and 1-best;
-6. ``nbest-dev``, ``nbest-test``: the four sentence models' features added to each list;
+6. ``nbest-dev-MODEL``, ``nbest-test-MODEL``: each sentence model's feature added to each list
+   by a ``nbest`` call of its own; ``nbest-dev``, ``nbest-test``: the four features joined;
 7. ``rerank-tune``: the re-ranking weights tuned on the dev list;
 8. ``rerank-test``: the test list re-ranked with them (its 1-best);
 9. ``bleu``: the test BLEU of the tuned system's 1-best and of the re-ranked 1-best.
@@ -33,6 +34,7 @@ from phrasescore.files import AtomicOutput, iter_lines, output_lock
 from phrasescore.jobs.recipe.inputs import ROOT, TRAIN_RECIPE, Inputs, Machine, check_inputs
 from phrasescore.jobs.recipe.inputs import machine as find_machine
 from phrasescore.jobs.recipe.steps import Planned, Step, StepGraph
+from phrasescore.moses.nbest import join_added_features
 
 log = logging.getLogger(__name__)
 
@@ -251,35 +253,58 @@ def moses_steps(options: RecipeOptions, inputs: Inputs, at: Layout, box: Machine
     return steps
 
 
-def rerank_steps(options: RecipeOptions, inputs: Inputs, at: Layout, box: Machine) -> list[Step]:
-    """The lists scored by the four sentence models, the weights tuned on dev, test re-ranked."""
-    skip = None if inputs.moses_home else NO_MOSES
-    f, e = options.f, options.e
-    specs = [arg for name, model in FEATURES for arg in ("-m", f"{name}={at.model(model)}")]
-    specs += ["--inverse-model", f"{INVERSE_FEATURE[0]}={at.model(INVERSE_FEATURE[1])}"]
-    models = [at.model(model) for _, model in (*FEATURES, INVERSE_FEATURE)]
+def scoring_steps(options: RecipeOptions, at: Layout, box: Machine) -> list[Step]:
+    """Each set's n-best list scored by each sentence model in a ``nbest`` call of its own
+    (``nbest-SET-MODEL``: the list with that model's feature), then the four features joined
+    into one list (``nbest-SET``, :func:`~phrasescore.moses.nbest.join_added_features`): the
+    bytes of one call with every model, while a retrained model scores its lists again alone
+    and the models score side by side, up to ``--jobs`` at once."""
+    f = options.f
+    features = [(label, model, "-m") for label, model in FEATURES]
+    features.append((*INVERSE_FEATURE, "--inverse-model"))
     steps = []
     for name in ("dev", "test"):
         nbest = at.lists(f"{name}.{options.nbest_size}best.nbest")
-        stable = [
-            nbest,
-            "--source",
-            at.data(name, f),
-            *specs,
-            "-o",
-            at.lists(f"{name}.scored.nbest"),
-        ]
+        scored = at.lists(f"{name}.scored.nbest")
+        per_model = []
+        for label, model, flag in features:
+            one = at.lists(f"{name}.{model}.nbest")
+            stable = [nbest, "--source", at.data(name, f), flag, f"{label}={at.model(model)}"]
+            stable += ["-o", one]
+            steps.append(
+                Step(
+                    name=f"nbest-{name}-{model}",
+                    kind="nbest",
+                    inputs=[nbest, at.data(name, f), at.model(model)],
+                    outputs=[one],
+                    settings={"nbest": stable, "device": box.device},
+                    command=phrasescore_command("nbest", *stable, *placement(box)),
+                    gpu=box.device == "cuda",
+                )
+            )
+            per_model.append(one)
+
+        def join(nbest: str = nbest, per_model: list[str] = per_model, scored: str = scored):
+            with AtomicOutput(scored) as out:
+                out.writelines(join_added_features(nbest, per_model))
+
         steps.append(
             Step(
                 name=f"nbest-{name}",
-                kind="nbest",
-                inputs=[nbest, at.data(name, f), *models],
-                outputs=[at.lists(f"{name}.scored.nbest")],
-                settings={"nbest": stable, "device": box.device},
-                command=phrasescore_command("nbest", *stable, *placement(box)),
-                gpu=box.device == "cuda",
+                kind="join features",
+                inputs=[nbest, *per_model],
+                outputs=[scored],
+                settings={"features": [label for label, _, _ in features]},
+                action=join,
             )
         )
+    return steps
+
+
+def rerank_steps(options: RecipeOptions, inputs: Inputs, at: Layout) -> list[Step]:
+    """The re-ranking weights tuned on the scored dev list, the scored test list re-ranked."""
+    skip = None if inputs.moses_home else NO_MOSES
+    f, e = options.f, options.e
     home = str(inputs.moses_home)
     tune = [
         at.lists("dev.scored.nbest"),
@@ -294,7 +319,7 @@ def rerank_steps(options: RecipeOptions, inputs: Inputs, at: Layout, box: Machin
         tune += ["--tune", options.tune]
     rerank = [at.lists("test.scored.nbest"), "--source", at.data("test", f), "--weights"]
     rerank += [str(at.weights), "--one-best", "-o", str(at.reranked)]
-    steps += [
+    return [
         Step(
             name="rerank-tune",
             kind="rerank-tune",
@@ -314,7 +339,6 @@ def rerank_steps(options: RecipeOptions, inputs: Inputs, at: Layout, box: Machin
             command=phrasescore_command("nbest", *rerank, "--no-progress"),
         ),
     ]
-    return steps
 
 
 def bleu_step(options: RecipeOptions, at: Layout) -> Step:
@@ -358,7 +382,8 @@ def recipe_steps(options: RecipeOptions, inputs: Inputs, at: Layout, box: Machin
         rescore_step(inputs, at, box),
         sets_step(options, inputs, at, skip),
         *moses_steps(options, inputs, at, box),
-        *rerank_steps(options, inputs, at, box),
+        *scoring_steps(options, at, box),
+        *rerank_steps(options, inputs, at),
         bleu_step(options, at),
     ]
 
