@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,8 +35,10 @@ from phrasescore.jobs.tuning.ab_rerank import RerankStep
 from phrasescore.jobs.tuning.moses_tools import Programs
 from phrasescore.moses.ini import read_weights
 from phrasescore.moses.nbest import read_nbest
+from phrasescore.moses.tuning import mert_best_bleu
 
-SYSTEM = Path(__file__).parent / "data" / "moses-system"
+DATA = Path(__file__).parent / "data"
+SYSTEM = DATA / "moses-system"
 
 TUNED_INI = """\
 [feature]
@@ -88,7 +91,7 @@ def test_bleu_and_bootstrap_on_real_sentences(tmp_path):
 
 def _result(name: str, bleus: list[float], new: dict[str, list[float]]) -> SystemResult:
     runs = [
-        RunResult(seed=s, weights={}, bleu={"test": b})
+        RunResult(seed=s, weights={}, bleu={"test": b}, dev_bleu=b + 1 if s != 3 else None)
         for s, b in zip((1, 2, 3), bleus, strict=False)
     ]
     return SystemResult(System(name, Path(f"/x/{name}.ini")), runs, new)
@@ -106,6 +109,9 @@ def test_mean_sd_closest_run_and_report():
     assert lines[0].split()[:2] == ["system", "test"]
     assert lines[1].split()[:4] == ["baseline", "57.30", "±", "0.30"]
     assert "57.77 ± 0.68" in lines[2] and "0.0123" in lines[2]
+    assert re.split(r"\s{2,}", lines[0])[2:4] == ["test per run", "dev per run"]
+    assert "57.00 / 57.60 / 57.30  58.00 / 58.60 / -" in lines[1]  # a run's dev unknown: -
+    assert "58.00 / 57.00 / 58.30  59.00 / 58.00 / -" in lines[2]
     assert "TranslationModel0[4]=0.004/0.011/0.02" in lines[2]
 
 
@@ -404,3 +410,17 @@ def test_a_set_of_models_scores_only_the_models_no_earlier_set_scored(
     assert calls == {"first": [["L2R"], ["Inv"]], "second": [["L2RB"]]}
     assert inverse_list.stat().st_mtime_ns == kept
     assert len(list((tmp_path / "scored").iterdir())) == 5  # L2R, Inv, L2RB and the two sets
+
+
+def test_the_dev_bleu_of_a_mert_run_is_its_last_iterations_best_point(tmp_path):
+    """mert-moses.pl's runN.mert.log, the highest N with a best point (a killed iteration's
+    log has none); mert's own line from tests/data, progress bytes and carriage returns around
+    it."""
+    best_point = (DATA / "nbest" / "mert" / "mert.best-point.txt").read_bytes()
+    assert mert_best_bleu(tmp_path) is None
+    (tmp_path / "run1.mert.log").write_bytes(b"Best point: 0.1 0.2 0.7  => 0.25\n")
+    assert mert_best_bleu(tmp_path) == 0.25
+    (tmp_path / "run2.mert.log").write_bytes(b"shard 1\r\xff\n" + best_point + b"done\r\n")
+    (tmp_path / "run10.mert.log").write_bytes(b"killed before its best point\n")
+    (tmp_path / "run.mert.log").write_bytes(b"Best point: 1  => 0.99\n")
+    assert mert_best_bleu(tmp_path) == pytest.approx(0.768998)

@@ -154,6 +154,13 @@ def test_ab_runs_a_short_mert_per_system_and_resumes(moses_system, tmp_path):
     assert 0.0 <= results[1].p_values["test20"] <= 1.0
     report = format_report(results, ["test20"])
     assert len(report) == 3 and report[2].startswith("rnn")
+    # each run's dev BLEU is the best point of mert-moses.pl's last iteration
+    for result in results:
+        for run in result.runs:
+            log = tmp_path / "ab" / result.system.name / f"mert-{run.seed}" / "run2.mert.log"
+            best = log.read_bytes().rsplit(b"Best point:", 1)[1].split(b"=>")[1].split()[0]
+            assert run.dev_bleu == pytest.approx(100 * float(best))
+    assert f"{results[1].runs[0].dev_bleu:.2f} / {results[1].runs[1].dev_bleu:.2f}" in report[2]
     # the tables were filtered once per system, and each MERT run reused that filtered model
     for name in ("baseline", "rnn"):
         assert (tmp_path / "ab" / name / "filtered" / "moses.ini").is_file()
@@ -215,6 +222,10 @@ def test_ab_rerank_tunes_the_nbest_feature_on_dev_and_reranks_the_tests(
         assert line in groups[index]
     assert 0.0 <= reranked.p_values["test20"] <= 1.0
     assert format_report(results, ["test20"])[2].startswith("baseline+rerank")
+    # its dev BLEU: the dev list re-ranked with the tuned weights, the BLEU mert reached there
+    rerank_log = next(run_dir.glob("rerank-*Sent0-*/mert.log")).read_bytes()
+    best = rerank_log.rsplit(b"Best point:", 1)[1].split(b"=>")[1].split()[0]
+    assert run.dev_bleu == pytest.approx(100 * float(best), abs=0.01)
 
 
 def test_ab_rerank_tune_new_keeps_the_runs_mert_weights_and_tunes_the_model(

@@ -192,6 +192,30 @@ def read_tuner_output(path: Path, names: list[str]) -> dict[str, list[float]]:
     return read_tuned_weights(path, names)
 
 
+_BEST_POINT = re.compile(rb"^Best point:.*=>\s*(\S+)\s*$", re.MULTILINE)
+
+
+def mert_best_bleu(work: Path) -> float | None:
+    """The dev BLEU (0-1) of a ``mert-moses.pl`` working folder's last tuning iteration: the
+    ``Best point: w ... => BLEU`` line of the highest ``runN.mert.log`` that has one (mert's
+    BLEU of its best weights on the n-best lists gathered so far, ``mert/mert.cpp``); None when
+    no iteration has one. The logs are read as bytes: mert writes its progress to them with
+    carriage returns and non-UTF-8 bytes."""
+    logs = []
+    for log in work.glob("run*.mert.log"):
+        number = log.name[3 : -len(".mert.log")]
+        if number.isdigit():
+            logs.append((int(number), log))
+    for _, log in sorted(logs, reverse=True):
+        found = _BEST_POINT.findall(log.read_bytes())
+        if found:
+            try:
+                return float(found[-1])
+            except ValueError:
+                return None
+    return None
+
+
 def read_reference(path: str) -> list[str]:
     """The lines of a reference translation that Moses' tuning tools read (``extractor``,
     ``mert-moses.pl``), without their ``\\n``; a carriage return in a line (CRLF endings) is an

@@ -45,8 +45,9 @@ from phrasescore.jobs.feature_specs import FeatureModel
 from phrasescore.jobs.moses_install import RERANK_TUNERS, MosesInstall
 from phrasescore.jobs.tuning.ab_rerank import RerankStep, rerank_models
 from phrasescore.jobs.tuning.moses_tools import Programs
+from phrasescore.jobs.tuning.rerank_tune import best_hypotheses, dev_bleu
 from phrasescore.moses.ini import read_weights
-from phrasescore.moses.tuning import read_reference, weight_line
+from phrasescore.moses.tuning import mert_best_bleu, read_reference, weight_line
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,9 @@ class RunResult:
     weights: dict[str, list[float]]
     bleu: dict[str, float] = field(default_factory=dict)
     outputs: dict[str, Path] = field(default_factory=dict)
+    dev_bleu: float | None = None
+    """The dev BLEU where the weights were tuned: mert-moses.pl's last best point, or the dev
+    n-best list re-ranked with the tuned weights (sacrebleu); None when it is not known."""
 
 
 @dataclass
@@ -258,6 +262,8 @@ class Comparison:
     def run_one(self, system: System, seed: int) -> RunResult:
         tuned = self.tune(system, seed)
         result = RunResult(seed=seed, weights=read_weights(tuned.read_text(encoding="utf-8")))
+        best = mert_best_bleu(tuned.parent)
+        result.dev_bleu = None if best is None else 100 * best
         for test in self.tests:
             result.outputs[test.name] = self.decode(system, tuned.parent, result.weights, test)
         return result
@@ -294,6 +300,11 @@ class Comparison:
         dev = (self.dev.source, self.dev.reference)
         weights_file = self.reranking.tune(run_dir, dev_nbest, dev, run.seed, run.weights)
         result = RunResult(seed=run.seed, weights=read_weights(weights_file.read_text("utf-8")))
+        scored_dev = self.reranking.scored_list(run_dir, "dev")
+        if scored_dev.exists():
+            references = read_reference(str(self.dev.reference))
+            chosen = best_hypotheses(str(scored_dev), len(references), result.weights)
+            result.dev_bleu = dev_bleu(chosen.hypotheses, references)
         for test in self.tests:
             nbest = self.decode_nbest(system, run_dir, run.weights, test)
             result.outputs[test.name] = self.reranking.rerank(
@@ -544,6 +555,7 @@ def format_report(results: list[SystemResult], tests: list[str]) -> list[str]:
     """The comparison as a plain-text table, one line per system (what ``ab`` prints)."""
     runs = len(results[0].runs)
     header = ["system"] + [f"{test} BLEU (mean ± sd, {runs} runs)" for test in tests]
+    header += [f"{test} per run" for test in tests] + ["dev per run"]
     header += [f"p ({test})" for test in tests] + ["new weights (per run)"]
     rows = [header]
     for result in results:
@@ -551,6 +563,13 @@ def format_report(results: list[SystemResult], tests: list[str]) -> list[str]:
         for test in tests:
             mean, sd = result.bleu_mean_sd(test)
             row.append(f"{mean:.2f} ± {sd:.2f}")
+        for test in tests:
+            row.append(" / ".join(f"{run.bleu[test]:.2f}" for run in result.runs))
+        row.append(
+            " / ".join(
+                "-" if run.dev_bleu is None else f"{run.dev_bleu:.2f}" for run in result.runs
+            )
+        )
         for test in tests:
             p = result.p_values.get(test)
             row.append("-" if p is None else f"{p:.4f}")
