@@ -420,7 +420,7 @@ def test_the_dev_bleu_of_a_mert_run_is_its_last_iterations_best_point(tmp_path):
     assert mert_best_bleu(tmp_path) is None
     (tmp_path / "run1.mert.log").write_bytes(b"Best point: 0.1 0.2 0.7  => 0.25\n")
     assert mert_best_bleu(tmp_path) == 0.25
-    (tmp_path / "run2.mert.log").write_bytes(b"shard 1\r\xff\n" + best_point + b"done\r\n")
+    (tmp_path / "run2.mert.log").write_bytes(b"shard 1\r\xff\n50%\r" + best_point + b"done\r\n")
     (tmp_path / "run10.mert.log").write_bytes(b"killed before its best point\n")
     (tmp_path / "run.mert.log").write_bytes(b"Best point: 1  => 0.99\n")
     assert mert_best_bleu(tmp_path) == pytest.approx(0.768998)

@@ -192,7 +192,7 @@ def read_tuner_output(path: Path, names: list[str]) -> dict[str, list[float]]:
     return read_tuned_weights(path, names)
 
 
-_BEST_POINT = re.compile(rb"^Best point:.*=>\s*(\S+)\s*$", re.MULTILINE)
+_BEST_POINT = re.compile(rb"(?:^|\r)Best point:[^\r\n]*=>[ \t]*([^\s]+)", re.MULTILINE)
 
 
 def mert_best_bleu(work: Path) -> float | None:
