@@ -369,3 +369,22 @@ def test_each_lists_joined_features_are_the_bytes_of_one_nbest_call_with_the_fou
         assert joined == one_call.read_bytes()
         assert joined.count(b"\n") == (lists / f"{name}.10best.nbest").read_bytes().count(b"\n")
         assert b" L2R= " in joined and b" Inv= " in joined
+
+
+def test_on_gpus_five_steps_share_each_gpu_and_split_the_cores(monkeypatch):
+    """The default --jobs: the five trainings (and the eight scoring steps) at once per GPU, as
+    train-recipe runs them, each step its share of the cores; one step per core on the CPU."""
+    import torch
+
+    from phrasescore.jobs.recipe.inputs import Machine, machine
+
+    cpus = len(os.sched_getaffinity(0))
+    assert machine("cpu", None) == Machine("cpu", cpus, 1, 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)  # no GPU here: the plan alone
+    assert machine(None, None) == Machine("cuda", 10, max(1, cpus // 10), 2)
+    assert machine("cuda", 3) == Machine("cuda", 3, max(1, cpus // 3), 2)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert machine(None, None).device == "cpu"
+    with pytest.raises(InputError, match="--device cuda: PyTorch sees no GPU"):
+        machine("cuda", None)

@@ -20,7 +20,7 @@ from phrasescore.cli.options import POSITIVE, POSITIVE_FLOAT, TUNED_WEIGHTS, tak
 @click.option("--e", "e", required=True, help="Target language suffix (train-model.perl's --e).")
 @click.option("-o", "--out", "work", required=True, help="Work folder: every output and log.")
 @click.option("--moses-home", help="Moses build (default: $MOSES_HOME; none: Moses steps skip).")
-@click.option("--jobs", type=POSITIVE, help="Steps at once (default: one per GPU, else core).")
+@click.option("--jobs", type=POSITIVE, help="Steps at once (default: 5 per GPU, else 1 per core).")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), help="Default: cuda if a GPU.")
 @click.option("--minutes", type=POSITIVE_FLOAT, help="Time cap per model (train-recipe's).")
 @click.option("--patience", type=POSITIVE, help="Validations without a new best (default 2).")

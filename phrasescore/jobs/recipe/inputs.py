@@ -163,9 +163,17 @@ class Machine:
     gpus: int
 
 
+STEPS_PER_GPU = 5
+"""Steps at once per GPU by default: the recipe's five trainings share one GPU, as
+bin/phrasescore-train-recipe runs them (one training of these sizes leaves most of a GPU idle,
+its step bound by the host's launches), and so do the n-best lists' eight scoring steps, whose
+start-ups (CUDA, the model) overlap instead of queueing."""
+
+
 def machine(device: str | None, jobs: int | None) -> Machine:
     """--device and --jobs as bin/phrasescore-train-recipe takes them: cuda when a GPU is there,
-    one step per GPU there, else one per core."""
+    :data:`STEPS_PER_GPU` steps per GPU there, else one per core; each step gets its share of
+    the cores as threads."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     cpus = cpus or 1
     gpus = 0
@@ -177,5 +185,5 @@ def machine(device: str | None, jobs: int | None) -> Machine:
         device = "cuda" if gpus else "cpu"
     if device == "cuda" and not gpus:
         raise InputError("--device cuda: PyTorch sees no GPU")
-    jobs = jobs or (gpus if device == "cuda" else cpus)
+    jobs = jobs or (STEPS_PER_GPU * gpus if device == "cuda" else cpus)
     return Machine(device, jobs, max(1, cpus // jobs), gpus)

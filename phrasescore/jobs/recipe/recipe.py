@@ -149,7 +149,10 @@ def train_steps(options: RecipeOptions, inputs: Inputs, at: Layout, box: Machine
             *["--f", options.f, "--e", options.e, "--models", name, "-o", str(at.nn)],
         ]
         stable = [*model, "--force", *budget]
-        placed = ["--jobs", "1", "--device", box.device, "--", *options.train_flags]
+        # the step's share of the cores (train-recipe alone would give each training all of
+        # them: several trainings share a GPU); a --threads in the user's flags comes later, wins
+        placed = ["--jobs", "1", "--device", box.device, "--", "--threads", str(box.threads)]
+        placed += options.train_flags
         steps.append(
             Step(
                 name=f"train-{name}",
