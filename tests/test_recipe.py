@@ -35,8 +35,11 @@ TRAIN_STEPS = ["train-l2r", "train-r2l", "train-inverse", "train-lstm", "train-c
 SCORING = ["l2r", "r2l", "lstm", "inverse"]
 """The sentence models, each scoring each list in a step of its own (nbest-SET-MODEL)."""
 MOSES_STEPS = ["sets", "mert", "decode-dev", "decode-test"]
-for _set in ("dev", "test"):
-    MOSES_STEPS += [f"nbest-{_set}-{model}" for model in SCORING] + [f"nbest-{_set}"]
+MOSES_STEPS += [
+    step
+    for name in ("dev", "test")
+    for step in [*(f"nbest-{name}-{model}" for model in SCORING), f"nbest-{name}"]
+]
 MOSES_STEPS += ["rerank-tune", "rerank-test", "bleu"]
 ALL_STEPS = TRAIN_STEPS + ["rescore"] + MOSES_STEPS
 WIDTH = max(map(len, ALL_STEPS))
