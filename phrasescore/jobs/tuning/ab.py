@@ -147,6 +147,7 @@ class Comparison:
         self.workdir = workdir.resolve()
         self.systems = systems
         self.dev = dev
+        self.dev_references = read_reference(str(dev.reference))  # each re-ranked run's dev BLEU
         self.tests = tests
         self.options = options
         self.programs = Programs()
@@ -302,7 +303,7 @@ class Comparison:
         result = RunResult(seed=run.seed, weights=read_weights(weights_file.read_text("utf-8")))
         scored_dev = self.reranking.scored_list(run_dir, "dev")
         if scored_dev.exists():
-            references = read_reference(str(self.dev.reference))
+            references = self.dev_references
             chosen = best_hypotheses(str(scored_dev), len(references), result.weights)
             result.dev_bleu = dev_bleu(chosen.hypotheses, references)
         for test in self.tests:
