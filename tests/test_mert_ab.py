@@ -29,6 +29,8 @@ from phrasescore.jobs.tuning.ab import (
     format_report,
     new_feature_weights,
     paired_bootstrap_p,
+    parse_rerank_sets,
+    report_names,
     rerank_models,
 )
 from phrasescore.jobs.tuning.ab_rerank import RerankStep
@@ -159,6 +161,54 @@ def test_rerank_models_are_named_checked_and_distinct(tmp_path, tiny_model_path)
         rerank_models([f"Att={tiny_model_path}", f"Att={tiny_model_path}"])
     with pytest.raises(InputError, match="--rerank X model: no such file"):
         rerank_models([f"X={tmp_path / 'none.safetensors'}"])
+
+
+def test_rerank_sets_name_subsets_of_the_features_in_their_order(tmp_path, tiny_model_path):
+    """``--rerank-set``: each set's features in the order of --rerank / --rerank-inverse, the
+    report's systems SYSTEM+SET per re-ranked system (the tuner's suffix after it); a feature
+    that is not given, a set named twice or the same features twice is one error."""
+    features = rerank_models(
+        [f"L2R={tiny_model_path}", f"R2L={tiny_model_path}"], [f"Inv={tiny_model_path}"]
+    )
+    sets = parse_rerank_sets(["three=Inv,L2R,R2L", "l2r=L2R", "ends=Inv,L2R"], features)
+    assert sets == (
+        ("three", ("L2R", "R2L", "Inv")),
+        ("l2r", ("L2R",)),
+        ("ends", ("L2R", "Inv")),
+    )
+    systems = [System("baseline", Path("b.ini")), System("col", Path("c.ini"))]
+    options = ComparisonOptions(rerank=features, rerank_sets=sets, rerank_systems=("col",))
+    assert report_names(systems, options) == ["baseline", "col", "col+three", "col+l2r", "col+ends"]
+    options.rerank_tuner = "kbmira"
+    assert report_names(systems, options)[2:] == [
+        "col+three-kbmira",
+        "col+l2r-kbmira",
+        "col+ends-kbmira",
+    ]
+    without_sets = ComparisonOptions(rerank=features)
+    assert report_names(systems, without_sets)[2:] == ["baseline+rerank", "col+rerank"]
+    for specs, message in [
+        (["a=L2R,LSTM"], r"--rerank-set a=L2R,LSTM: LSTM: give names of --rerank / "
+         r"--rerank-inverse features \(L2R, R2L, Inv\)"),
+        (["a=L2R", "a=R2L"], "give each a distinct NAME=FEATURE,FEATURE"),
+        (["L2R"], "give each a distinct NAME=FEATURE,FEATURE"),
+        (["a="], "a=: no feature"),
+        (["a=L2R,R2L", "b=R2L,L2R"], "--rerank-set b: the same features as a"),
+    ]:  # fmt: skip
+        with pytest.raises(InputError, match=message):
+            parse_rerank_sets(specs, features)
+    with pytest.raises(InputError, match="--rerank-set needs --rerank MODEL"):
+        parse_rerank_sets(["a=L2R"], ())
+
+
+def test_the_report_says_which_system_its_p_values_compare_with():
+    base = _result("baseline", [57.0, 57.6, 57.3], {})
+    one = _result("baseline+one", [58.0, 57.0, 58.3], {})
+    base.p_values["test"] = 0.002
+    assert re.split(r"\s{2,}", format_report([base, one], ["test"])[0])[4] == "p (test)"
+    lines = format_report([base, one], ["test"], against="baseline+one")
+    assert re.split(r"\s{2,}", lines[0])[4] == "p (test vs baseline+one)"
+    assert "0.0020" in lines[1] and "0.0020" not in lines[2]
 
 
 def test_cli_without_moses_is_one_line_exit_1(tmp_path):

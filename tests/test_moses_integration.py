@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from phrasescore.errors import InputError
+
 from .conftest import run_cli
 
 MOSES_HOME = os.environ.get("MOSES_HOME")
@@ -173,15 +175,20 @@ def test_ab_runs_a_short_mert_per_system_and_resumes(moses_system, tmp_path):
     assert (tmp_path / "ab" / "rnn" / "mert-1234" / "test20.out").stat().st_mtime_ns == stamp
 
 
-def rerank_baseline(moses_system, workdir, rerank, rerank_inverse=(), tuner="mert", tune="all"):
+def rerank_baseline(
+    moses_system, workdir, rerank, rerank_inverse=(), tuner="mert", tune="all", **more
+):
     """``ab --rerank`` of the test system's baseline alone: 1 MERT run of 1 iteration on 50 dev
-    sentences, 10-best lists, one test set of 20 sentences."""
+    sentences, 10-best lists, one test set of 20 sentences (``more``: other options)."""
     from phrasescore.jobs.tuning.ab import ComparisonOptions, compare_systems
 
     options = ComparisonOptions(runs=1, jobs=1, max_iterations=1, nbest_size=10)
     options.bootstrap_samples = 100
     options.rerank_tuner = tuner
     options.rerank_tune = tune
+    sets = more.pop("rerank_sets", None)
+    for name, value in more.items():
+        setattr(options, name, value)
     return compare_systems(
         baseline=str(moses_system["baseline"]),
         candidates=[],
@@ -192,6 +199,7 @@ def rerank_baseline(moses_system, workdir, rerank, rerank_inverse=(), tuner="mer
         options=options,
         rerank=rerank,
         rerank_inverse=list(rerank_inverse),
+        rerank_sets=sets,
     )
 
 
@@ -270,6 +278,42 @@ def test_ab_rerank_with_an_inverse_model_and_kbmira_reuses_the_scored_lists(
     assert list(results[1].new_weights) == ["Sent0[0]", "Inv[0]"]
     assert abs(sum(abs(w) for ws in run.weights.values() for w in ws) - 1.0) < 1e-4
     assert len(run.outputs["test20"].read_text(encoding="utf-8").splitlines()) == 20
+
+
+def test_ab_rerank_sets_are_systems_of_their_own_on_the_same_lists(
+    moses_system, tiny_model_path, tiny_inverse_model_path, tmp_path
+):
+    """Two --rerank-set in one call: each a system with its own tuned weights, the features it
+    names and no other; each model's lists scored once for both; the p-values against the
+    first set's system (the baseline's too); the first set's run the same as a workdir where
+    that set was alone."""
+    from phrasescore.jobs.tuning.ab import format_report
+
+    models = ([f"Sent0={tiny_model_path}"], [f"Inv={tiny_inverse_model_path}"])
+    sets = ["one=Sent0", "both=Sent0,Inv"]
+    results = rerank_baseline(
+        moses_system, tmp_path / "ab", *models, rerank_sets=sets, against="baseline+one"
+    )
+    names = [r.system.name for r in results]
+    assert names == ["baseline", "baseline+one", "baseline+both"]
+    one, both = results[1], results[2]
+    assert list(one.new_weights) == ["Sent0[0]"] and "Inv" not in one.runs[0].weights
+    assert list(both.new_weights) == ["Sent0[0]", "Inv[0]"]
+    assert set(results[0].p_values) == {"test20"} and not one.p_values
+    assert 0.0 <= both.p_values["test20"] <= 1.0
+    assert "p (test20 vs baseline+one)" in format_report(results, ["test20"], "baseline+one")[0]
+    run_dir = tmp_path / "ab" / "baseline" / "mert-1234"
+    scoring_logs = sorted(p.name for p in run_dir.glob("rerank-*/*.log") if "nbest" in p.name)
+    # dev and test20 scored by Sent0 once and by Inv once (the sets' lists joined from them)
+    assert len(scoring_logs) == 4, scoring_logs
+    alone = rerank_baseline(moses_system, tmp_path / "alone", [f"Sent0={tiny_model_path}"])[1]
+    assert alone.runs[0].weights == one.runs[0].weights
+    assert (
+        alone.runs[0].outputs["test20"].read_bytes() == one.runs[0].outputs["test20"].read_bytes()
+    )
+    with pytest.raises(InputError, match=r"--against nosuch: no such system \(systems: "
+                       r"baseline, baseline\+one, baseline\+both\)"):  # fmt: skip
+        rerank_baseline(moses_system, tmp_path / "ab", *models, rerank_sets=sets, against="nosuch")
 
 
 def test_ab_rerank_with_an_ensemble_feature_scores_the_lists_with_both_models(

@@ -116,6 +116,22 @@ def rerank_tune_command(**params):
     "(default name RNNEncDecInv0, 1, ...); repeatable, together with --rerank.",
 )
 @click.option(
+    "--rerank-set",
+    "rerank_sets",
+    multiple=True,
+    callback=as_list,
+    metavar="SET=FEATURE[,FEATURE]",
+    help="--rerank: re-rank with these features only (names of --rerank / --rerank-inverse), "
+    "a system of its own, SYSTEM+SET; repeatable: several sets on the same lists, each tuned "
+    "alone (default: one set of every feature, SYSTEM+rerank).",
+)
+@click.option(
+    "--against",
+    metavar="NAME",
+    help="The system each p-value compares with (a name of the report, e.g. baseline+SET; "
+    "default: the baseline).",
+)
+@click.option(
     "--rerank-system",
     "rerank_systems",
     multiple=True,

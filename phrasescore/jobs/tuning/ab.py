@@ -13,11 +13,14 @@ wrote), this job
    call for all models),
    tunes the weights on the fixed dev lists with Moses' extractor and mert
    (:mod:`phrasescore.jobs.tuning.ab_rerank`) and re-ranks the test lists: one more system per system,
-   ``NAME+rerank`` (``NAME+rerank-kbmira`` when tuned with kbmira);
+   ``NAME+rerank`` (``NAME+rerank-kbmira`` when tuned with kbmira); with ``rerank_sets``, one
+   system per set of those features instead, ``NAME+SET``, each tuned and re-ranking on its own
+   on the same lists;
 5. reports BLEU per system and test set as mean and standard deviation over the K runs, the
    tuned weight of each feature the candidate adds, and the paired bootstrap p-value of each
-   candidate against the baseline on the run closest to each system's mean (MultEval's advice:
-   Clark et al. 2011, "Better hypothesis testing for statistical machine translation").
+   candidate against the baseline (or the system ``against``) on the run closest to each
+   system's mean (MultEval's advice: Clark et al. 2011, "Better hypothesis testing for
+   statistical machine translation").
 
 Every step writes its result under a temporary name and renames it when complete, so a run that
 is interrupted resumes where it stopped (MERT itself with ``mert-moses.pl --continue``).
@@ -43,7 +46,7 @@ from phrasescore.files.reading import iter_lines
 from phrasescore.jobs.bleu import bleu_metric
 from phrasescore.jobs.feature_specs import FeatureModel
 from phrasescore.jobs.moses_install import RERANK_TUNERS, MosesInstall
-from phrasescore.jobs.tuning.ab_rerank import RerankStep, rerank_models
+from phrasescore.jobs.tuning.ab_rerank import RerankStep, rerank_models, reranked_system_suffix
 from phrasescore.jobs.tuning.moses_tools import Programs
 from phrasescore.jobs.tuning.rerank_tune import best_hypotheses, dev_bleu
 from phrasescore.moses.ini import read_weights
@@ -104,6 +107,11 @@ class ComparisonOptions:
     """``all`` weights re-tuned on the dev lists, or ``new``: the models' only (mert)."""
     rerank_systems: tuple[str, ...] | None = None
     """The systems whose runs are re-ranked (None: every system)."""
+    rerank_sets: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """(NAME, feature names) of each set of re-ranking features that makes a system of its
+    own (``--rerank-set``); empty: one set, ``rerank``, of every feature."""
+    against: str | None = None
+    """The system the p-values compare with (``--against``); None: the baseline."""
 
 
 @dataclass
@@ -151,16 +159,22 @@ class Comparison:
         self.tests = tests
         self.options = options
         self.programs = Programs()
-        self.reranking = RerankStep(
-            options.rerank,
-            options.rerank_tuner,
-            options.rerank_restarts,
-            options.decoder_threads,
-            moses.program,
-            self.programs.run,
-            options.nbest_size,
-            options.rerank_tune,
-        )
+        by_name = {model.name: model for model in options.rerank}
+        sets = options.rerank_sets or (("rerank", tuple(by_name)),)
+        self.rerankings = [
+            RerankStep(
+                tuple(by_name[feature] for feature in features),
+                options.rerank_tuner,
+                options.rerank_restarts,
+                options.decoder_threads,
+                moses.program,
+                self.programs.run,
+                options.nbest_size,
+                options.rerank_tune,
+                set_name,
+            )
+            for set_name, features in sets
+        ]
 
     # -- step 1: one filtered model per system -------------------------------------------------
     def filter_input(self) -> Path:
@@ -290,28 +304,33 @@ class Comparison:
         partial.rename(output)
         return output
 
-    def rerank_one(self, system: System, run: RunResult) -> RunResult:
-        """One tuned run's test sets, re-ranked with the models' features
-        (:class:`~phrasescore.jobs.tuning.ab_rerank.RerankStep`)."""
+    def rerank_one(self, system: System, run: RunResult) -> list[RunResult]:
+        """One tuned run's test sets, re-ranked with each set of the models' features
+        (:class:`~phrasescore.jobs.tuning.ab_rerank.RerankStep`), one set after the other: the
+        sets share the run's lists and each model's scored list."""
         run_dir = self.workdir / system.name / f"mert-{run.seed}"
 
         def dev_nbest() -> Path:
             return self.decode_nbest(system, run_dir, run.weights, self.dev)
 
         dev = (self.dev.source, self.dev.reference)
-        weights_file = self.reranking.tune(run_dir, dev_nbest, dev, run.seed, run.weights)
-        result = RunResult(seed=run.seed, weights=read_weights(weights_file.read_text("utf-8")))
-        scored_dev = self.reranking.scored_list(run_dir, "dev")
-        if scored_dev.exists():
-            references = self.dev_references
-            chosen = best_hypotheses(str(scored_dev), len(references), result.weights)
-            result.dev_bleu = dev_bleu(chosen.hypotheses, references)
-        for test in self.tests:
-            nbest = self.decode_nbest(system, run_dir, run.weights, test)
-            result.outputs[test.name] = self.reranking.rerank(
-                nbest, test.name, test.source, run_dir, weights_file
-            )
-        return result
+        results = []
+        for reranking in self.rerankings:
+            weights_file = reranking.tune(run_dir, dev_nbest, dev, run.seed, run.weights)
+            weights = read_weights(weights_file.read_text("utf-8"))
+            result = RunResult(seed=run.seed, weights=weights)
+            scored_dev = reranking.scored_list(run_dir, "dev")
+            if scored_dev.exists():
+                references = self.dev_references
+                chosen = best_hypotheses(str(scored_dev), len(references), result.weights)
+                result.dev_bleu = dev_bleu(chosen.hypotheses, references)
+            for test in self.tests:
+                nbest = self.decode_nbest(system, run_dir, run.weights, test)
+                result.outputs[test.name] = reranking.rerank(
+                    nbest, test.name, test.source, run_dir, weights_file
+                )
+            results.append(result)
+        return results
 
     # -- the whole comparison --------------------------------------------------------------------
     def run(self) -> list[SystemResult]:
@@ -361,12 +380,15 @@ class Comparison:
                 or result.system.name in self.options.rerank_systems
             ]
             for system, run_futures in reranked:
-                runs_here = [future.result() for future in run_futures]
-                results.append(
-                    SystemResult(
-                        System(f"{system.name}+{self.reranking.name}", system.ini), runs_here, {}
+                per_run = [future.result() for future in run_futures]
+                for index, reranking in enumerate(self.rerankings):
+                    results.append(
+                        SystemResult(
+                            System(f"{system.name}+{reranking.name}", system.ini),
+                            [runs_here[index] for runs_here in per_run],
+                            {},
+                        )
                     )
-                )
         return results
 
     def _add_new_weights(self, results: list[SystemResult]) -> None:
@@ -378,10 +400,16 @@ class Comparison:
                     result.new_weights.setdefault(name, []).extend(new)
 
     def _add_p_values(self, results: list[SystemResult]) -> None:
+        """Each system's p against the baseline, or against ``options.against``."""
+        against = results[0]
+        if self.options.against is not None:
+            (against,) = [r for r in results if r.system.name == self.options.against]
         for test in self.tests:
             references = list(iter_lines(str(test.reference)))
-            base_run = results[0].closest_to_mean(test.name)
-            for result in results[1:]:
+            base_run = against.closest_to_mean(test.name)
+            for result in results:
+                if result is against:
+                    continue
                 run = result.closest_to_mean(test.name)
                 result.p_values[test.name] = paired_bootstrap_p(
                     references,
@@ -442,19 +470,24 @@ def compare_systems(
     options: ComparisonOptions | None = None,
     rerank: list[str] | None = None,
     rerank_inverse: list[str] | None = None,
+    rerank_sets: list[str] | None = None,
 ) -> list[SystemResult]:
     """The ``ab`` job: tune, decode and compare ``candidates`` against ``baseline``.
 
     ``candidates`` are ``NAME=INI`` or plain paths (named after the file), ``tests`` are
     ``(name, source, reference)``, ``rerank`` are ``NAME=MODEL`` or plain model paths (feature
     ``RNNEncDec0``, ``RNNEncDec1``, ...), ``rerank_inverse`` the same for target->source models
-    (feature log p(source | hypothesis), ``RNNEncDecInv0``, ...). Returns one :class:`SystemResult` per system, baseline
-    first, then with ``rerank`` each system's re-ranked runs (``NAME+rerank``).
+    (feature log p(source | hypothesis), ``RNNEncDecInv0``, ...), ``rerank_sets`` are
+    ``SET=FEATURE,FEATURE...`` of those features' names (:func:`parse_rerank_sets`). Returns
+    one :class:`SystemResult` per system, baseline first, then with ``rerank`` each system's
+    re-ranked runs (``NAME+rerank``, or ``NAME+SET`` for each set).
     """
     options = options or ComparisonOptions()
     check_output_dir(workdir, "--workdir")  # before Moses is looked for; what it holds: below
     if rerank or rerank_inverse:
         options.rerank = rerank_models(rerank or [], rerank_inverse or [])
+    if rerank_sets:
+        options.rerank_sets = parse_rerank_sets(rerank_sets, options.rerank)
     if not candidates and not options.rerank:
         raise InputError(
             "nothing to compare: give --candidate INI, --rerank MODEL or --rerank-inverse MODEL"
@@ -501,6 +534,11 @@ def compare_systems(
             + ", ".join(system.name for system in systems)
             + ")"
         )
+    reported = report_names(systems, options)
+    if options.against is not None and options.against not in reported:
+        raise InputError(
+            f"--against {options.against}: no such system (systems: {', '.join(reported)})"
+        )
     check_work_folder(
         workdir,
         {
@@ -514,16 +552,62 @@ def compare_systems(
     return comparison.run()
 
 
+def parse_rerank_sets(
+    specs: list[str], features: tuple[FeatureModel, ...]
+) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """``SET=FEATURE[,FEATURE...]`` specs (``--rerank-set``) as (SET, feature names), each a
+    name of ``features`` (the ``--rerank`` and ``--rerank-inverse`` models), in the order of
+    ``features``; distinct sets under distinct names."""
+    if not features:
+        raise InputError("--rerank-set needs --rerank MODEL")
+    known = [model.name for model in features]
+    sets: dict[str, tuple[str, ...]] = {}
+    for spec in specs:
+        name, sep, listed = spec.partition("=")
+        if not sep or not re.fullmatch(r"[\w.-]+", name) or name in sets:
+            raise InputError(f"--rerank-set {spec!r}: give each a distinct NAME=FEATURE,FEATURE")
+        chosen = [feature for feature in listed.split(",") if feature]
+        unknown = [feature for feature in chosen if feature not in known]
+        if not chosen or unknown:
+            raise InputError(
+                f"--rerank-set {spec}: {', '.join(unknown) or 'no feature'}: give names of "
+                f"--rerank / --rerank-inverse features ({', '.join(known)})"
+            )
+        members = tuple(feature for feature in known if feature in chosen)
+        same = [other for other, features in sets.items() if features == members]
+        if same:
+            raise InputError(f"--rerank-set {name}: the same features as {same[0]}")
+        sets[name] = members
+    return tuple(sets.items())
+
+
+def report_names(systems: list[System], options: ComparisonOptions) -> list[str]:
+    """The names of the systems the report will hold, in its order."""
+    names = [system.name for system in systems]
+    if not options.rerank:
+        return names
+    sets = [name for name, _ in options.rerank_sets] or ["rerank"]
+    chosen = options.rerank_systems
+    tuning = (options.rerank_tuner, options.rerank_tune)
+    return names + [
+        f"{system}+{reranked_system_suffix(set_name, *tuning)}"
+        for system in names
+        if chosen is None or system in chosen
+        for set_name in sets
+    ]
+
+
 @dataclass
 class ABReport:
     """The systems of an A/B comparison and the names of the test sets they were decoded on."""
 
     systems: list[SystemResult]
     tests: list[str]
+    against: str | None = None
 
     def lines(self) -> list[str]:
         """The report ``ab`` prints (:func:`format_report`)."""
-        return format_report(self.systems, self.tests)
+        return format_report(self.systems, self.tests, self.against)
 
 
 def run_ab(
@@ -536,6 +620,7 @@ def run_ab(
     options: ComparisonOptions | None = None,
     rerank: list[str] | None = None,
     rerank_inverse: list[str] | None = None,
+    rerank_sets: list[str] | None = None,
 ) -> ABReport:
     """``phrasescore ab``: :func:`compare_systems`, with the test sets' names for the report."""
     systems = compare_systems(
@@ -548,16 +633,22 @@ def run_ab(
         options=options,
         rerank=rerank,
         rerank_inverse=rerank_inverse,
+        rerank_sets=rerank_sets,
     )
-    return ABReport(systems, [test[0] for test in tests])
+    against = options.against if options else None
+    return ABReport(systems, [test[0] for test in tests], against)
 
 
-def format_report(results: list[SystemResult], tests: list[str]) -> list[str]:
-    """The comparison as a plain-text table, one line per system (what ``ab`` prints)."""
+def format_report(
+    results: list[SystemResult], tests: list[str], against: str | None = None
+) -> list[str]:
+    """The comparison as a plain-text table, one line per system (what ``ab`` prints); the p
+    columns say which system they compare with unless it is the baseline."""
     runs = len(results[0].runs)
     header = ["system"] + [f"{test} BLEU (mean ± sd, {runs} runs)" for test in tests]
     header += [f"{test} per run" for test in tests] + ["dev per run"]
-    header += [f"p ({test})" for test in tests] + ["new weights (per run)"]
+    versus = f" vs {against}" if against else ""
+    header += [f"p ({test}{versus})" for test in tests] + ["new weights (per run)"]
     rows = [header]
     for result in results:
         row = [result.system.name]

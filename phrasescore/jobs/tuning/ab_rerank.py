@@ -88,6 +88,21 @@ def rerank_models(specs: list[str], inverse_specs: list[str] = ()) -> tuple[Feat
     )
 
 
+def tuning_variant(tuner: str, tuned_weights: str) -> str:
+    """The tuner, and ``new`` for ``tuned_weights="new"``; empty for mert on every weight (the
+    name of workdirs made before either choice, so that they resume)."""
+    if tuned_weights == "new":
+        return "new"
+    return "" if tuner == "mert" else tuner
+
+
+def reranked_system_suffix(set_name: str, tuner: str, tuned_weights: str) -> str:
+    """``SET`` (``rerank`` without sets), ``SET-kbmira`` or ``SET-new``: what a re-ranked
+    system's name adds to its system's."""
+    variant = tuning_variant(tuner, tuned_weights)
+    return set_name + (f"-{variant}" if variant else "")
+
+
 @dataclass
 class RerankStep:
     """Step 4 of ``ab`` for one tuned run: score its n-best lists with every model, tune the
@@ -112,20 +127,19 @@ class RerankStep:
     another size in the same workdir scores and tunes its own lists."""
     tuned_weights: str = "all"
     """``all`` weights tuned, or ``new``: only the models', the run's own kept (mert only)."""
+    set_name: str = "rerank"
+    """The set's name (``ab --rerank-set NAME=...``): the re-ranked systems' suffix."""
 
     @property
     def _variant(self) -> str:
-        """The tuner, and ``new`` for ``tuned_weights="new"``; empty for mert on every weight (the name
-        of workdirs made before either choice, so that they resume)."""
-        if self.tuned_weights == "new":
-            return "new"
-        return "" if self.tuner == "mert" else self.tuner
+        return tuning_variant(self.tuner, self.tuned_weights)
 
     @property
     def name(self) -> str:
         """``rerank`` (mert, every weight), ``rerank-kbmira`` or ``rerank-new`` (mert, the
-        models' weights only): the re-ranked systems' suffix and outputs."""
-        return "rerank" + (f"-{self._variant}" if self._variant else "")
+        models' weights only), the set's name in place of ``rerank``: the re-ranked systems'
+        suffix and outputs."""
+        return reranked_system_suffix(self.set_name, self.tuner, self.tuned_weights)
 
     @property
     def tuned_weights_name(self) -> str:
