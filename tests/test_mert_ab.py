@@ -194,6 +194,7 @@ def test_rerank_sets_name_subsets_of_the_features_in_their_order(tmp_path, tiny_
         (["L2R"], "give each a distinct NAME=FEATURE,FEATURE"),
         (["a="], "a=: no feature"),
         (["a=L2R,R2L", "b=R2L,L2R"], "--rerank-set b: the same features as a"),
+        (["a=L2R,R2L"], "Inv: in no --rerank-set"),
     ]:  # fmt: skip
         with pytest.raises(InputError, match=message):
             parse_rerank_sets(specs, features)

@@ -557,7 +557,7 @@ def parse_rerank_sets(
 ) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """``SET=FEATURE[,FEATURE...]`` specs (``--rerank-set``) as (SET, feature names), each a
     name of ``features`` (the ``--rerank`` and ``--rerank-inverse`` models), in the order of
-    ``features``; distinct sets under distinct names."""
+    ``features``; distinct sets under distinct names, every feature in one at least."""
     if not features:
         raise InputError("--rerank-set needs --rerank MODEL")
     known = [model.name for model in features]
@@ -578,6 +578,9 @@ def parse_rerank_sets(
         if same:
             raise InputError(f"--rerank-set {name}: the same features as {same[0]}")
         sets[name] = members
+    unused = [feature for feature in known if not any(feature in m for m in sets.values())]
+    if unused:
+        raise InputError(f"{', '.join(unused)}: in no --rerank-set (give it in one, or drop it)")
     return tuple(sets.items())
 
 
