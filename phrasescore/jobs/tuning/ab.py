@@ -54,6 +54,9 @@ from phrasescore.moses.tuning import mert_best_bleu, read_reference, weight_line
 
 log = logging.getLogger(__name__)
 
+NAME = re.compile(r"[\w.-]+")
+"""What a candidate's or a re-ranking set's name may hold: it names a folder and a report row."""
+
 
 @dataclass(frozen=True)
 class TestSet:
@@ -314,6 +317,9 @@ class Comparison:
             return self.decode_nbest(system, run_dir, run.weights, self.dev)
 
         dev = (self.dev.source, self.dev.reference)
+        tests = {
+            test.name: self.decode_nbest(system, run_dir, run.weights, test) for test in self.tests
+        }
         results = []
         for reranking in self.rerankings:
             weights_file = reranking.tune(run_dir, dev_nbest, dev, run.seed, run.weights)
@@ -325,9 +331,8 @@ class Comparison:
                 chosen = best_hypotheses(str(scored_dev), len(references), result.weights)
                 result.dev_bleu = dev_bleu(chosen.hypotheses, references)
             for test in self.tests:
-                nbest = self.decode_nbest(system, run_dir, run.weights, test)
                 result.outputs[test.name] = reranking.rerank(
-                    nbest, test.name, test.source, run_dir, weights_file
+                    tests[test.name], test.name, test.source, run_dir, weights_file
                 )
             results.append(result)
         return results
@@ -506,7 +511,7 @@ def compare_systems(
         name, sep, path = spec.partition("=")
         if not sep:
             name, path = Path(spec).name.removesuffix(".ini"), spec
-        if name in {s.name for s in systems} or not re.fullmatch(r"[\w.-]+", name):
+        if name in {s.name for s in systems} or not NAME.fullmatch(name):
             raise InputError(f"candidate name {name!r}: give each a distinct NAME=INI")
         systems.append(System(name, check_input_file(Path(path), f"candidate {name} moses.ini")))
     dev_set = TestSet(
@@ -564,7 +569,7 @@ def parse_rerank_sets(
     sets: dict[str, tuple[str, ...]] = {}
     for spec in specs:
         name, sep, listed = spec.partition("=")
-        if not sep or not re.fullmatch(r"[\w.-]+", name) or name in sets:
+        if not sep or not NAME.fullmatch(name) or name in sets:
             raise InputError(f"--rerank-set {spec!r}: give each a distinct NAME=FEATURE,FEATURE")
         chosen = [feature for feature in listed.split(",") if feature]
         unknown = [feature for feature in chosen if feature not in known]
