@@ -580,3 +580,30 @@ def test_the_loss_over_positions_made_on_the_host_is_the_masks_to_the_bit(arch):
     assert torch.equal(loss, loss_p)
     for name, grad in grads.items():
         assert torch.equal(grad, grads_p[name]), name
+
+
+@pytest.mark.parametrize("arch", ["cho", "attention", "lstm"])
+def test_train_sizes_from_the_command_line_shape_the_network_and_are_stored(tmp_path, arch):
+    """--embedding-dim, --hidden-dim, --output-rank (and --maxout-units where there is a maxout
+    layer) replace the preset's sizes: the stored configuration and the weights' shapes."""
+    source, target = (TEXT / f"multi30k-sample.tok.lc.{lang}.gz" for lang in ("en", "fr"))
+    out = tmp_path / "m.safetensors"
+    sizes = ["--embedding-dim", "24", "--hidden-dim", "40", "--output-rank", "20"]
+    if arch != "lstm":
+        sizes += ["--maxout-units", "36"]
+    args = ["train", source, target, "-o", out, "--preset", "tiny", "--arch", arch, *sizes]
+    proc = run_cli(*args, "--max-steps", "1", "--valid-every", "1", "--batch-tokens", "200")
+    assert proc.returncode == 0, proc.stderr
+    network = load_model(str(out)).network
+    cfg = network.config
+    assert (cfg.embedding_dim, cfg.hidden_dim, cfg.output_rank) == (24, 40, 20)
+    assert network.src_embed.weight.shape[1] == network.tgt_embed.weight.shape[1] == 24
+    assert network.out_vocab.weight.shape == (cfg.tgt_vocab_size, 20)
+    if arch != "lstm":
+        assert cfg.maxout_units == 36 and network.out_rank.weight.shape == (20, 36)
+    else:
+        proc = run_cli(*args, "--maxout-units", "36", "--max-steps", "1")
+        assert proc.returncode == 1
+        assert proc.stderr.strip().splitlines()[-1] == (
+            "phrasescore: error: --maxout-units is not an option of --arch lstm (no maxout layer)"
+        )

@@ -57,6 +57,28 @@ from phrasescore.cli.options import (
 )
 @click.option("--layers", type=POSITIVE, help="lstm: LSTM layers (default: the preset's).")
 @click.option(
+    "--embedding-dim",
+    type=POSITIVE,
+    help="Word embedding size, source and target (default: the preset's). Stored in the model.",
+)
+@click.option(
+    "--hidden-dim",
+    type=POSITIVE,
+    help="Hidden units of the encoder and decoder recurrences (default: the preset's). Stored "
+    "in the model.",
+)
+@click.option(
+    "--maxout-units",
+    type=POSITIVE,
+    help="cho and attention: maxout units of the output layer (default: the preset's).",
+)
+@click.option(
+    "--output-rank",
+    type=POSITIVE,
+    help="Rank of the output layer: the size of the vector the vocabulary projection reads "
+    "(default: the preset's).",
+)
+@click.option(
     "--no-reverse",
     "reverse_source",
     is_flag=True,

@@ -195,6 +195,8 @@ def _configure(
             if arch != "lstm" and key in ("layers", "reverse_source"):
                 flag = "--layers" if key == "layers" else "--no-reverse"
                 raise InputError(f"{flag} is an option of --arch lstm, not of --arch {arch}")
+            if arch == "lstm" and key == "maxout_units":
+                raise InputError("--maxout-units is not an option of --arch lstm (no maxout layer)")
             setattr(mcfg, key, value)
     if mcfg.layers < 1:
         raise InputError(f"--layers must be at least 1, got {mcfg.layers}")
