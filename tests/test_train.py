@@ -607,3 +607,32 @@ def test_train_sizes_from_the_command_line_shape_the_network_and_are_stored(tmp_
         assert proc.stderr.strip().splitlines()[-1] == (
             "phrasescore: error: --maxout-units is not an option of --arch lstm (no maxout layer)"
         )
+
+
+@pytest.mark.parametrize(
+    "arch, sizes, reads",
+    [
+        (
+            "lstm",
+            ["--hidden-dim", "48", "--output-rank", "49"],
+            "48 units the output layer reads (--hidden-dim)",
+        ),
+        ("attention", ["--output-rank", "65"], "64 units the output layer reads (--maxout-units)"),
+        (
+            "cho",
+            ["--maxout-units", "16", "--output-rank", "32"],
+            "16 units the output layer reads (--maxout-units)",
+        ),
+    ],
+)
+def test_an_output_rank_above_what_the_output_layer_reads_is_refused(tmp_path, arch, sizes, reads):
+    source, target = (TEXT / f"multi30k-sample.tok.lc.{lang}.gz" for lang in ("en", "fr"))
+    out = tmp_path / "m.safetensors"
+    proc = run_cli("train", source, target, "-o", out, "--preset", "tiny", "--arch", arch, *sizes)
+    assert proc.returncode == 1
+    rank = sizes[-1]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"phrasescore: error: --output-rank {rank} is larger than the {reads}: give --output-rank "
+        f"{reads.split()[0]} or less"
+    )
+    assert not out.exists()

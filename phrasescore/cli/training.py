@@ -75,7 +75,8 @@ from phrasescore.cli.options import (
 @click.option(
     "--output-rank",
     type=POSITIVE,
-    help="Rank of the output layer: the size of the vector the vocabulary projection reads "
+    help="Rank of the output layer: the size of the vector the vocabulary projection reads, "
+    "at most --maxout-units (cho, attention) or --hidden-dim (lstm; equal: no factorisation) "
     "(default: the preset's).",
 )
 @click.option(

@@ -182,6 +182,21 @@ def _check_graphs(tcfg, mcfg, dev, launch) -> None:
         raise InputError("--graphs and --compile: give one of them")
 
 
+def _check_output_rank(mcfg) -> None:
+    """The output layer's rank R factors W = G_r G_l through the vector it reads (the LSTM's top
+    state, the maxout units): an R above that vector's size adds parameters and no capacity."""
+    projected, flag = (
+        (mcfg.hidden_dim, "--hidden-dim")
+        if mcfg.arch == "lstm"
+        else (mcfg.maxout_units, "--maxout-units")
+    )
+    if mcfg.output_rank > projected:
+        raise InputError(
+            f"--output-rank {mcfg.output_rank} is larger than the {projected} units the output "
+            f"layer reads ({flag}): give --output-rank {projected} or less"
+        )
+
+
 def _configure(
     preset: str, arch: str, overrides: dict, model_overrides, resume, phrase_pairs: bool = False
 ):
@@ -200,6 +215,7 @@ def _configure(
             setattr(mcfg, key, value)
     if mcfg.layers < 1:
         raise InputError(f"--layers must be at least 1, got {mcfg.layers}")
+    _check_output_rank(mcfg)
     _check_recurrence(mcfg.recurrence, preset, arch)
     if not (mcfg.self_normalize >= 0 and math.isfinite(mcfg.self_normalize)):
         raise InputError(f"--self-normalize must be a finite 0 or more, got {mcfg.self_normalize}")
