@@ -250,3 +250,27 @@ def test_the_recipe_names_a_phrase_table_run_against_a_corpus_run(tmp_path):
                              "default", *settings), "c") == (
         "--resume: c was trained with --preset tiny, this run has --preset default"
     )  # fmt: skip
+
+
+def test_a_resume_with_another_size_names_the_size_flag(tmp_path):
+    from phrasescore.training.run_identity import identity_difference, make_run_identity
+
+    src = tmp_path / "a.en"
+    src.write_text("a\n", encoding="utf-8")
+
+    def identity(**sizes):
+        model = {"arch": "attention", "hidden_dim": 256, "embedding_dim": 128, **sizes}
+        return make_run_identity([("SOURCE", str(src))], {}, "default", model, {"seed": 1})
+
+    assert identity_difference(identity(), identity(hidden_dim=512), "c") == (
+        "--resume: c was trained with --hidden-dim 256, this run has --hidden-dim 512"
+    )
+    assert identity_difference(identity(), identity(embedding_dim=256), "c") == (
+        "--resume: c was trained with --embedding-dim 128, this run has --embedding-dim 256"
+    )
+    assert identity_difference(identity(), identity(), "c") is None
+    # a setting that no flag sets still says where a difference can come from
+    assert identity_difference(identity(init_std=0.01), identity(init_std=0.02), "c") == (
+        "--resume: c was trained with model init_std 0.01, this run has model init_std 0.02 "
+        "(another preset or phrasescore version)"
+    )

@@ -56,6 +56,16 @@ MODEL_FLAGS = {
 }
 """ModelConfig (and LMConfig) fields set by a flag, and the flag."""
 
+SIZE_FLAGS = {
+    "embedding_dim": "--embedding-dim",
+    "hidden_dim": "--hidden-dim",
+    "maxout_units": "--maxout-units",
+    "output_rank": "--output-rank",
+}
+"""ModelConfig sizes that a flag of ``train`` may set in place of the preset's. They stay
+settings of the identity (a checkpoint records the preset's sizes as settings, not as flags), but
+a difference names the flag."""
+
 FLAG_DEFAULTS = {"--recurrence": "written", "--bucket": 0}
 """Flags newer than some checkpoints, and the value a run without them was trained with."""
 
@@ -152,6 +162,9 @@ def identity_difference(saved: dict[str, Any], current: dict[str, Any], name: st
     for key in list(old_settings) + [k for k in new_settings if k not in old_settings]:
         old, new = old_settings.get(key), new_settings.get(key)
         if old != new:
+            flag = SIZE_FLAGS.get(key.removeprefix("model "))
+            if flag and old is not None and new is not None:
+                return f"{head} with {flag} {old}, this run has {flag} {new}"
             return (
                 f"{head} with {key} {old}, this run has {key} {new} (another preset or "
                 "phrasescore version)"
