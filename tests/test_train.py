@@ -636,3 +636,16 @@ def test_an_output_rank_above_what_the_output_layer_reads_is_refused(tmp_path, a
         f"{reads.split()[0]} or less"
     )
     assert not out.exists()
+
+
+def test_a_smaller_paper_lstm_is_told_to_give_its_output_rank(tmp_path):
+    """--preset paper --arch lstm reads the top state with the full matrix (rank = hidden units):
+    a smaller --hidden-dim alone leaves the preset's rank above it, and the message says so."""
+    source, target = (TEXT / f"multi30k-sample.tok.lc.{lang}.gz" for lang in ("en", "fr"))
+    args = ["train", source, target, "-o", tmp_path / "m.safetensors", "--arch", "lstm"]
+    proc = run_cli(*args, "--preset", "paper", "--hidden-dim", "500")
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "phrasescore: error: the preset's output rank 1000 is larger than the 500 units the output "
+        "layer reads (--hidden-dim): give --output-rank 500 or less"
+    )

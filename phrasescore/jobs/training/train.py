@@ -182,7 +182,7 @@ def _check_graphs(tcfg, mcfg, dev, launch) -> None:
         raise InputError("--graphs and --compile: give one of them")
 
 
-def _check_output_rank(mcfg) -> None:
+def _check_output_rank(mcfg, rank_given: bool) -> None:
     """The output layer's rank R factors W = G_r G_l through the vector it reads (the LSTM's top
     state, the maxout units): an R above that vector's size adds parameters and no capacity."""
     projected, flag = (
@@ -191,8 +191,9 @@ def _check_output_rank(mcfg) -> None:
         else (mcfg.maxout_units, "--maxout-units")
     )
     if mcfg.output_rank > projected:
+        rank = "--output-rank" if rank_given else "the preset's output rank"
         raise InputError(
-            f"--output-rank {mcfg.output_rank} is larger than the {projected} units the output "
+            f"{rank} {mcfg.output_rank} is larger than the {projected} units the output "
             f"layer reads ({flag}): give --output-rank {projected} or less"
         )
 
@@ -215,7 +216,7 @@ def _configure(
             setattr(mcfg, key, value)
     if mcfg.layers < 1:
         raise InputError(f"--layers must be at least 1, got {mcfg.layers}")
-    _check_output_rank(mcfg)
+    _check_output_rank(mcfg, (model_overrides or {}).get("output_rank") is not None)
     _check_recurrence(mcfg.recurrence, preset, arch)
     if not (mcfg.self_normalize >= 0 and math.isfinite(mcfg.self_normalize)):
         raise InputError(f"--self-normalize must be a finite 0 or more, got {mcfg.self_normalize}")
