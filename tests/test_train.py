@@ -583,10 +583,12 @@ def test_the_loss_over_positions_made_on_the_host_is_the_masks_to_the_bit(arch):
 
 
 @pytest.mark.parametrize("arch", ["cho", "attention", "lstm"])
-def test_train_sizes_from_the_command_line_shape_the_network_and_are_stored(tmp_path, arch):
+def test_train_sizes_from_the_command_line_shape_the_network_and_are_stored(
+    tmp_path, corpus_files, arch
+):
     """--embedding-dim, --hidden-dim, --output-rank (and --maxout-units where there is a maxout
     layer) replace the preset's sizes: the stored configuration and the weights' shapes."""
-    source, target = (TEXT / f"multi30k-sample.tok.lc.{lang}.gz" for lang in ("en", "fr"))
+    source, target = corpus_files
     out = tmp_path / "m.safetensors"
     sizes = ["--embedding-dim", "24", "--hidden-dim", "40", "--output-rank", "20"]
     if arch != "lstm":
@@ -625,8 +627,10 @@ def test_train_sizes_from_the_command_line_shape_the_network_and_are_stored(tmp_
         ),
     ],
 )
-def test_an_output_rank_above_what_the_output_layer_reads_is_refused(tmp_path, arch, sizes, reads):
-    source, target = (TEXT / f"multi30k-sample.tok.lc.{lang}.gz" for lang in ("en", "fr"))
+def test_an_output_rank_above_what_the_output_layer_reads_is_refused(
+    tmp_path, corpus_files, arch, sizes, reads
+):
+    source, target = corpus_files
     out = tmp_path / "m.safetensors"
     proc = run_cli("train", source, target, "-o", out, "--preset", "tiny", "--arch", arch, *sizes)
     assert proc.returncode == 1
@@ -638,10 +642,10 @@ def test_an_output_rank_above_what_the_output_layer_reads_is_refused(tmp_path, a
     assert not out.exists()
 
 
-def test_a_smaller_paper_lstm_is_told_to_give_its_output_rank(tmp_path):
+def test_a_smaller_paper_lstm_is_told_to_give_its_output_rank(tmp_path, corpus_files):
     """--preset paper --arch lstm reads the top state with the full matrix (rank = hidden units):
     a smaller --hidden-dim alone leaves the preset's rank above it, and the message says so."""
-    source, target = (TEXT / f"multi30k-sample.tok.lc.{lang}.gz" for lang in ("en", "fr"))
+    source, target = corpus_files
     args = ["train", source, target, "-o", tmp_path / "m.safetensors", "--arch", "lstm"]
     proc = run_cli(*args, "--preset", "paper", "--hidden-dim", "500")
     assert proc.returncode == 1
