@@ -206,17 +206,17 @@ def _configure(
     mcfg, tcfg = preset_configs(preset, arch, phrase_pairs)
     preset_optimizer = tcfg.optimizer
     apply_overrides(tcfg, overrides)
-    for key, value in (model_overrides or {}).items():
-        if value is not None:
-            if arch != "lstm" and key in ("layers", "reverse_source"):
-                flag = "--layers" if key == "layers" else "--no-reverse"
-                raise InputError(f"{flag} is an option of --arch lstm, not of --arch {arch}")
-            if arch == "lstm" and key == "maxout_units":
-                raise InputError("--maxout-units is not an option of --arch lstm (no maxout layer)")
-            setattr(mcfg, key, value)
+    given = {key: value for key, value in (model_overrides or {}).items() if value is not None}
+    for key, value in given.items():
+        if arch != "lstm" and key in ("layers", "reverse_source"):
+            flag = "--layers" if key == "layers" else "--no-reverse"
+            raise InputError(f"{flag} is an option of --arch lstm, not of --arch {arch}")
+        if arch == "lstm" and key == "maxout_units":
+            raise InputError("--maxout-units is not an option of --arch lstm (no maxout layer)")
+        setattr(mcfg, key, value)
     if mcfg.layers < 1:
         raise InputError(f"--layers must be at least 1, got {mcfg.layers}")
-    _check_output_rank(mcfg, (model_overrides or {}).get("output_rank") is not None)
+    _check_output_rank(mcfg, "output_rank" in given)
     _check_recurrence(mcfg.recurrence, preset, arch)
     if not (mcfg.self_normalize >= 0 and math.isfinite(mcfg.self_normalize)):
         raise InputError(f"--self-normalize must be a finite 0 or more, got {mcfg.self_normalize}")
