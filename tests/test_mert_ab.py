@@ -33,7 +33,7 @@ from phrasescore.jobs.tuning.ab import (
     report_names,
     rerank_models,
 )
-from phrasescore.jobs.tuning.ab_rerank import RerankStep
+from phrasescore.jobs.tuning.ab_rerank import RerankStep, dev_folds, write_part
 from phrasescore.jobs.tuning.moses_tools import Programs
 from phrasescore.moses.ini import read_weights
 from phrasescore.moses.nbest import read_nbest
@@ -115,6 +115,31 @@ def test_mean_sd_closest_run_and_report():
     assert "57.00 / 57.60 / 57.30  58.00 / 58.60 / -" in lines[1]  # a run's dev unknown: -
     assert "58.00 / 57.00 / 58.30  59.00 / 58.00 / -" in lines[2]
     assert "TranslationModel0[4]=0.004/0.011/0.02" in lines[2]
+    assert "held out" not in lines[0]  # no re-ranked run: no held-out column
+    for run, heldout in zip(cand.runs, (57.5, 56.25, 57.125), strict=True):
+        run.heldout_dev_bleu = heldout
+    lines = format_report([base, cand], ["test"])
+    assert re.split(r"\s{2,}", lines[0])[3:5] == ["dev per run", "dev held out per run"]
+    assert "59.00 / 58.00 / -  57.50 / 56.25 / 57.12" in lines[2]
+    assert "58.00 / 58.60 / -  - / - / -" in lines[1]
+
+
+def test_dev_folds_and_the_parts_tuned_on_keep_every_byte_but_the_id(tmp_path):
+    assert dev_folds(5, 2) == [range(0, 3), range(3, 5)]
+    assert dev_folds(1014, 2) == [range(0, 507), range(507, 1014)]
+    assert [len(part) for part in dev_folds(10, 3)] == [4, 3, 3]
+    with pytest.raises(InputError, match="cannot cut 1 dev sentences into 2 parts"):
+        dev_folds(1, 2)
+    nbest = DATA / "nbest" / "multi30k.test2016.ids0-4.100best.nbest.gz"
+    entries = list(read_nbest(str(nbest)))
+    write_part(nbest, [1, 3], tmp_path / "part.nbest")
+    part = list(read_nbest(str(tmp_path / "part.nbest")))
+    expected = [e for e in entries if e.id in (1, 3)]
+    assert len(part) == len(expected) > 100
+    assert [e.id for e in part] == [0 if e.id == 1 else 1 for e in expected]
+    for got, want in zip(part, expected, strict=True):
+        assert got.line().split("|||", 1)[1] == want.line().split("|||", 1)[1]
+        assert got.line().startswith(f"{got.id} |||")
 
 
 def test_without_moses_one_line_says_what_is_missing(monkeypatch, tmp_path):

@@ -206,7 +206,11 @@ def rerank_baseline(
 def test_ab_rerank_tunes_the_nbest_feature_on_dev_and_reranks_the_tests(
     moses_system, tiny_model_path, tmp_path
 ):
+    from click.testing import CliRunner
+
+    from phrasescore.cli import cli
     from phrasescore.jobs.tuning.ab import format_report
+    from phrasescore.jobs.tuning.rerank_tune import dev_bleu
     from phrasescore.moses.nbest import read_nbest
 
     results = rerank_baseline(moses_system, tmp_path / "ab", [f"Sent0={tiny_model_path}"])
@@ -234,6 +238,42 @@ def test_ab_rerank_tunes_the_nbest_feature_on_dev_and_reranks_the_tests(
     rerank_log = next(run_dir.glob("rerank-*Sent0-*/mert.log")).read_bytes()
     best = rerank_log.rsplit(b"Best point:", 1)[1].split(b"=>")[1].split()[0]
     assert run.dev_bleu == pytest.approx(100 * float(best), abs=0.01)
+    # held out: each half of the 50 dev sentences tuned on the other half's 25 alone ...
+    set_dir = next(run_dir.glob("rerank-*Sent0-*"))
+    scored_dev = next(run_dir.glob("scored/dev.*.nbest"))
+    dev_entries = list(read_nbest(str(scored_dev)))
+    references = (SYSTEM / "dev50.fr").read_text(encoding="utf-8").splitlines()
+    for fold, others in ((0, range(25, 50)), (1, range(25))):
+        part = set_dir / "heldout-2" / f"fold-{fold}"
+        tuned_on = list(read_nbest(str(part / "tune.nbest")))
+        expected = [e for e in dev_entries if e.id in others]
+        assert [e.id for e in tuned_on] == [e.id - others[0] for e in expected]
+        assert [e.line().split("|||", 1)[1] for e in tuned_on] == [
+            e.line().split("|||", 1)[1] for e in expected
+        ]
+        assert (part / "tune.ref").read_text(encoding="utf-8").splitlines() == [
+            references[i] for i in others
+        ]
+    # ... and each half's 1-best chosen by the other half's weights, as `nbest --weights` does
+    halves = []
+    for fold, part in ((0, slice(0, 25)), (1, slice(25, 50))):
+        weights = set_dir / "heldout-2" / f"fold-{fold}" / "weights.ini"
+        result = CliRunner().invoke(
+            cli,
+            ["-q", "nbest", str(scored_dev), "--source", str(SYSTEM / "dev50.en")]
+            + ["--weights", str(weights), "--one-best"],
+        )
+        assert result.exit_code == 0, result.output
+        halves += result.stdout.splitlines()[part]
+    assert run.heldout_dev_bleu == pytest.approx(dev_bleu(halves, references), abs=1e-9)
+    report = format_report(results, ["test20"])
+    assert "dev held out per run" in report[0]
+    assert report[1].rstrip().endswith("-") and f"{run.heldout_dev_bleu:.2f}" in report[2]
+    # a second call tunes no fold again
+    stamp = (set_dir / "heldout-2" / "fold-0" / "weights.ini").stat().st_mtime_ns
+    again = rerank_baseline(moses_system, tmp_path / "ab", [f"Sent0={tiny_model_path}"])
+    assert again[1].runs[0].heldout_dev_bleu == run.heldout_dev_bleu
+    assert (set_dir / "heldout-2" / "fold-0" / "weights.ini").stat().st_mtime_ns == stamp
 
 
 def test_ab_rerank_tune_new_keeps_the_runs_mert_weights_and_tunes_the_model(

@@ -211,6 +211,14 @@ def format_nbest_line(
     return f"{sentence_id} ||| {hypothesis} ||| {fields} ||| {format_feature_value(total)}\n"
 
 
+def with_sentence_id(entry: NBestEntry, sentence_id: int) -> NBestEntry:
+    """``entry`` as a line of sentence ``sentence_id`` (a part of a list numbered from 0, as
+    Moses' ``extractor`` reads it against the part's reference lines); every byte after the id
+    field kept."""
+    after = entry.head.split(DELIMITER, 1)[1]
+    return entry._replace(id=sentence_id, head=f"{sentence_id} {DELIMITER}{after}")
+
+
 def add_feature(entry: NBestEntry, name: str, value: float) -> str:
     """The line of ``entry`` with ``name= value`` added after its last feature value.
 

@@ -86,6 +86,10 @@ class RunResult:
     dev_bleu: float | None = None
     """The dev BLEU where the weights were tuned: mert-moses.pl's last best point, or the dev
     n-best list re-ranked with the tuned weights (sacrebleu); None when it is not known."""
+    heldout_dev_bleu: float | None = None
+    """A re-ranked run's dev BLEU held out: each half of the dev sentences re-ranked with
+    weights tuned on the other half (:meth:`~phrasescore.jobs.tuning.ab_rerank.RerankStep.
+    heldout_dev_weights`); None for a decoder's own run."""
 
 
 @dataclass
@@ -330,12 +334,28 @@ class Comparison:
                 references = self.dev_references
                 chosen = best_hypotheses(str(scored_dev), len(references), result.weights)
                 result.dev_bleu = dev_bleu(chosen.hypotheses, references)
+                result.heldout_dev_bleu = self.heldout_dev_bleu(reranking, run_dir, run)
             for test in self.tests:
                 result.outputs[test.name] = reranking.rerank(
                     tests[test.name], test.name, test.source, run_dir, weights_file
                 )
             results.append(result)
         return results
+
+    def heldout_dev_bleu(self, reranking: RerankStep, run_dir: Path, run: RunResult) -> float:
+        """The dev BLEU of one run's re-ranked dev list, each part of the dev sentences chosen
+        by the weights tuned without it (:meth:`RerankStep.heldout_dev_weights`): what the dev
+        BLEU tuned in place says, less the tuning's fit to its own sentences."""
+        references = self.dev_references
+        scored_dev = str(reranking.scored_list(run_dir, "dev"))
+        hypotheses = [""] * len(references)
+        for part, weights in reranking.heldout_dev_weights(
+            run_dir, references, run.seed, run.weights
+        ):
+            chosen = best_hypotheses(scored_dev, len(references), weights).hypotheses
+            for index in part:
+                hypotheses[index] = chosen[index]
+        return dev_bleu(hypotheses, references)
 
     # -- the whole comparison --------------------------------------------------------------------
     def run(self) -> list[SystemResult]:
@@ -655,6 +675,8 @@ def format_report(
     runs = len(results[0].runs)
     header = ["system"] + [f"{test} BLEU (mean ± sd, {runs} runs)" for test in tests]
     header += [f"{test} per run" for test in tests] + ["dev per run"]
+    heldout = any(run.heldout_dev_bleu is not None for r in results for run in r.runs)
+    header += ["dev held out per run"] if heldout else []
     versus = f" vs {against}" if against else ""
     header += [f"p ({test}{versus})" for test in tests] + ["new weights (per run)"]
     rows = [header]
@@ -670,6 +692,13 @@ def format_report(
                 "-" if run.dev_bleu is None else f"{run.dev_bleu:.2f}" for run in result.runs
             )
         )
+        if heldout:
+            row.append(
+                " / ".join(
+                    "-" if run.heldout_dev_bleu is None else f"{run.heldout_dev_bleu:.2f}"
+                    for run in result.runs
+                )
+            )
         for test in tests:
             p = result.p_values.get(test)
             row.append("-" if p is None else f"{p:.4f}")

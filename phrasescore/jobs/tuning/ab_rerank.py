@@ -26,7 +26,13 @@ from phrasescore.files.inputs import check_files_exist
 from phrasescore.files.outputs import AtomicOutput
 from phrasescore.jobs.feature_specs import FeatureModel, parse_feature_models
 from phrasescore.jobs.tuning.moses_tools import MosesTuning
-from phrasescore.moses.nbest import join_added_features, read_weights
+from phrasescore.moses.nbest import (
+    iter_nbest_groups,
+    join_added_features,
+    read_nbest,
+    read_weights,
+    with_sentence_id,
+)
 from phrasescore.moses.tuning import (
     dense_feature_names,
     read_tuner_output,
@@ -101,6 +107,34 @@ def reranked_system_suffix(set_name: str, tuner: str, tuned_weights: str) -> str
     system's name adds to its system's."""
     variant = tuning_variant(tuner, tuned_weights)
     return set_name + (f"-{variant}" if variant else "")
+
+
+HELD_OUT_FOLDS = 2
+"""The parts ``ab``'s held-out dev BLEU cuts the dev sentences into (two-fold cross-validation:
+each half's 1-best chosen by weights tuned on the other half)."""
+
+
+def dev_folds(sentences: int, folds: int) -> list[range]:
+    """The sentence ids 0 .. ``sentences`` - 1 in ``folds`` consecutive parts of nearly equal
+    size (the first ones one longer)."""
+    if not 2 <= folds <= sentences:
+        raise InputError(f"cannot cut {sentences} dev sentences into {folds} parts")
+    size, extra = divmod(sentences, folds)
+    bounds = [0]
+    for index in range(folds):
+        bounds.append(bounds[-1] + size + (index < extra))
+    return [range(bounds[i], bounds[i + 1]) for i in range(folds)]
+
+
+def write_part(nbest: Path, ids: list[int], output: Path) -> None:
+    """The hypotheses of the sentences ``ids`` (ascending) of ``nbest``, numbered from 0 in
+    that order: an n-best list of its own for ``extractor``, against those sentences'
+    references."""
+    new_id = {old: new for new, old in enumerate(ids)}
+    with AtomicOutput(str(output)) as out:
+        for group in iter_nbest_groups(read_nbest(str(nbest))):
+            if group[0].id in new_id:
+                out.writelines(with_sentence_id(e, new_id[group[0].id]).line() for e in group)
 
 
 @dataclass
@@ -244,6 +278,42 @@ class RerankStep:
         names = tuning.extract(scored, reference, work)
         keep_start = self.tuned_weights == "new"
         write_weights_file(tuned, tuning.tune(work, names, start, seed, keep_start=keep_start))
+        return tuned
+
+    def heldout_dev_weights(
+        self,
+        run_dir: Path,
+        references: list[str],
+        seed: int,
+        start: dict[str, list[float]],
+        folds: int = HELD_OUT_FOLDS,
+    ) -> list[tuple[range, dict[str, list[float]]]]:
+        """Cross-validation on the dev list: its sentences cut into ``folds`` consecutive parts
+        (:func:`dev_folds`), and for each part the weights tuned as :meth:`tune` tunes them
+        (same tuner, restarts, seed and start) on the scored dev list of the other parts alone.
+        Each part's 1-best under its weights is then chosen by weights that never saw its
+        sentences: a dev BLEU free of the tuning's fit to its own sentences, which grows with
+        the number of features (``ab``'s "dev held out"). Kept in ``heldout-FOLDS/`` of the
+        set's folder, each part's weights tuned once."""
+        scored = self.scored_list(run_dir, "dev")
+        work = run_dir / self.label / f"heldout-{folds}"
+        tuning = MosesTuning(self.program, self.run, self.tuner, self.restarts)
+        tuned = []
+        for index, held_out in enumerate(dev_folds(len(references), folds)):
+            fold = work / f"fold-{index}"
+            weights_file = fold / "weights.ini"
+            if not weights_file.exists():
+                fold.mkdir(parents=True, exist_ok=True)
+                kept = [i for i in range(len(references)) if i not in held_out]
+                nbest, reference = fold / "tune.nbest", fold / "tune.ref"
+                write_part(scored, kept, nbest)
+                with AtomicOutput(str(reference)) as out:
+                    out.writelines(references[i] + "\n" for i in kept)
+                names = tuning.extract(nbest, reference, fold)
+                keep_start = self.tuned_weights == "new"
+                weights = tuning.tune(fold, names, start, seed, keep_start=keep_start)
+                write_weights_file(weights_file, weights)
+            tuned.append((held_out, read_weights(str(weights_file))))
         return tuned
 
     def rerank(
