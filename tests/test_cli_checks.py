@@ -319,7 +319,7 @@ def test_lstm_options_of_another_architecture_name_layers_first_whatever_the_ord
     source, target = (DATA / "text" / f"multi30k-sample.tok.lc.{lang}.gz" for lang in ("en", "fr"))
     proc = run_cli("train", source, target, "-o", tmp_path / "m.st", "--preset", "tiny", *order)
     assert one_line_error(proc, 1).strip().splitlines()[-1] == (
-        "phrasescore: error: --layers is an option of --arch lstm, not of --arch cho"
+        "phrasescore: error: --layers is an option of --arch lstm and transformer, not of --arch cho"
     )
     assert not (tmp_path / "m.st").exists()
 

@@ -607,7 +607,8 @@ def test_train_sizes_from_the_command_line_shape_the_network_and_are_stored(
         proc = run_cli(*args, "--maxout-units", "36", "--max-steps", "1")
         assert proc.returncode == 1
         assert proc.stderr.strip().splitlines()[-1] == (
-            "phrasescore: error: --maxout-units is not an option of --arch lstm (no maxout layer)"
+            "phrasescore: error: --maxout-units is an option of --arch cho and attention, not of "
+            "--arch lstm"
         )
 
 

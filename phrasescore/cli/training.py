@@ -53,19 +53,35 @@ from phrasescore.cli.options import (
     default="cho",
     show_default=True,
     help="cho: RNN Encoder-Decoder (Cho et al. 2014); lstm: deep LSTM, source reversed "
-    "(Sutskever et al. 2014); attention: RNNsearch (Bahdanau et al. 2015). Stored in the model.",
+    "(Sutskever et al. 2014); attention: RNNsearch (Bahdanau et al. 2015); transformer: "
+    "self-attention (Vaswani et al. 2017; presets default and tiny). Stored in the model.",
 )
-@click.option("--layers", type=POSITIVE, help="lstm: LSTM layers (default: the preset's).")
+@click.option(
+    "--layers",
+    type=POSITIVE,
+    help="lstm, transformer: layers of the encoder and of the decoder (default: the preset's).",
+)
+@click.option(
+    "--heads",
+    type=POSITIVE,
+    help="transformer: attention heads, dividing --hidden-dim (default: the preset's).",
+)
+@click.option(
+    "--feedforward-dim",
+    type=POSITIVE,
+    help="transformer: units of each layer's feed-forward network (default: the preset's).",
+)
 @click.option(
     "--embedding-dim",
     type=POSITIVE,
-    help="Word embedding size, source and target (default: the preset's). Stored in the model.",
+    help="Word embedding size, source and target (default: the preset's; the transformer's "
+    "are --hidden-dim wide). Stored in the model.",
 )
 @click.option(
     "--hidden-dim",
     type=POSITIVE,
-    help="Hidden units of the encoder and decoder recurrences (default: the preset's). Stored "
-    "in the model.",
+    help="Hidden units of the encoder and decoder recurrences, or the transformer's layers "
+    "(default: the preset's). Stored in the model.",
 )
 @click.option(
     "--maxout-units",
@@ -76,7 +92,8 @@ from phrasescore.cli.options import (
     "--output-rank",
     type=POSITIVE,
     help="Rank of the output layer: the size of the vector the vocabulary projection reads, "
-    "at most --maxout-units (cho, attention) or --hidden-dim (lstm; equal: no factorisation) "
+    "at most --maxout-units (cho, attention) or --hidden-dim (lstm, transformer; equal: no "
+    "factorisation) "
     "(default: the preset's).",
 )
 @click.option(

@@ -7,8 +7,9 @@
 * :mod:`~phrasescore.model.base` -- the interface of every encoder-decoder;
 * :mod:`~phrasescore.model.output_layer` -- the softmax's loss and scoring kernels, maxout;
 * :mod:`~phrasescore.model.encdec`, :mod:`~phrasescore.model.lstm`,
-  :mod:`~phrasescore.model.attention`, :mod:`~phrasescore.model.cslm` -- the networks (one class
-  per network: the written and the fused recurrence are two);
+  :mod:`~phrasescore.model.attention`, :mod:`~phrasescore.model.transformer`,
+  :mod:`~phrasescore.model.cslm` -- the networks (one class per network: the written and the
+  fused recurrence are two);
 * :mod:`~phrasescore.model.checkpoint` -- weights files (safetensors + JSON metadata).
 
 The model file as a whole (network + vocabularies + text settings) is

@@ -20,11 +20,13 @@ from phrasescore.model.config import (
 from phrasescore.model.encdec import FusedGRUEncoderDecoder, GRUEncoderDecoder
 from phrasescore.model.initialization import init_self_normalized
 from phrasescore.model.lstm import DeepLSTMEncoderDecoder
+from phrasescore.model.transformer import TransformerEncoderDecoder
 
 NETWORKS: dict[str, type[EncoderDecoder]] = {
     "cho": GRUEncoderDecoder,
     "lstm": DeepLSTMEncoderDecoder,
     "attention": AttentionEncoderDecoder,
+    "transformer": TransformerEncoderDecoder,
 }
 """Architecture name -> network class (``recurrence="written"``), in the order of
 :data:`ARCHITECTURES`."""

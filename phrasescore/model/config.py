@@ -16,8 +16,8 @@ Presets
            (Adam against Adadelta; learning curves against a plain PyTorch model).
 
 Presets are per architecture (:data:`ARCH_PRESETS`, :func:`preset`); ``PRESETS`` is the ``cho``
-table. The ``default`` presets of all three share the training settings above, so that they
-compare at equal budgets; ``paper`` is each paper's own setting:
+table. The ``default`` presets of the three recurrent ones share the training settings above, so
+that they compare at equal budgets; ``paper`` is each paper's own setting:
 
 ``lstm``      Sutskever et al. (2014) §3.4: 4 layers of 1000 cells, 1000-dim embeddings, source
               reversed, uniform init ±0.08, plain SGD lr 0.7 halved every half epoch after 5
@@ -32,6 +32,9 @@ compare at equal budgets; ``paper`` is each paper's own setting:
               30,000-word vocabularies, Adadelta (ρ 0.95, ε 1e-6), minibatches of 80, gradient
               norm clipped to 1, no dropout. ``default``: 256 hidden, 128-dim embeddings, 256
               maxout units, output rank 128.
+``transformer`` Vaswani et al. (2017), pre-norm (:mod:`phrasescore.model.transformer`): no
+              ``paper`` preset (its training is not phrasescore's). ``default``: 3 layers of 256
+              units, 4 heads, 1,024 feed-forward units, dropout 0.3, Adam 5e-4 halved on plateau.
 """
 
 from __future__ import annotations
@@ -78,7 +81,12 @@ class ModelConfig:
     # after the recurrent product (gru.py's docstring; refused by the paper presets). Model
     # files written before it load as "written".
     recurrence: str = "written"
-    layers: int = 1  # lstm: stacked layers in encoder and decoder
+    layers: int = 1  # lstm, transformer: stacked layers in encoder and decoder
+    # transformer: attention heads and the feed-forward layers' width (Vaswani et al. 2017,
+    # §3.2.2, §3.3); its embeddings are hidden_dim wide. Model files written before them load
+    # with the defaults, which no other architecture reads.
+    heads: int = 4
+    feedforward_dim: int = 1024
     reverse_source: bool = True  # lstm: read the source words in reverse order
     # right-to-left model (``train --reverse-target``, any architecture): the decoder predicts the
     # target words last to first, p(y) = prod_t p(y_t | y_>t, x), the R2L re-ranker of Sennrich et
@@ -269,10 +277,45 @@ ATTENTION_PRESETS: PresetTable = {
     "tiny": PRESETS["tiny"],
 }
 
+# The Transformer's default preset: 3 layers of 256 units, 4 heads, 1,024 feed-forward units and
+# dropout 0.3, the small-data sizes of Multi30k systems (Libovický et al. 2018 and the WMT18
+# multimodal task's text-only Transformers), Adam at 5e-4 (pre-norm layers without a warm-up;
+# Xiong et al. 2020 §4) and reduce on plateau as the other defaults. No paper preset: see
+# phrasescore/model/transformer.py.
+TRANSFORMER_LEARNING_RATE = 5e-4
+
+TRANSFORMER_PRESETS: PresetTable = {
+    "default": (
+        dict(
+            embedding_dim=256,
+            hidden_dim=256,
+            output_rank=256,
+            layers=3,
+            heads=4,
+            feedforward_dim=1024,
+            dropout=0.3,
+        ),
+        dict(DEFAULT_SCHEDULE, learning_rate=TRANSFORMER_LEARNING_RATE),
+    ),
+    "tiny": (
+        dict(
+            embedding_dim=32,
+            hidden_dim=32,
+            output_rank=32,
+            layers=1,
+            heads=2,
+            feedforward_dim=64,
+            dropout=0.0,
+        ),
+        dict(batch_tokens=600, valid_every=50, checkpoint_every=50),
+    ),
+}
+
 ARCH_PRESETS: dict[str, PresetTable] = {
     "cho": PRESETS,
     "lstm": LSTM_PRESETS,
     "attention": ATTENTION_PRESETS,
+    "transformer": TRANSFORMER_PRESETS,
 }
 
 ARCHITECTURES = tuple(ARCH_PRESETS)

@@ -13,6 +13,9 @@
   one: :func:`_fused_gru_fan_in`). The papers' N(0, 0.01²) leaves a product of several 0.01-scaled matrices between
   source and output, which Adam at 1e-3 takes hundreds of updates to grow
   (docs/benchmarks.md, "Learning curves against a plain PyTorch model").
+* :func:`init_transformer` -- the Transformer (Vaswani et al. 2017, which gives no scheme):
+  matrices Xavier-uniform (Glorot & Bengio 2010, as tensor2tensor and :class:`torch.nn.Transformer`),
+  biases 0, LayerNorm gains 1, embeddings N(0, 1/d) (√d E x of unit variance, §3.4).
 * :func:`init_cslm` -- the CSLM (Schwenk 2007): embeddings and output N(0, init_std²), rectified
   hidden layers He-uniform (He et al. 2015), biases 0.
 
@@ -156,6 +159,23 @@ def init_attention(network: nn.Module, recurrent: tuple[str, ...]) -> None:
             nn.init.normal_(param, 0.0, ATTENTION_INIT_STD)
         else:
             nn.init.normal_(param, 0.0, config.init_std)
+    zero_padding_rows(network.src_embed, network.tgt_embed)
+
+
+def init_transformer(network: nn.Module) -> None:
+    """The Transformer's start (see the module docstring), whatever ``config.init`` says."""
+    dim = network.config.hidden_dim
+    modules = dict(network.named_modules())
+    for name, param in network.named_parameters():
+        owner = modules[name.rpartition(".")[0]]
+        if isinstance(owner, nn.Embedding):
+            nn.init.normal_(param, 0.0, dim**-0.5)
+        elif isinstance(owner, nn.LayerNorm) and name.endswith(".weight"):
+            nn.init.ones_(param)
+        elif param.dim() > 1:
+            nn.init.xavier_uniform_(param)
+        else:
+            nn.init.zeros_(param)
     zero_padding_rows(network.src_embed, network.tgt_embed)
 
 

@@ -147,7 +147,11 @@ def _check_recurrence(recurrence: str, preset: str, arch: str) -> None:
     if arch not in FUSED_ARCHITECTURES:
         raise InputError(
             f"--recurrence fused is an option of --arch {' and '.join(FUSED_ARCHITECTURES)}: "
-            f"--arch {arch}'s recurrences are torch.nn.LSTM already"
+            + (
+                "--arch lstm's recurrences are torch.nn.LSTM already"
+                if arch == "lstm"
+                else f"--arch {arch} has no recurrence"
+            )
         )
     if preset == "paper":
         raise InputError(
@@ -182,12 +186,37 @@ def _check_graphs(tcfg, mcfg, dev, launch) -> None:
         raise InputError("--graphs and --compile: give one of them")
 
 
+MODEL_OPTIONS_OF = {
+    "layers": ("--layers", ("lstm", "transformer")),
+    "reverse_source": ("--no-reverse", ("lstm",)),
+    "heads": ("--heads", ("transformer",)),
+    "feedforward_dim": ("--feedforward-dim", ("transformer",)),
+    "maxout_units": ("--maxout-units", ("cho", "attention")),
+    "embedding_dim": ("--embedding-dim", ("cho", "lstm", "attention")),
+    "init": ("--init", ("cho", "lstm", "attention")),
+}
+"""The model options that some architectures have and others not: option -> (its flag, the
+architectures that read it). The Transformer's embeddings are ``--hidden-dim`` wide and it
+starts from its own initialisation (model/transformer.py); the LSTM has no maxout layer."""
+
+
+def _check_model_option(arch: str, key: str) -> None:
+    """Refuse a model option that ``arch`` does not read (:data:`MODEL_OPTIONS_OF`)."""
+    if key not in MODEL_OPTIONS_OF:
+        return
+    flag, archs = MODEL_OPTIONS_OF[key]
+    if arch not in archs:
+        raise InputError(
+            f"{flag} is an option of --arch {' and '.join(archs)}, not of --arch {arch}"
+        )
+
+
 def _check_output_rank(mcfg, rank_given: bool) -> None:
     """The output layer's rank R factors W = G_r G_l through the vector it reads (the LSTM's top
     state, the maxout units): an R above that vector's size adds parameters and no capacity."""
     projected, flag = (
         (mcfg.hidden_dim, "--hidden-dim")
-        if mcfg.arch == "lstm"
+        if mcfg.arch in ("lstm", "transformer")
         else (mcfg.maxout_units, "--maxout-units")
     )
     if mcfg.output_rank > projected:
@@ -208,14 +237,17 @@ def _configure(
     apply_overrides(tcfg, overrides)
     given = {key: value for key, value in (model_overrides or {}).items() if value is not None}
     for key, value in given.items():
-        if arch != "lstm" and key in ("layers", "reverse_source"):
-            flag = "--layers" if key == "layers" else "--no-reverse"
-            raise InputError(f"{flag} is an option of --arch lstm, not of --arch {arch}")
-        if arch == "lstm" and key == "maxout_units":
-            raise InputError("--maxout-units is not an option of --arch lstm (no maxout layer)")
+        _check_model_option(arch, key)
         setattr(mcfg, key, value)
     if mcfg.layers < 1:
         raise InputError(f"--layers must be at least 1, got {mcfg.layers}")
+    if arch == "transformer":
+        mcfg.embedding_dim = mcfg.hidden_dim  # the embeddings are the layers' width (§3.4)
+        if mcfg.hidden_dim % mcfg.heads:
+            raise InputError(
+                f"--heads {mcfg.heads} does not divide --hidden-dim {mcfg.hidden_dim}: each "
+                "head has hidden-dim / heads units"
+            )
     _check_output_rank(mcfg, "output_rank" in given)
     _check_recurrence(mcfg.recurrence, preset, arch)
     if not (mcfg.self_normalize >= 0 and math.isfinite(mcfg.self_normalize)):
