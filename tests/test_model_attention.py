@@ -3,18 +3,19 @@ on a trained model."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
-from phrasescore.bundle import load_model
-from phrasescore.engine.scoring import PairScorer
 from phrasescore.model import build_network
 from phrasescore.model.attention import AttentionEncoderDecoder
 from phrasescore.model.config import ModelConfig, preset
 
-from .conftest import sample_pairs
-from .test_model_lstm import overfit_20_pairs, run_every_command, save_load_identical
+from .test_model_lstm import (
+    overfit_20_pairs,
+    padded_batches_score_as_alone,
+    run_every_command,
+    save_load_identical,
+)
 
 SRC = torch.tensor([[4, 5, 6, 7, 3], [8, 9, 3, 0, 0], [10, 3, 0, 0, 0]])
 SRC_LEN = torch.tensor([5, 3, 2])
@@ -158,18 +159,7 @@ def test_tiny_attention_model_overfits_20_real_pairs(overfit_attention):
 
 
 def test_pair_scorer_gives_the_same_scores_alone_and_in_padded_batches(overfit_attention):
-    model = load_model(overfit_attention[0])
-    src, tgt = sample_pairs(40)
-    together = PairScorer(model, batch_tokens=200).score_phrases(src, tgt).logprob
-    alone = np.array(
-        [
-            PairScorer(model).score_phrases([s], [t]).logprob[0]
-            for s, t in zip(src, tgt, strict=True)
-        ]
-    )
-    # float32 sums over whole sentences (down to -1,300 nats for pairs the overfit model never
-    # saw): batch-size-dependent kernels agree to ~1e-7 relative, not to a fixed 1e-4 nats
-    np.testing.assert_allclose(together, alone, rtol=2e-6, atol=1e-4)
+    padded_batches_score_as_alone(overfit_attention[0])
 
 
 def test_attention_save_load_gives_identical_scores(overfit_attention, tmp_path):

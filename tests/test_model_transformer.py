@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
 
 from phrasescore.bundle import load_model
 from phrasescore.cli import cli
-from phrasescore.engine.scoring import PairScorer
 from phrasescore.model import build_network
 from phrasescore.model.config import ModelConfig, preset
 from phrasescore.model.transformer import (
@@ -21,8 +19,12 @@ from phrasescore.model.transformer import (
     sinusoid_positions,
 )
 
-from .conftest import sample_pairs
-from .test_model_lstm import overfit_20_pairs, run_every_command, save_load_identical
+from .test_model_lstm import (
+    overfit_20_pairs,
+    padded_batches_score_as_alone,
+    run_every_command,
+    save_load_identical,
+)
 
 SRC = torch.tensor([[4, 5, 6, 7, 3], [8, 9, 3, 0, 0], [10, 3, 0, 0, 0]])
 SRC_LEN = torch.tensor([5, 3, 2])
@@ -178,17 +180,7 @@ def test_tiny_transformer_overfits_20_real_pairs(overfit_transformer):
 
 
 def test_pair_scorer_gives_the_same_scores_alone_and_in_padded_batches(overfit_transformer):
-    model = load_model(overfit_transformer[0])
-    src, tgt = sample_pairs(40)
-    together = PairScorer(model, batch_tokens=200).score_phrases(src, tgt).logprob
-    alone = np.array(
-        [
-            PairScorer(model).score_phrases([s], [t]).logprob[0]
-            for s, t in zip(src, tgt, strict=True)
-        ]
-    )
-    assert (together < 0).all()
-    np.testing.assert_allclose(together, alone, rtol=2e-6, atol=1e-4)
+    padded_batches_score_as_alone(overfit_transformer[0])
 
 
 def test_transformer_save_load_gives_identical_scores(overfit_transformer, tmp_path):
