@@ -150,7 +150,10 @@ def test_train_command_stores_the_sizes_and_refuses_what_the_transformer_has_not
     assert (cfg.arch, cfg.layers, cfg.heads, cfg.hidden_dim) == ("transformer", 2, 4, 24)
     assert (cfg.embedding_dim, cfg.feedforward_dim, cfg.output_rank) == (24, 40, 24)
     refused = {
-        ("--preset", "paper"): "unknown preset 'paper'",
+        (
+            "--preset",
+            "paper",
+        ): "--arch transformer has no preset 'paper' (its presets: default, tiny)",
         ("--heads", "5"): "--heads 5 does not divide --hidden-dim 32",
         ("--maxout-units", "8"): "--maxout-units is an option of --arch cho and attention",
         ("--embedding-dim", "8"): "--embedding-dim is an option of --arch cho and lstm and",

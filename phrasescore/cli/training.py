@@ -44,8 +44,8 @@ from phrasescore.cli.options import (
     default="default",
     show_default=True,
     help="Model and training sizes of the architecture: default (CPU-sized), paper (the "
-    "paper's sizes, for a GPU) or tiny (a seconds-long smoke test: 64 hidden units, 600-token "
-    "batches; scores are not useful). docs/commands.md: Presets.",
+    "paper's sizes, for a GPU; not for transformer) or tiny (a seconds-long smoke test: 64 "
+    "hidden units, 600-token batches; scores are not useful). docs/commands.md: Presets.",
 )
 @click.option(
     "--arch",

@@ -114,7 +114,8 @@ def _check_arguments(
     if arch not in ARCHITECTURES:
         raise InputError(f"unknown architecture {arch!r} (one of {', '.join(ARCHITECTURES)})")
     if preset not in ARCH_PRESETS[arch]:
-        raise InputError(f"unknown preset {preset!r}")
+        presets = ", ".join(ARCH_PRESETS[arch])
+        raise InputError(f"--arch {arch} has no preset {preset!r} (its presets: {presets})")
     check_files_exist([source, target, phrase_table, *(valid or [])])
     if distributed.from_env() is not None:
         for path in (source, target, phrase_table):
