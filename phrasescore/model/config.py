@@ -34,7 +34,7 @@ that they compare at equal budgets; ``paper`` is each paper's own setting:
               maxout units, output rank 128.
 ``transformer`` Vaswani et al. (2017), pre-norm (:mod:`phrasescore.model.transformer`): no
               ``paper`` preset (its training is not phrasescore's). ``default``: 3 layers of 256
-              units, 4 heads, 1,024 feed-forward units, dropout 0.3, Adam 5e-4 halved on plateau.
+              units, 4 heads, 1,024 feed-forward units, dropout 0.3, Adam 1e-3 halved on plateau.
 """
 
 from __future__ import annotations
@@ -279,10 +279,11 @@ ATTENTION_PRESETS: PresetTable = {
 
 # The Transformer's default preset: 3 layers of 256 units, 4 heads, 1,024 feed-forward units and
 # dropout 0.3, the small-data sizes of Multi30k systems (Libovický et al. 2018 and the WMT18
-# multimodal task's text-only Transformers), Adam at 5e-4 (pre-norm layers without a warm-up;
-# Xiong et al. 2020 §4) and reduce on plateau as the other defaults. No paper preset: see
-# phrasescore/model/transformer.py.
-TRANSFORMER_LEARNING_RATE = 5e-4
+# multimodal task's text-only Transformers), Adam at 1e-3 (pre-norm layers train without a
+# warm-up, Xiong et al. 2020; on Multi30k 1e-3 was lower in validation perplexity than 5e-4 at
+# every validation: docs/benchmarks.md, "A Transformer re-ranking model") and reduce on plateau
+# as the other defaults. No paper preset: see phrasescore/model/transformer.py.
+TRANSFORMER_LEARNING_RATE = 1e-3
 
 TRANSFORMER_PRESETS: PresetTable = {
     "default": (

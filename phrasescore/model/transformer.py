@@ -155,6 +155,7 @@ class TransformerEncoderDecoder(EncoderDecoder):
     """Vaswani et al. (2017): self-attention encoder and decoder, pre-norm layers."""
 
     POSITIONAL_OUTPUTS = ("memory", "valid")
+    incremental_steps = False  # step() decodes the whole prefix again (no key/value cache)
 
     def __init__(self, config: ModelConfig):
         super().__init__()

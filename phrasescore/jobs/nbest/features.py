@@ -73,7 +73,8 @@ class ModelFeatures:
     scorer per model (:func:`~phrasescore.engine.protocol.build_scorer`), their ensemble per
     feature of several (:func:`~phrasescore.engine.protocol.build_ensemble`). ``shared_prefixes``
     (None: on the CPU): each scorer scores a chunk's distinct (source, prefix, word) once
-    (:mod:`phrasescore.engine.prefix_scoring`)."""
+    (:mod:`phrasescore.engine.prefix_scoring`), unless its network's steps are not incremental
+    (a Transformer's: :attr:`~phrasescore.model.base.EncoderDecoder.incremental_steps`)."""
 
     def __init__(
         self,
@@ -95,6 +96,8 @@ class ModelFeatures:
             models = [load_model(path, device) for path in feature.paths]
             if len(models) > 1:
                 check_ensemble(models, list(feature.paths))
+            # by prefixes only where a step costs the same at every position (model/base.py)
+            prefixes = shared_prefixes and all(m.network.incremental_steps for m in models)
             scorers = [
                 build_scorer(
                     model,
@@ -102,7 +105,7 @@ class ModelFeatures:
                     batch_tokens=batch_tokens,
                     scoring=scoring,
                     model_path=path,
-                    shared_prefixes=shared_prefixes,
+                    shared_prefixes=prefixes,
                 )
                 for model, path in zip(models, feature.paths, strict=True)
             ]
@@ -115,7 +118,7 @@ class ModelFeatures:
                 feature.name,
                 "source | hypothesis" if feature.inverse else "hypothesis | source",
                 scoring,
-                " by shared prefixes" if shared_prefixes else "",
+                " by shared prefixes" if prefixes else "",
             )
 
     @property
