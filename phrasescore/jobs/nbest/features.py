@@ -87,11 +87,10 @@ class ModelFeatures:
         self.features = tuple(features)
         if shared_prefixes is None:
             shared_prefixes = torch.device(device).type == "cpu"
-        self.shared_prefixes = shared_prefixes
-        """Whether the scorers score by shared prefixes (resolved for the device)."""
         self.models = []
         """The loaded models of each feature, in order."""
         self.scorers: list[Scorer] = []
+        plans = []
         for feature in self.features:
             models = [load_model(path, device) for path in feature.paths]
             if len(models) > 1:
@@ -111,6 +110,7 @@ class ModelFeatures:
             ]
             self.models.append(models)
             self.scorers.append(build_ensemble(scorers))
+            plans.append(prefixes)
             log.info(
                 "n-best rescoring with %s %s, feature %s = log p(%s), %s scoring%s",
                 "model" if len(models) == 1 else f"the ensemble of {len(models)} models",
@@ -120,6 +120,9 @@ class ModelFeatures:
                 scoring,
                 " by shared prefixes" if prefixes else "",
             )
+        self.shared_prefixes = any(plans)
+        """Whether some scorer scores by shared prefixes (resolved for the device and each
+        network)."""
 
     @property
     def signatures(self) -> list[str]:
