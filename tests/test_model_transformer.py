@@ -192,20 +192,3 @@ def test_transformer_save_load_gives_identical_scores(overfit_transformer, tmp_p
 
 def test_every_command_runs_on_a_transformer_model(overfit_transformer, tmp_path):
     run_every_command(overfit_transformer[0], tmp_path)
-
-
-def test_nbest_scores_a_transformer_by_pairs_and_a_recurrent_model_by_prefixes(
-    overfit_transformer, tiny_model_path
-):
-    """A Transformer's step decodes the whole prefix again: scoring by shared prefixes would
-    cost more than scoring each pair, so its feature is scored by pairs."""
-    from phrasescore.engine.scoring import EXACT
-    from phrasescore.jobs.feature_specs import FeatureModel
-    from phrasescore.jobs.nbest.features import ModelFeatures
-
-    features = [
-        FeatureModel("T", (overfit_transformer[0],)),
-        FeatureModel("R", (tiny_model_path,)),
-    ]
-    scorers = ModelFeatures(features, "cpu", 2000, EXACT, shared_prefixes=True).scorers
-    assert [scorer.shared_prefixes for scorer in scorers] == [False, True]

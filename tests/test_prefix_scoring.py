@@ -93,6 +93,8 @@ CASES = [  # (arch, recurrence, config overrides, include_eos)
     ("attention", "written", {}, True),
     ("attention", "fused", {}, True),
     ("lstm", "written", {}, True),
+    ("transformer", "written", {}, True),
+    ("transformer", "written", {"reverse_target": True}, False),
     ("cho", "written", {"reverse_target": True}, True),
     ("attention", "written", {}, False),
     ("cho", "written", {"reverse_target": True}, False),
@@ -122,7 +124,7 @@ def test_prefixes_score_as_pairs_on_a_real_nbest_list(arch, recurrence, override
     assert scorer.score_phrases(src, hyp).logprob.tobytes() == got.logprob.tobytes()
 
 
-@pytest.mark.parametrize("arch", ["cho", "attention", "lstm"])
+@pytest.mark.parametrize("arch", ["cho", "attention", "lstm", "transformer"])
 def test_the_gpu_engine_by_prefixes_scores_as_the_cpu_engine(arch):
     """``nbest --shared-prefixes --device cuda``'s path, run on the CPU: the fixed-shape engine
     (its sources padded to a bucket width) scoring by tries gives the CPU engine's values."""

@@ -90,12 +90,6 @@ class EncoderDecoder(nn.Module):
     """``train --compile``: the written-out recurrences' steps run through torch.compile
     (:meth:`compile_steps`)."""
 
-    incremental_steps: bool = True
-    """Whether :meth:`step` costs the same at every position (a recurrent state carries the
-    prefix): then scoring a list by its shared prefixes (:mod:`phrasescore.engine.
-    prefix_scoring`) computes fewer positions than scoring each pair. A Transformer's step runs
-    its decoder over the whole prefix again, and scores by pairs."""
-
     chunked_output: bool = False
     """``train --chunked-output``: the loss's vocabulary projection and log-sum-exp fused over
     row chunks (:func:`~phrasescore.model.output_layer.chunked_output_nll`), no [tokens x

@@ -31,9 +31,10 @@ inference fast path, which ignores autocast on the CPU); the scaled dot products
 Output: ``features`` = the decoder stack's normalised output [B, T, d] (times G_l [d -> R] when
 ``output_rank`` R < d), logits = W f + b (``out_vocab``), p(y_i | y_<i, x) = softmax(logits).
 
-Generation (:meth:`TransformerEncoderDecoder.step`) keeps the words emitted so far in the state
-and runs the decoder over all of them, reading the last position: the same values as teacher
-forcing (the causal mask), without a key/value cache (sentences are short).
+Generation and scoring by shared prefixes (:meth:`TransformerEncoderDecoder.step`) keep each
+layer's keys and values of the words so far in the state (a key/value cache; the source's
+computed once in :meth:`~TransformerEncoderDecoder.start`): a step computes its own position
+only, with the values of teacher forcing under the causal mask.
 
 Initialisation (:func:`~phrasescore.model.initialization.init_transformer`): every matrix
 Xavier-uniform (Glorot & Bengio 2010, as tensor2tensor and :class:`torch.nn.Transformer`),
@@ -86,22 +87,26 @@ class MultiHeadAttention(nn.Module):
         self.key_value = nn.Linear(dim, 2 * dim)
         self.output = nn.Linear(dim, dim)
 
-    def forward(self, x: Tensor, memory: Tensor, allowed: Tensor | None) -> Tensor:
-        """Queries from ``x`` [B, T, d], keys and values from ``memory`` [B, S, d];
+    def keys_values(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """K W^K and V W^V of ``memory`` [B, S, d], each [B, heads, S, d / heads]."""
+        batch, length, dim = memory.shape
+        both = self.key_value(memory).view(batch, length, 2, self.heads, dim // self.heads)
+        key, value = both.permute(2, 0, 3, 1, 4)
+        return key, value
+
+    def attend(self, x: Tensor, key: Tensor, value: Tensor, allowed: Tensor | None) -> Tensor:
+        """Queries from ``x`` [B, T, d] over keys and values [B, heads, S, d / heads];
         ``allowed`` (broadcast to [B, heads, T, S]) True where query t may attend to key s,
         None: everywhere."""
         batch, steps, dim = x.shape
-        split = dim // self.heads
-        query = self.query(x).view(batch, steps, self.heads, split).transpose(1, 2)
-        key, value = (
-            self.key_value(memory)
-            .view(batch, memory.shape[1], 2, self.heads, split)
-            .permute(2, 0, 3, 1, 4)
-        )
+        query = self.query(x).view(batch, steps, self.heads, dim // self.heads).transpose(1, 2)
         heads = F.scaled_dot_product_attention(
             query, key, value, attn_mask=allowed, dropout_p=self.dropout if self.training else 0.0
         )
         return self.output(heads.transpose(1, 2).reshape(batch, steps, dim))
+
+    def forward(self, x: Tensor, memory: Tensor, allowed: Tensor | None) -> Tensor:
+        return self.attend(x, *self.keys_values(memory), allowed)
 
 
 class FeedForward(nn.Sequential):
@@ -150,12 +155,26 @@ class DecoderLayer(nn.Module):
         y = y + self.dropout(self.source_attention(self.source_attention_norm(y), memory, source))
         return y + self.dropout(self.feedforward(self.feedforward_norm(y)))
 
+    def step(
+        self, y: Tensor, cache: tuple[Tensor, Tensor], memory: tuple[Tensor, Tensor], source: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """:meth:`forward` for one new position ``y`` [B, 1, d]: its self-attention over the
+        keys and values ``cache`` of the earlier positions and its own (returned, extended), its
+        attention over the source's keys and values ``memory``."""
+        normed = self.self_attention_norm(y)
+        key, value = self.self_attention.keys_values(normed)
+        keys, values = torch.cat([cache[0], key], dim=2), torch.cat([cache[1], value], dim=2)
+        y = y + self.dropout(self.self_attention.attend(normed, keys, values, None))
+        y = y + self.dropout(
+            self.source_attention.attend(self.source_attention_norm(y), *memory, source)
+        )
+        return y + self.dropout(self.feedforward(self.feedforward_norm(y))), keys, values
+
 
 class TransformerEncoderDecoder(EncoderDecoder):
     """Vaswani et al. (2017): self-attention encoder and decoder, pre-norm layers."""
 
     POSITIONAL_OUTPUTS = ("memory", "valid")
-    incremental_steps = False  # step() decodes the whole prefix again (no key/value cache)
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -216,14 +235,35 @@ class TransformerEncoderDecoder(EncoderDecoder):
         return self.out_rank(self.decoder_norm(y))
 
     def start(self, enc: EncoderOutput) -> dict[str, Tensor]:
+        """The decoder's state before its first word: per layer, the source's keys and values
+        (computed once) and the keys and values of the words so far (none yet)."""
         memory = enc["memory"]
-        prefix = torch.empty(memory.shape[0], 0, dtype=torch.long, device=memory.device)
-        return {"memory": memory, "valid": enc["valid"], "prefix": prefix}
+        heads = self.config.heads
+        split = self.config.hidden_dim // heads
+        empty = memory.new_zeros(memory.shape[0], heads, 0, split)
+        state = {"valid": enc["valid"]}
+        for index, layer in enumerate(self.decoder):
+            key, value = layer.source_attention.keys_values(memory)
+            state[f"source_keys{index}"], state[f"source_values{index}"] = key, value
+            state[f"keys{index}"], state[f"values{index}"] = empty, empty
+        return state
 
     def step(self, state: dict[str, Tensor], prev: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        prefix = torch.cat([state["prefix"], prev.unsqueeze(1)], dim=1)
-        features = self.decode_features(state, prefix)[:, -1]
-        return features, {**state, "prefix": prefix}
+        """The features after the words so far and ``prev``: each layer's self-attention reads
+        the keys and values cached by the earlier steps (the same values as teacher forcing
+        with the causal mask)."""
+        position = state["keys0"].shape[2]
+        dim = self.config.hidden_dim
+        embedded = self.tgt_embed(prev.unsqueeze(1))
+        positions = sinusoid_positions(position + 1, dim, prev.device)[position:]
+        y = self.dropout(embedded * math.sqrt(dim) + positions.to(embedded.dtype))
+        source = state["valid"][:, None, None, :]
+        new = dict(state)
+        for index, layer in enumerate(self.decoder):
+            cache = (state[f"keys{index}"], state[f"values{index}"])
+            memory = (state[f"source_keys{index}"], state[f"source_values{index}"])
+            y, new[f"keys{index}"], new[f"values{index}"] = layer.step(y, cache, memory, source)
+        return self.out_rank(self.decoder_norm(y))[:, 0], new
 
     def scoring_flops(self, src_len: float, tgt_len: float, share: float = 1.0) -> float:
         """Floating-point operations (2 per multiply-add) to score one pair teacher-forced.

@@ -73,8 +73,7 @@ class ModelFeatures:
     scorer per model (:func:`~phrasescore.engine.protocol.build_scorer`), their ensemble per
     feature of several (:func:`~phrasescore.engine.protocol.build_ensemble`). ``shared_prefixes``
     (None: on the CPU): each scorer scores a chunk's distinct (source, prefix, word) once
-    (:mod:`phrasescore.engine.prefix_scoring`), unless its network's steps are not incremental
-    (a Transformer's: :attr:`~phrasescore.model.base.EncoderDecoder.incremental_steps`)."""
+    (:mod:`phrasescore.engine.prefix_scoring`)."""
 
     def __init__(
         self,
@@ -87,16 +86,15 @@ class ModelFeatures:
         self.features = tuple(features)
         if shared_prefixes is None:
             shared_prefixes = torch.device(device).type == "cpu"
+        self.shared_prefixes = shared_prefixes
+        """Whether the scorers score by shared prefixes (resolved for the device)."""
         self.models = []
         """The loaded models of each feature, in order."""
         self.scorers: list[Scorer] = []
-        plans = []
         for feature in self.features:
             models = [load_model(path, device) for path in feature.paths]
             if len(models) > 1:
                 check_ensemble(models, list(feature.paths))
-            # by prefixes only where a step costs the same at every position (model/base.py)
-            prefixes = shared_prefixes and all(m.network.incremental_steps for m in models)
             scorers = [
                 build_scorer(
                     model,
@@ -104,13 +102,12 @@ class ModelFeatures:
                     batch_tokens=batch_tokens,
                     scoring=scoring,
                     model_path=path,
-                    shared_prefixes=prefixes,
+                    shared_prefixes=shared_prefixes,
                 )
                 for model, path in zip(models, feature.paths, strict=True)
             ]
             self.models.append(models)
             self.scorers.append(build_ensemble(scorers))
-            plans.append(prefixes)
             log.info(
                 "n-best rescoring with %s %s, feature %s = log p(%s), %s scoring%s",
                 "model" if len(models) == 1 else f"the ensemble of {len(models)} models",
@@ -118,11 +115,8 @@ class ModelFeatures:
                 feature.name,
                 "source | hypothesis" if feature.inverse else "hypothesis | source",
                 scoring,
-                " by shared prefixes" if prefixes else "",
+                " by shared prefixes" if shared_prefixes else "",
             )
-        self.shared_prefixes = any(plans)
-        """Whether some scorer scores by shared prefixes (resolved for the device and each
-        network)."""
 
     @property
     def signatures(self) -> list[str]:
