@@ -46,7 +46,12 @@ from phrasescore.files.reading import iter_lines
 from phrasescore.jobs.bleu import bleu_metric
 from phrasescore.jobs.feature_specs import FeatureModel
 from phrasescore.jobs.moses_install import RERANK_TUNERS, MosesInstall
-from phrasescore.jobs.tuning.ab_rerank import RerankStep, rerank_models, reranked_system_suffix
+from phrasescore.jobs.tuning.ab_rerank import (
+    HELD_OUT_FOLDS,
+    RerankStep,
+    rerank_models,
+    reranked_system_suffix,
+)
 from phrasescore.jobs.tuning.moses_tools import Programs
 from phrasescore.jobs.tuning.rerank_tune import best_hypotheses, dev_bleu
 from phrasescore.moses.ini import read_weights
@@ -342,11 +347,16 @@ class Comparison:
             results.append(result)
         return results
 
-    def heldout_dev_bleu(self, reranking: RerankStep, run_dir: Path, run: RunResult) -> float:
+    def heldout_dev_bleu(
+        self, reranking: RerankStep, run_dir: Path, run: RunResult
+    ) -> float | None:
         """The dev BLEU of one run's re-ranked dev list, each part of the dev sentences chosen
         by the weights tuned without it (:meth:`RerankStep.heldout_dev_weights`): what the dev
-        BLEU tuned in place says, less the tuning's fit to its own sentences."""
+        BLEU tuned in place says, less the tuning's fit to its own sentences. None for a dev
+        set of fewer sentences than parts."""
         references = self.dev_references
+        if len(references) < HELD_OUT_FOLDS:
+            return None
         scored_dev = str(reranking.scored_list(run_dir, "dev"))
         hypotheses = [""] * len(references)
         for part, weights in reranking.heldout_dev_weights(
