@@ -308,7 +308,7 @@ TRANSFORMER_PRESETS: PresetTable = {
             feedforward_dim=64,
             dropout=0.0,
         ),
-        dict(batch_tokens=600, valid_every=50, checkpoint_every=50),
+        PRESETS["tiny"][1],
     ),
 }
 

@@ -274,11 +274,19 @@ class RerankStep:
         work.mkdir(parents=True, exist_ok=True)
         source, reference = dev
         scored = self.score(dev_nbest(), "dev", source, run_dir)
+        write_weights_file(tuned, self._tune_list(scored, reference, work, start, seed))
+        return tuned
+
+    def _tune_list(
+        self, scored: Path, reference: Path, work: Path, start: dict[str, list[float]], seed: int
+    ) -> dict[str, list[float]]:
+        """The weights of a scored list and its references: Moses' extractor, then mert or
+        kbmira seeded with ``seed`` from ``start`` (``--rerank-tune new``: only the weights
+        ``start`` lacks move), in ``work``."""
         tuning = MosesTuning(self.program, self.run, self.tuner, self.restarts)
         names = tuning.extract(scored, reference, work)
         keep_start = self.tuned_weights == "new"
-        write_weights_file(tuned, tuning.tune(work, names, start, seed, keep_start=keep_start))
-        return tuned
+        return tuning.tune(work, names, start, seed, keep_start=keep_start)
 
     def heldout_dev_weights(
         self,
@@ -297,7 +305,6 @@ class RerankStep:
         set's folder, each part's weights tuned once."""
         scored = self.scored_list(run_dir, "dev")
         work = run_dir / self.label / f"heldout-{folds}"
-        tuning = MosesTuning(self.program, self.run, self.tuner, self.restarts)
         tuned = []
         for index, held_out in enumerate(dev_folds(len(references), folds)):
             fold = work / f"fold-{index}"
@@ -309,9 +316,7 @@ class RerankStep:
                 write_part(scored, kept, nbest)
                 with AtomicOutput(str(reference)) as out:
                     out.writelines(references[i] + "\n" for i in kept)
-                names = tuning.extract(nbest, reference, fold)
-                keep_start = self.tuned_weights == "new"
-                weights = tuning.tune(fold, names, start, seed, keep_start=keep_start)
+                weights = self._tune_list(nbest, reference, fold, start, seed)
                 write_weights_file(weights_file, weights)
             tuned.append((held_out, read_weights(str(weights_file))))
         return tuned
