@@ -48,7 +48,7 @@ def _train(path, src, tgt, arch="attention", resume=False, **overrides):
                       amp=AMP, **kw)  # fmt: skip
 
 
-@pytest.mark.parametrize("arch", ["cho", "attention", "lstm"])
+@pytest.mark.parametrize("arch", ["cho", "attention", "lstm", "transformer"])
 def test_training_learns_and_the_model_scores_the_same_on_the_cpu(tmp_path, arch):
     src, tgt = _files(tmp_path, 20)
     path = tmp_path / "m.safetensors"
@@ -226,7 +226,7 @@ def test_compiled_bucketed_loss_on_cuda_equals_eager(arch):
             torch.testing.assert_close(other_grads[name], grad, rtol=1e-4, atol=1e-5, msg=name)
 
 
-@pytest.mark.parametrize("arch", ["cho", "attention", "lstm"])
+@pytest.mark.parametrize("arch", ["cho", "attention", "lstm", "transformer"])
 def test_the_gpu_engine_replays_its_graphs_as_the_cpu_scores(arch):
     """The GPU engine (engine/graph_scoring.py), what ``rescore`` and ``nbest`` get on CUDA:
     each batch shape captured once in a CUDA graph; the table's pairs score as on the CPU
