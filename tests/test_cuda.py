@@ -86,8 +86,9 @@ def test_training_is_byte_reproducible_and_resume_is_exact(tmp_path):
         assert torch.equal(tensor, b["network"][name]), name
 
 
+@pytest.mark.parametrize("arch", ["attention", "transformer"])
 def test_captured_training_steps_repeat_their_bytes_resume_exactly_and_learn_as_eager(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, arch
 ):
     """``train --graphs --bucket 8``: every batch shape's forward and backward captured once
     and replayed (no capture fails: the log says none did), two runs give the same bytes, a
@@ -99,7 +100,7 @@ def test_captured_training_steps_repeat_their_bytes_resume_exactly_and_learn_as_
 
         monkeypatch.setattr(train_job, "_check_graphs", lambda *args: None)
     src, tgt = _files(tmp_path, 60)
-    common = dict(batch_tokens=300, valid_every=4, seed=9, learning_rate=3e-3, bucket=8)
+    common = dict(batch_tokens=300, valid_every=4, seed=9, learning_rate=3e-3, bucket=8, arch=arch)
     paths = {}
     for name in ("eager", "a", "b", "parts"):
         (tmp_path / name).mkdir()
