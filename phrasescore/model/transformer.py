@@ -56,10 +56,10 @@ from phrasescore.model.initialization import init_transformer
 from phrasescore.special_ids import PAD_ID
 
 
-def sinusoid_positions(length: int, dim: int, device: torch.device) -> Tensor:
-    """PE [length, dim]: sin at the even units, cos at the odd ones, of pos / 10000^(2i/d)
-    (Vaswani et al. §3.5)."""
-    position = torch.arange(length, dtype=torch.float32, device=device).unsqueeze(1)
+def sinusoid_positions(length: int, dim: int, device: torch.device, start: int = 0) -> Tensor:
+    """PE [length, dim] of the positions start, ..., start + length - 1: sin at the even units,
+    cos at the odd ones, of pos / 10000^(2i/d) (Vaswani et al. §3.5)."""
+    position = torch.arange(start, start + length, dtype=torch.float32, device=device).unsqueeze(1)
     rate = torch.exp(
         torch.arange(0, dim, 2, dtype=torch.float32, device=device) * (-math.log(10000.0) / dim)
     )
@@ -152,7 +152,14 @@ class DecoderLayer(nn.Module):
     def forward(self, y: Tensor, memory: Tensor, causal: Tensor, source: Tensor) -> Tensor:
         normed = self.self_attention_norm(y)
         y = y + self.dropout(self.self_attention(normed, normed, causal))
-        y = y + self.dropout(self.source_attention(self.source_attention_norm(y), memory, source))
+        return self._over_source(y, *self.source_attention.keys_values(memory), source)
+
+    def _over_source(self, y: Tensor, key: Tensor, value: Tensor, source: Tensor) -> Tensor:
+        """The two sublayers after the self-attention: attention over the source's keys and
+        values, then the FFN."""
+        y = y + self.dropout(
+            self.source_attention.attend(self.source_attention_norm(y), key, value, source)
+        )
         return y + self.dropout(self.feedforward(self.feedforward_norm(y)))
 
     def step(
@@ -165,10 +172,7 @@ class DecoderLayer(nn.Module):
         key, value = self.self_attention.keys_values(normed)
         keys, values = torch.cat([cache[0], key], dim=2), torch.cat([cache[1], value], dim=2)
         y = y + self.dropout(self.self_attention.attend(normed, keys, values, None))
-        y = y + self.dropout(
-            self.source_attention.attend(self.source_attention_norm(y), *memory, source)
-        )
-        return y + self.dropout(self.feedforward(self.feedforward_norm(y))), keys, values
+        return self._over_source(y, *memory, source), keys, values
 
 
 class TransformerEncoderDecoder(EncoderDecoder):
@@ -203,11 +207,12 @@ class TransformerEncoderDecoder(EncoderDecoder):
     def reset_parameters(self) -> None:
         init_transformer(self)
 
-    def _embed(self, table: nn.Embedding, ids: Tensor) -> Tensor:
-        """Dropout(√d E x + PE) (Vaswani et al. §3.4, §3.5, §5.4)."""
+    def _embed(self, table: nn.Embedding, ids: Tensor, start: int = 0) -> Tensor:
+        """Dropout(√d E x + PE) (Vaswani et al. §3.4, §3.5, §5.4), the first word of ``ids`` at
+        position ``start``."""
         dim = self.config.hidden_dim
         embedded = table(ids)
-        positions = sinusoid_positions(ids.shape[1], dim, ids.device).to(embedded.dtype)
+        positions = sinusoid_positions(ids.shape[1], dim, ids.device, start).to(embedded.dtype)
         return self.dropout(embedded * math.sqrt(dim) + positions)
 
     def encode(self, src: Tensor, src_lengths: Tensor | None) -> EncoderOutput:
@@ -237,26 +242,18 @@ class TransformerEncoderDecoder(EncoderDecoder):
     def start(self, enc: EncoderOutput) -> dict[str, Tensor]:
         """The decoder's state before its first word: per layer, the source's keys and values
         (computed once) and the keys and values of the words so far (none yet)."""
-        memory = enc["memory"]
-        heads = self.config.heads
-        split = self.config.hidden_dim // heads
-        empty = memory.new_zeros(memory.shape[0], heads, 0, split)
         state = {"valid": enc["valid"]}
         for index, layer in enumerate(self.decoder):
-            key, value = layer.source_attention.keys_values(memory)
+            key, value = layer.source_attention.keys_values(enc["memory"])
             state[f"source_keys{index}"], state[f"source_values{index}"] = key, value
-            state[f"keys{index}"], state[f"values{index}"] = empty, empty
+            state[f"keys{index}"], state[f"values{index}"] = key[:, :, :0], value[:, :, :0]
         return state
 
     def step(self, state: dict[str, Tensor], prev: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         """The features after the words so far and ``prev``: each layer's self-attention reads
         the keys and values cached by the earlier steps (the same values as teacher forcing
         with the causal mask)."""
-        position = state["keys0"].shape[2]
-        dim = self.config.hidden_dim
-        embedded = self.tgt_embed(prev.unsqueeze(1))
-        positions = sinusoid_positions(position + 1, dim, prev.device)[position:]
-        y = self.dropout(embedded * math.sqrt(dim) + positions.to(embedded.dtype))
+        y = self._embed(self.tgt_embed, prev.unsqueeze(1), start=state["keys0"].shape[2])
         source = state["valid"][:, None, None, :]
         new = dict(state)
         for index, layer in enumerate(self.decoder):
