@@ -27,6 +27,18 @@ READS_BACK = {
 }
 
 
+class OperatorCounts(TorchDispatchMode):
+    """Counts the aten operators dispatched inside it, by name (``aten.addmm``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts: collections.Counter = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[str(func.overloadpacket)] += 1
+        return func(*args, **(kwargs or {}))
+
+
 class HostReads(TorchDispatchMode):
     """Records the operators that need a value of the device on the host (on a GPU the host
     waits there): scalar reads and boolean selections, with where they were called."""

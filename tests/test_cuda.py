@@ -23,7 +23,7 @@ from phrasescore.moses.nbest import iter_nbest_groups, read_nbest
 from phrasescore.moses.phrase_table import format_entry, read_phrase_table
 from phrasescore.training.trainer import Trainer
 
-from .conftest import DATA, run_cli, sample_pairs, train_tiny, write_lines
+from .conftest import DATA, OperatorCounts, run_cli, sample_pairs, train_tiny, write_lines
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before the first cuBLAS handle
 DEVICE = os.environ.get("PHRASESCORE_TEST_DEVICE", "cuda")
@@ -225,6 +225,47 @@ def test_compiled_bucketed_loss_on_cuda_equals_eager(arch):
         assert other == pytest.approx(loss, rel=1e-5)
         for name, grad in grads.items():
             torch.testing.assert_close(other_grads[name], grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_the_decoder_gru_on_the_device_runs_the_fused_cell_with_the_written_values():
+    """Cho's decoder (A.1.1) over 12 steps: on CUDA each step is PyTorch's fused GRU cell,
+    whose states and gradients equal the written steps' (fp32, TF32 off; bf16 autocast within
+    bf16's rounding of the written steps, which round every intermediate)."""
+    from phrasescore.model.gru import gru_decoder_loop_step, run_gru_decoder
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    g = torch.Generator().manual_seed(0)
+    batch, steps, hid = 64, 12, 256
+    inputs = [
+        torch.randn(batch, steps, 3 * hid, generator=g),
+        torch.randn(batch, hid, generator=g).tanh(),
+        torch.randn(hid, 3 * hid, generator=g) / hid**0.5,
+        torch.randn(batch, 3 * hid, generator=g),
+    ]
+    inputs = [t.to(DEVICE).requires_grad_() for t in inputs]
+    weights = torch.randn(batch, steps, hid, generator=g).to(DEVICE)
+
+    def run(step, bf16=False):
+        # under autocast the decoder's inputs come out of bf16 products (u stays a parameter)
+        args = [t.bfloat16() if bf16 and t is not inputs[2] else t for t in inputs]
+        with torch.autocast("cuda", torch.bfloat16, enabled=bf16):
+            states = run_gru_decoder(*args, step=step)
+        grads = torch.autograd.grad((states.float() * weights).sum(), inputs)
+        return states.float(), grads
+
+    with OperatorCounts() as ops:
+        states, grads = run(None)
+    written, written_grads = run(gru_decoder_loop_step)
+    if DEVICE == "cuda":
+        assert ops.counts["aten._thnn_fused_gru_cell"] == steps
+        assert ops.counts["aten.sigmoid"] == 0
+    torch.testing.assert_close(states, written, rtol=1e-5, atol=1e-5)
+    for grad, want in zip(grads, written_grads, strict=True):
+        torch.testing.assert_close(grad, want, rtol=1e-4, atol=1e-4)
+    if DEVICE == "cuda":
+        states_bf16, _ = run(None, bf16=True)
+        written_bf16, _ = run(gru_decoder_loop_step, bf16=True)
+        assert (states_bf16 - written).abs().max() <= (written_bf16 - written).abs().max() * 1.5
 
 
 @pytest.mark.parametrize("arch", ["cho", "attention", "lstm", "transformer"])

@@ -10,7 +10,12 @@ import torch
 
 from phrasescore.model import build_network
 from phrasescore.model.config import ModelConfig
-from phrasescore.model.gru import gru_decoder_step, gru_encoder_step, run_gru_encoder
+from phrasescore.model.gru import (
+    gru_decoder_step,
+    gru_encoder_step,
+    run_gru_decoder,
+    run_gru_encoder,
+)
 
 
 def reference_gru(x, h, W_r, W_z, W, U_r, U_z, U):
@@ -63,6 +68,40 @@ def test_gru_decoder_step_puts_context_in_gates_and_candidate():
     z = torch.sigmoid(x_proj[:, hid : 2 * hid] + hh[:, hid : 2 * hid])
     cand = torch.tanh(x_proj[:, 2 * hid :] + r * hh[:, 2 * hid :])
     assert torch.allclose(got, z * h + (1 - z) * cand)
+
+
+def test_the_decoder_step_is_pytorchs_gru_cell_of_its_two_products():
+    """The decoder's step has the equations of PyTorch's fused GRU cell (what it runs on CUDA),
+    whose CPU reference is ``torch.gru_cell``: gates in the order reset, update, candidate, the
+    reset gate on the recurrent product's candidate part. A row's C c enters ``torch.gru_cell``
+    as its recurrent bias, W e as an input through the identity."""
+    g = torch.Generator().manual_seed(3)
+    hid, batch = 5, 3
+    x_proj = torch.randn(batch, 3 * hid, generator=g, dtype=torch.float64)
+    h = torch.randn(batch, hid, generator=g, dtype=torch.float64)
+    u = torch.randn(hid, 3 * hid, generator=g, dtype=torch.float64)
+    ctx = torch.randn(batch, 3 * hid, generator=g, dtype=torch.float64)
+    got = gru_decoder_step(x_proj, h, u, ctx)
+    identity = torch.eye(3 * hid, dtype=torch.float64)
+    for b in range(batch):
+        want = torch.gru_cell(x_proj[b : b + 1], h[b : b + 1], identity, u.T, None, ctx[b])
+        torch.testing.assert_close(got[b : b + 1], want, rtol=0, atol=1e-12)
+
+
+def test_the_decoder_loop_is_its_step_repeated():
+    """``run_gru_decoder`` (each step's bias built before the loop) gives the states of
+    :func:`gru_decoder_step` applied step by step."""
+    g = torch.Generator().manual_seed(4)
+    hid, batch, steps = 4, 3, 6
+    x_proj = torch.randn(batch, steps, 3 * hid, generator=g, dtype=torch.float64)
+    h = torch.randn(batch, hid, generator=g, dtype=torch.float64)
+    u = torch.randn(hid, 3 * hid, generator=g, dtype=torch.float64)
+    ctx = torch.randn(batch, 3 * hid, generator=g, dtype=torch.float64)
+    states = run_gru_decoder(x_proj, h, u, ctx)
+    assert states.shape == (batch, steps, hid)
+    for t in range(steps):
+        h = gru_decoder_step(x_proj[:, t], h, u, ctx)
+        torch.testing.assert_close(states[:, t], h, rtol=0, atol=1e-12)
 
 
 def test_padding_leaves_encoder_state_unchanged():

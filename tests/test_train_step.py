@@ -3,11 +3,8 @@ with the arithmetic of PyTorch's per-parameter loops, to the bit."""
 
 from __future__ import annotations
 
-import collections
-
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from phrasescore.model import build_network
 from phrasescore.model.config import TrainConfig, preset
@@ -15,17 +12,7 @@ from phrasescore.text.corpus import make_batch
 from phrasescore.text.vocab import WordVocabulary
 from phrasescore.training.loop import clip_gradients, make_optimizer
 
-from .conftest import sample_pairs
-
-
-class _Ops(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.counts: collections.Counter = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.counts[str(func.overloadpacket)] += 1
-        return func(*args, **(kwargs or {}))
+from .conftest import OperatorCounts, sample_pairs
 
 
 def _network_and_batch(arch: str = "attention"):
@@ -111,7 +98,7 @@ def test_an_update_is_one_optimiser_call_and_one_clipping_pass(optimizer):
     _backward(network, batch)
     opt.step()  # the first makes the optimiser's state, a tensor or two per parameter
     _backward(network, batch)
-    with _Ops() as ops:
+    with OperatorCounts() as ops:
         clip_gradients(params, 1.0)
         opt.step()
     per_parameter = {k: v for k, v in ops.counts.items() if v >= len(params)}

@@ -225,7 +225,7 @@ class GRUEncoderDecoder(ChoEncoderDecoder):
     def _decoder_states(self, state: dict[str, Tensor], prev_emb: Tensor) -> Tensor:
         """A.1.1's decoder over all steps; the input products W e(y_{t-1}) in one product."""
         x_proj = self.dec_input(prev_emb)  # [B, T, 3H]
-        step = compiled_step(gru_decoder_loop_step) if self.compiled else gru_decoder_loop_step
+        step = compiled_step(gru_decoder_loop_step) if self.compiled else None
         return run_gru_decoder(x_proj, state["h"], self.dec_u, state["ctx_gates"], step=step)
 
     def _decoder_step(self, state: dict[str, Tensor], prev_emb: Tensor) -> Tensor:

@@ -12,7 +12,10 @@ at once (one large matrix product), each step is::
 :func:`gru_decoder_step` is the decoder of Cho et al. Appendix A.1.1, where the summary c enters the
 gates and the candidate: ``r, z = σ(W e(y) + U h + C c)`` and ``h~ = tanh(W e(y) + r ⊙ (U h + C c))``;
 there the reset gate multiplies the product ``U h + C c`` (the same placement cuDNN uses), which lets
-one matrix product per step serve all three parts.
+one matrix product per step serve all three parts. That placement is also the one of PyTorch's
+fused GRU cell (``aten::_thnn_fused_gru_cell``: one CUDA kernel for the gates, the candidate and
+eq. 7, and one for their gradients), so on a GPU the decoder's step is two kernels, the product
+and the cell (:func:`gru_cell_from_gates`), where the written step is five: the same equations.
 
 **The fused recurrence** (``ModelConfig.recurrence = "fused"``, ``train --recurrence fused``;
 for GPUs, docs/benchmarks.md "Fused recurrences"): the encoders of cho and attention run :class:`torch.nn.GRU` (cuDNN's fused kernel on a
@@ -61,25 +64,50 @@ def gru_encoder_step(x_proj: Tensor, h: Tensor, u_rz: Tensor, u_h: Tensor) -> Te
     return torch.lerp(candidate, h, z)
 
 
+def gru_cell_from_gates(input_gates: Tensor, hidden_gates: Tensor, h: Tensor) -> Tensor:
+    """A GRU step from its two products, the reset gate on the second one's candidate part::
+
+        r, z = σ(i_{r,z} + g_{r,z}),  h~ = tanh(i_h + r ⊙ g_h),  h_t = h~ + z ⊙ (h_{t-1} - h~)
+
+    With ``input_gates`` i = ``[W_r e; W_z e; W e]`` and ``hidden_gates`` g = ``[U_r h + C_r c;
+    U_z h + C_z c; U h + C c]`` (each [B, 3H]) this is the decoder of Cho et al. Appendix A.1.1.
+    On CUDA it is PyTorch's fused GRU cell (``aten::_thnn_fused_gru_cell``, whose CPU reference
+    is ``torch.gru_cell``'s: gates in the order reset, update, candidate), one kernel forward and
+    one backward, computed in float32 whatever the inputs' precision; elsewhere the written
+    kernels below. The inputs take their common precision, as the written step's would.
+    """
+    if h.is_cuda:
+        dtype = torch.promote_types(
+            torch.promote_types(input_gates.dtype, hidden_gates.dtype), h.dtype
+        )
+        return torch.ops.aten._thnn_fused_gru_cell(
+            input_gates.to(dtype).contiguous(),
+            hidden_gates.to(dtype).contiguous(),
+            h.to(dtype).contiguous(),
+        )[0]
+    hidden = h.shape[-1]
+    rz = torch.sigmoid(input_gates[:, : 2 * hidden] + hidden_gates[:, : 2 * hidden])
+    r, z = rz[:, :hidden], rz[:, hidden:]
+    candidate = torch.tanh(
+        torch.addcmul(input_gates[:, 2 * hidden :], r, hidden_gates[:, 2 * hidden :])
+    )
+    return torch.lerp(candidate, h, z)
+
+
 def gru_decoder_step(x_proj: Tensor, h: Tensor, u: Tensor, ctx_proj: Tensor) -> Tensor:
     """One decoder step of Cho et al. 2014, Appendix A.1.1 (summary c in gates and candidate).
 
     ``x_proj`` [B, 3H] = ``[W_r e; W_z e; W e]`` of the previous word, ``u`` [H, 3H] the recurrent
     matrices ``[U_r U_z U]`` (transposed), ``ctx_proj`` [B, 3H] = ``[C_r c; C_z c; C c]``, computed
-    once per sequence.
+    once per sequence: :func:`gru_cell_from_gates` of ``x_proj`` and ``U h + C c``.
     """
-    hidden = h.shape[-1]
-    hh = torch.addmm(ctx_proj, h, u)
-    rz = torch.sigmoid(x_proj[:, : 2 * hidden] + hh[:, : 2 * hidden])
-    r, z = rz[:, :hidden], rz[:, hidden:]
-    candidate = torch.tanh(torch.addcmul(x_proj[:, 2 * hidden :], r, hh[:, 2 * hidden :]))
-    return torch.lerp(candidate, h, z)
+    return gru_cell_from_gates(x_proj, torch.addmm(ctx_proj, h, u), h)
 
 
 def gru_decoder_loop_step(bias_t: Tensor, x_h_t: Tensor, h: Tensor, u: Tensor) -> Tensor:
-    """One step of :func:`run_gru_decoder`: :func:`gru_decoder_step` with the step's bias of
-    the recurrent product ``bias_t`` = [W_r e + C_r c; W_z e + C_z c; C c] and candidate input
-    ``x_h_t`` = W e built before the loop."""
+    """One step of :func:`run_gru_decoder` off CUDA: :func:`gru_decoder_step` with the step's
+    bias of the recurrent product ``bias_t`` = [W_r e + C_r c; W_z e + C_z c; C c] and candidate
+    input ``x_h_t`` = W e built before the loop."""
     hidden = h.shape[-1]
     hh_rz, hh_h = torch.addmm(bias_t, h, u).split([2 * hidden, hidden], dim=1)
     r, z = torch.sigmoid(hh_rz).chunk(2, dim=1)
@@ -87,27 +115,33 @@ def gru_decoder_loop_step(bias_t: Tensor, x_h_t: Tensor, h: Tensor, u: Tensor) -
     return torch.lerp(candidate, h, z)
 
 
-def run_gru_decoder(
-    x_proj: Tensor, h0: Tensor, u: Tensor, ctx_proj: Tensor, step=gru_decoder_loop_step
-) -> Tensor:
+def run_gru_decoder(x_proj: Tensor, h0: Tensor, u: Tensor, ctx_proj: Tensor, step=None) -> Tensor:
     """:func:`gru_decoder_step` over all steps of ``x_proj`` [B, T, 3H]; the states [B, T, H].
 
-    Before the loop, one pass builds each step's bias of the recurrent product, time-major:
-    ``[W_r e + C_r c; W_z e + C_z c; C c]`` (the candidate's C c stays inside the reset product).
-    Each step (:func:`gru_decoder_loop_step`, or ``step``, it compiled: ``train --compile``) is
-    then five kernels: ``addmm``, ``sigmoid``, ``addcmul``, ``tanh``, ``lerp``.
+    On CUDA (``step`` None) each step is two kernels: ``addmm`` (U h + C c) and the fused cell
+    (:func:`gru_cell_from_gates`). Elsewhere, or with ``step`` given (the loop step compiled:
+    ``train --compile``), one pass before the loop builds each step's bias of the recurrent
+    product, time-major: ``[W_r e + C_r c; W_z e + C_z c; C c]`` (the candidate's C c stays
+    inside the reset product), and each step (:func:`gru_decoder_loop_step`) is five kernels:
+    ``addmm``, ``sigmoid``, ``addcmul``, ``tanh``, ``lerp``.
     """
     hidden = h0.shape[-1]
     steps = x_proj.shape[1]
     x_tm = x_proj.transpose(0, 1)  # [T, B, 3H] view
+    h = h0
+    states = []
+    if step is None and x_proj.is_cuda:
+        # unbind, not x_tm[t]: one backward node for all steps instead of a zero-filled
+        # [T, B, 3H] gradient per step (quadratic in T)
+        for x_t in x_tm.contiguous().unbind(0):
+            h = gru_cell_from_gates(x_t, torch.addmm(ctx_proj, h, u), h)
+            states.append(h)
+        return torch.stack(states, dim=1)
+    step = step or gru_decoder_loop_step
     gates = x_tm[..., : 2 * hidden] + ctx_proj[None, :, : 2 * hidden]
     bias = torch.cat([gates, ctx_proj[None, :, 2 * hidden :].expand(steps, -1, -1)], dim=2)
     x_h = x_tm[..., 2 * hidden :].contiguous()
-    h = h0
-    states = []
-    # unbind, not bias[t]: one backward node for all steps instead of a zero-filled [T, B, 3H]
-    # gradient per step (quadratic in T)
-    for bias_t, x_h_t in zip(bias.unbind(0), x_h.unbind(0), strict=True):
+    for bias_t, x_h_t in zip(bias.unbind(0), x_h.unbind(0), strict=True):  # unbind: see above
         h = step(bias_t, x_h_t, h, u)
         states.append(h)
     return torch.stack(states, dim=1)
