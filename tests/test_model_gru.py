@@ -55,13 +55,21 @@ def test_gru_encoder_step_matches_equations_5_to_8():
         assert got[b].tolist() == pytest.approx(want, abs=1e-12)
 
 
-def test_gru_decoder_step_puts_context_in_gates_and_candidate():
-    g = torch.Generator().manual_seed(1)
-    hid, batch = 3, 2
-    x_proj = torch.randn(batch, 3 * hid, generator=g, dtype=torch.float64)
+def _decoder_inputs(seed: int, hid: int, batch: int, steps: int | None = None):
+    """Random float64 decoder inputs: x_proj [B, 3H] (or [B, T, 3H]), h [B, H], u [H, 3H] and
+    ctx [B, 3H]."""
+    g = torch.Generator().manual_seed(seed)
+    shape = (batch, 3 * hid) if steps is None else (batch, steps, 3 * hid)
+    x_proj = torch.randn(*shape, generator=g, dtype=torch.float64)
     h = torch.randn(batch, hid, generator=g, dtype=torch.float64)
     u = torch.randn(hid, 3 * hid, generator=g, dtype=torch.float64)
     ctx = torch.randn(batch, 3 * hid, generator=g, dtype=torch.float64)
+    return x_proj, h, u, ctx
+
+
+def test_gru_decoder_step_puts_context_in_gates_and_candidate():
+    hid = 3
+    x_proj, h, u, ctx = _decoder_inputs(1, hid, 2)
     got = gru_decoder_step(x_proj, h, u, ctx)
     hh = h @ u + ctx
     r = torch.sigmoid(x_proj[:, :hid] + hh[:, :hid])
@@ -75,12 +83,8 @@ def test_the_decoder_step_is_pytorchs_gru_cell_of_its_two_products():
     whose CPU reference is ``torch.gru_cell``: gates in the order reset, update, candidate, the
     reset gate on the recurrent product's candidate part. A row's C c enters ``torch.gru_cell``
     as its recurrent bias, W e as an input through the identity."""
-    g = torch.Generator().manual_seed(3)
     hid, batch = 5, 3
-    x_proj = torch.randn(batch, 3 * hid, generator=g, dtype=torch.float64)
-    h = torch.randn(batch, hid, generator=g, dtype=torch.float64)
-    u = torch.randn(hid, 3 * hid, generator=g, dtype=torch.float64)
-    ctx = torch.randn(batch, 3 * hid, generator=g, dtype=torch.float64)
+    x_proj, h, u, ctx = _decoder_inputs(3, hid, batch)
     got = gru_decoder_step(x_proj, h, u, ctx)
     identity = torch.eye(3 * hid, dtype=torch.float64)
     for b in range(batch):
@@ -91,12 +95,8 @@ def test_the_decoder_step_is_pytorchs_gru_cell_of_its_two_products():
 def test_the_decoder_loop_is_its_step_repeated():
     """``run_gru_decoder`` (each step's bias built before the loop) gives the states of
     :func:`gru_decoder_step` applied step by step."""
-    g = torch.Generator().manual_seed(4)
     hid, batch, steps = 4, 3, 6
-    x_proj = torch.randn(batch, steps, 3 * hid, generator=g, dtype=torch.float64)
-    h = torch.randn(batch, hid, generator=g, dtype=torch.float64)
-    u = torch.randn(hid, 3 * hid, generator=g, dtype=torch.float64)
-    ctx = torch.randn(batch, 3 * hid, generator=g, dtype=torch.float64)
+    x_proj, h, u, ctx = _decoder_inputs(4, hid, batch, steps)
     states = run_gru_decoder(x_proj, h, u, ctx)
     assert states.shape == (batch, steps, hid)
     for t in range(steps):
