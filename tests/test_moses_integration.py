@@ -320,6 +320,24 @@ def test_ab_rerank_with_an_inverse_model_and_kbmira_reuses_the_scored_lists(
     assert len(run.outputs["test20"].read_text(encoding="utf-8").splitlines()) == 20
 
 
+def test_each_way_of_tuning_holds_out_dev_with_its_own_tuner_in_a_shared_workdir(
+    moses_system, tiny_model_path, tmp_path
+):
+    """The same model tuned with mert, then with kbmira in the same workdir: the kbmira
+    system's held-out dev is tuned by kbmira on each half (not mert's halves read back), the
+    figure of a workdir where kbmira was alone."""
+    model = [f"Sent0={tiny_model_path}"]
+    mert = rerank_baseline(moses_system, tmp_path / "ab", model)[1].runs[0]
+    kbmira = rerank_baseline(moses_system, tmp_path / "ab", model, tuner="kbmira")[1].runs[0]
+    set_dir = next((tmp_path / "ab" / "baseline" / "mert-1234").glob("rerank-*Sent0-*"))
+    for fold in (0, 1):
+        assert (set_dir / "heldout-2" / f"fold-{fold}" / "mert.log").exists()
+        assert (set_dir / "heldout-2-kbmira" / f"fold-{fold}" / "kbmira.log").exists()
+    alone = rerank_baseline(moses_system, tmp_path / "alone", model, tuner="kbmira")[1].runs[0]
+    assert kbmira.heldout_dev_bleu == alone.heldout_dev_bleu
+    assert mert.heldout_dev_bleu is not None and kbmira.heldout_dev_bleu is not None
+
+
 def test_ab_rerank_sets_are_systems_of_their_own_on_the_same_lists(
     moses_system, tiny_model_path, tiny_inverse_model_path, tmp_path
 ):

@@ -302,9 +302,11 @@ class RerankStep:
         Each part's 1-best under its weights is then chosen by weights that never saw its
         sentences: a dev BLEU free of the tuning's fit to its own sentences, which grows with
         the number of features (``ab``'s "dev held out"). Kept in ``heldout-FOLDS/`` of the
-        set's folder, each part's weights tuned once."""
+        set's folder (``heldout-FOLDS-kbmira/``, ``heldout-FOLDS-new/`` for the other ways of
+        tuning, so that each way's figure is its own in a workdir that has several), each
+        part's weights tuned once."""
         scored = self.scored_list(run_dir, "dev")
-        work = run_dir / self.label / f"heldout-{folds}"
+        work = run_dir / self.label / "-".join(filter(None, (f"heldout-{folds}", self._variant)))
         tuned = []
         for index, held_out in enumerate(dev_folds(len(references), folds)):
             fold = work / f"fold-{index}"
