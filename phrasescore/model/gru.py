@@ -125,8 +125,6 @@ def run_gru_decoder(x_proj: Tensor, h0: Tensor, u: Tensor, ctx_proj: Tensor, ste
     inside the reset product), and each step (:func:`gru_decoder_loop_step`) is five kernels:
     ``addmm``, ``sigmoid``, ``addcmul``, ``tanh``, ``lerp``.
     """
-    hidden = h0.shape[-1]
-    steps = x_proj.shape[1]
     x_tm = x_proj.transpose(0, 1)  # [T, B, 3H] view
     h = h0
     states = []
@@ -138,6 +136,7 @@ def run_gru_decoder(x_proj: Tensor, h0: Tensor, u: Tensor, ctx_proj: Tensor, ste
             states.append(h)
         return torch.stack(states, dim=1)
     step = step or gru_decoder_loop_step
+    hidden, steps = h0.shape[-1], x_proj.shape[1]
     gates = x_tm[..., : 2 * hidden] + ctx_proj[None, :, : 2 * hidden]
     bias = torch.cat([gates, ctx_proj[None, :, 2 * hidden :].expand(steps, -1, -1)], dim=2)
     x_h = x_tm[..., 2 * hidden :].contiguous()
