@@ -69,6 +69,11 @@ class LMScorer:
         """log p(text </s> | <s>) of already-tokenised sentences (n-best hypotheses)."""
         return self.score_tokens([self.lm.text.normalize_tokenized(t) for t in texts], True)
 
+    def sentence_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """The ids of already-tokenised sentences, what :meth:`score_ids` takes (the text half
+        of :meth:`score_sentences`)."""
+        return self.lm.vocab.encode_batch([self.lm.text.normalize_tokenized(t) for t in texts])
+
     def score_phrases(self, texts: Sequence[str]) -> ScoredSequences:
         """log p(text) of already-tokenised phrases, sentence-boundary context off."""
         return self.score_tokens([self.lm.text.normalize_tokenized(t) for t in texts], False)

@@ -251,7 +251,17 @@ class BlockScorer:
     ) -> ScoredPairs:
         """Score already-tokenised phrase pairs (phrase-table or n-best text): their ids
         (:meth:`PhraseEncoder.encode_arrays`), then :meth:`score_arrays`."""
-        pairs = self.encoder.encode_arrays(sources, targets)
+        return self.score_encoded(self.encode_arrays(sources, targets), per_token)
+
+    def encode_arrays(self, sources: Sequence[str], targets: Sequence[str]) -> IdPairs:
+        """The ids of already-tokenised phrase pairs as :meth:`score_encoded` takes them: the
+        text half of :meth:`score_phrases`, which needs the vocabularies and not the network
+        (an ``nbest --io-workers`` process runs it)."""
+        return self.encoder.encode_arrays(sources, targets)
+
+    def score_encoded(self, pairs: IdPairs, per_token: bool = False) -> ScoredPairs:
+        """The network half of :meth:`score_phrases`: :meth:`score_arrays` of
+        :meth:`encode_arrays`' ids, with their token and unknown-word counts."""
         logprob, per_tok = self.score_arrays(pairs, per_token)
         n_tokens = self.encoder.token_counts(pairs)
         return ScoredPairs(logprob, n_tokens, pairs.src.unknown, pairs.tgt.unknown, per_tok)
@@ -615,7 +625,19 @@ class EnsembleScorer:
         self, sources: Sequence[str], targets: Sequence[str], per_token: bool = False
     ) -> ScoredPairs:
         """:meth:`BlockScorer.score_phrases` of the ensemble."""
-        scored = [scorer.score_phrases(sources, targets, per_token=True) for scorer in self.scorers]
+        return self.score_encoded(self.encode_arrays(sources, targets), per_token)
+
+    def encode_arrays(self, sources: Sequence[str], targets: Sequence[str]) -> list[IdPairs]:
+        """Each model's ids of the pairs (:meth:`BlockScorer.encode_arrays`: the sources'
+        vocabularies may differ)."""
+        return [scorer.encode_arrays(sources, targets) for scorer in self.scorers]
+
+    def score_encoded(self, pairs: Sequence[IdPairs], per_token: bool = False) -> ScoredPairs:
+        """The ensemble's scores of :meth:`encode_arrays`' ids."""
+        scored = [
+            scorer.score_encoded(ids, per_token=True)
+            for scorer, ids in zip(self.scorers, pairs, strict=True)
+        ]
         first = scored[0]
         if not len(first.logprob):
             return first

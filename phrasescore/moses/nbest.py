@@ -84,8 +84,15 @@ class NBestEntry(NamedTuple):
 
 def read_nbest(path: str) -> Iterator[NBestEntry]:
     """Yield the entries of an n-best list (plain or gzip by magic bytes; ``-`` is stdin)."""
-    name = display_name(path)
-    for lineno, line in enumerate(iter_lines(path, keep_ends=True), 1):
+    return parse_nbest_lines(iter_lines(path, keep_ends=True), display_name(path))
+
+
+def parse_nbest_lines(
+    lines: Iterable[str], name: str, first_lineno: int = 1
+) -> Iterator[NBestEntry]:
+    """The entries of n-best lines (line endings kept, the first being line ``first_lineno``
+    of the file ``name``): every field checked, an error naming the file and line."""
+    for lineno, line in enumerate(lines, first_lineno):
         if line[-1:] == "\n":
             newline = "\r\n" if line[-2:-1] == "\r" else "\n"
             body = line[: -len(newline)]
@@ -130,6 +137,13 @@ def read_nbest(path: str) -> Iterator[NBestEntry]:
             head=body[: p2 + 3],
             path=name,
         )
+
+
+def line_sentence_id(line: bytes) -> int | None:
+    """The sentence id of a raw n-best line (what cuts a list into whole sentences without
+    parsing it); None where the line has no valid id (its parse refuses it, naming the line)."""
+    head = line.split(DELIMITER.encode(), 1)[0].decode("utf-8", "replace").strip()
+    return int(head) if head.isascii() and head.isdigit() else None
 
 
 def iter_nbest_groups(entries: Iterable[NBestEntry]) -> Iterator[list[NBestEntry]]:

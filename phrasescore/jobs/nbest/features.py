@@ -162,18 +162,27 @@ class ModelFeatures:
 @dataclass
 class ModelFeature:
     """One feature's values: log p(hypothesis | source), or per token with ``normalize``; with
-    ``inverse`` (a target->source model) log p(source | hypothesis)."""
+    ``inverse`` (a target->source model) log p(source | hypothesis). :meth:`encode` is the
+    text half (vocabularies), :meth:`score` the network half: an ``--io-workers`` process runs
+    the first and asks the process that owns the networks for the second."""
 
     scorer: Scorer
     normalize: bool
     inverse: bool = False
 
-    def __call__(self, srcs: list[str], hyps: list[str]) -> np.ndarray:
+    def encode(self, srcs: list[str], hyps: list[str]):
+        """The ids of the chunk's pairs (a list of them for an ensemble, one per model)."""
         if self.inverse:
-            scored = self.scorer.score_phrases(hyps, srcs)
-        else:
-            scored = self.scorer.score_phrases(srcs, hyps)
+            return self.scorer.encode_arrays(hyps, srcs)
+        return self.scorer.encode_arrays(srcs, hyps)
+
+    def score(self, ids) -> np.ndarray:
+        """The values of :meth:`encode`'s ids."""
+        scored = self.scorer.score_encoded(ids)
         return scored.logprob / scored.n_tokens if self.normalize else scored.logprob
+
+    def __call__(self, srcs: list[str], hyps: list[str]) -> np.ndarray:
+        return self.score(self.encode(srcs, hyps))
 
 
 def load_features(
@@ -207,33 +216,46 @@ def load_features(
 
 @dataclass
 class LMFeature:
-    """The CSLM feature: log p(hypothesis </s> | <s>) of each hypothesis (Schwenk 2007)."""
+    """The CSLM feature: log p(hypothesis </s> | <s>) of each hypothesis (Schwenk 2007); its
+    text half and network half as :class:`ModelFeature`'s."""
 
     scorer: LMScorer
 
+    def encode(self, srcs: list[str], hyps: list[str]) -> list[list[int]]:
+        return self.scorer.sentence_ids(hyps)
+
+    def score(self, ids: list[list[int]]) -> np.ndarray:
+        return self.scorer.score_ids(ids, True)[0]
+
     def __call__(self, srcs: list[str], hyps: list[str]) -> np.ndarray:
-        return self.scorer.score_sentences(hyps).logprob
-
-
-def score_chunk(features, scorer: ModelFeatures | None, pairs) -> tuple[list, int] | None:
-    """Each feature's values for one chunk's ``(sources, hypotheses)`` (None: a chunk not
-    scored here), and the model scores it clamped; the same function runs in this process and
-    in ``--workers`` processes."""
-    if pairs is None:
-        return None
-    srcs, hyps = pairs
-    before = scorer.clamped if scorer is not None else 0
-    values = [np.asarray(score(srcs, hyps), dtype=np.float64) for _, score in features]
-    return values, (scorer.clamped - before if scorer is not None else 0)
+        return self.score(self.encode(srcs, hyps))
 
 
 @dataclass
 class ChunkFeatures:
-    """:func:`score_chunk` with the features and scorer of one run: the function run on each
-    chunk, here or in a ``--workers`` process (which inherits it by ``fork``)."""
+    """Each feature's values for one chunk's ``(sources, hypotheses)``, in order, and the model
+    scores it clamped: :meth:`request` (the ids: the text half, where the chunk is parsed) then
+    :meth:`serve` (the networks), in this process, or :meth:`serve` in the process that owns
+    the networks when an ``--io-workers`` process asks it. The same functions either way: the
+    same bytes."""
 
     features: list
     scorer: ModelFeatures | None
 
-    def __call__(self, pairs):
-        return score_chunk(self.features, self.scorer, pairs)
+    def request(self, srcs: list[str], hyps: list[str]) -> list:
+        """The ids each feature scores."""
+        return [feature.encode(srcs, hyps) for _, feature in self.features]
+
+    def serve(self, request: list) -> tuple[list[np.ndarray], int]:
+        """The values of a :meth:`request` and the model scores clamped meanwhile."""
+        before = self.scorer.clamped if self.scorer is not None else 0
+        values = [
+            np.asarray(feature.score(ids), dtype=np.float64)
+            for (_, feature), ids in zip(self.features, request, strict=True)
+        ]
+        return values, (self.scorer.clamped - before if self.scorer is not None else 0)
+
+    def __call__(self, srcs: list[str], hyps: list[str], ask=None) -> tuple[list, int]:
+        """The values of the chunk's pairs: ``ask`` (an ``--io-workers`` process's line to the
+        networks' process) or :meth:`serve` here."""
+        return (ask or self.serve)(self.request(srcs, hyps))

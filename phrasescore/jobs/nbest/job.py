@@ -1,9 +1,11 @@
 """``nbest``'s list scored as a chunked job: its flags (:class:`NBestOptions`), what it reads
 (:class:`NBestRun`), what it gives (:class:`NBestResult`), and :func:`score_list`, the run
 itself, top to bottom: the weights, the source and the features' models loaded
-(:mod:`.features`), the list read in chunks cut at sentence-id groups (:class:`ListChunks`), each
-chunk scored (:class:`~.features.ChunkFeatures`), written (:mod:`.writer`) and appended through
-the runner every chunked job shares (:class:`~phrasescore.runners.chunked_job.ChunkedRun`).
+(:mod:`.features`), the list read as raw lines in chunks cut at sentence-id groups
+(:class:`ListChunks`), each chunk parsed, scored and formatted (:class:`~.chunks.ListChunkJob`,
+here or in a worker process) and appended in order through the runner every chunked job shares
+(:class:`~phrasescore.runners.chunked_job.ChunkedRun`), the run's count kept by
+:class:`~.writer.ListTally`.
 """
 
 from __future__ import annotations
@@ -13,20 +15,26 @@ import hashlib
 import logging
 import time
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from phrasescore.errors import InputError
 from phrasescore.files import display_name, iter_lines
 from phrasescore.jobs.feature_specs import FeatureModel
+from phrasescore.jobs.nbest.chunks import (
+    ListChunkJob,
+    RawList,
+    RawListChunk,
+    chunk_label,
+    list_chunks,
+)
 from phrasescore.jobs.nbest.features import ChunkFeatures, load_features
-from phrasescore.jobs.nbest.writer import ListWriter, OneBestLines, regroup, with_features
-from phrasescore.moses.nbest import NBestEntry, iter_nbest_groups, read_nbest, read_weights
+from phrasescore.jobs.nbest.writer import GroupSpan, ListFormat, ListTally, OneBestLines, spans
+from phrasescore.moses.nbest import read_weights
 from phrasescore.progress import log_startup, progress_bar
 from phrasescore.runners.chunked_job import ChunkedRun, PartKey, PartPlan, RunFlags, Written
 from phrasescore.runners.partial import PartialOutput, TextPublish, file_identity
-from phrasescore.runners.shards import NBEST, Shard, chunk_record, joined_runs
+from phrasescore.runners.shards import NBEST, Shard, joined_runs, runs_record
 from phrasescore.runners.streams import WholeOutput
 
 log = logging.getLogger(__name__)
@@ -144,57 +152,58 @@ def score_list(run: NBestRun, flags: RunFlags) -> NBestResult:
         if done is not None:
             return _finished(flags.output, done, options.scoring if run.with_model else None)
         names = [name for name, _ in features]
-        writer = ListWriter(weights, options.weights, options.one_best, len(sources), names)
-        chunks = ListChunks(run.nbest, sources, run.source, options.chunk_lines, flags.shard)
-        chunks.first_chunk = scorer.warn_direction if scorer is not None else None
+        list_format = ListFormat(weights, options.weights, options.one_best, names)
+        chunk_job = ListChunkJob(
+            display_name(run.nbest),
+            sources,
+            run.source,
+            ChunkFeatures(features, scorer),
+            scorer,
+            list_format,
+        )
+        chunks = ListChunks(run.nbest, options.chunk_lines, flags.shard, chunk_job)
+        tally = ListTally(len(sources), options.one_best)
         start_line = chunked.open(_output(run, flags, _identity(run, flags, job), len(sources)))
         log_startup(log, "the source read, the models loaded")
         started = time.monotonic()
         with progress_bar(flags.progress, unit=" hyps", unit_scale=True) as bar:
             totals = chunked.resumed_totals()
-            writer.changed, clamped = totals.get("changed", 0), totals.get("clamped", 0)
-            input_crc = chunks.skip_done(start_line, writer, chunked.records)
+            tally.changed, clamped = totals.get("changed", 0), totals.get("clamped", 0)
+            input_crc = chunks.skip_done(start_line, tally, chunked.records)
             if start_line:  # standard input: the CRC-32 of the lines read again is the only proof
                 chunked.check_input(input_crc, bar.close, provable=run.nbest != "-")
-            resumed = writer.hypotheses
+            resumed = tally.hypotheses
             bar.update(resumed)
-            score = ChunkFeatures(features, scorer)
             warm_up = scorer.warm_up if scorer is not None else None
-            with chunked.scoring(score, warm_up) as scoring:
-                scored = scoring.results(chunks.pairs())
-                clamped = _write_scored(chunked, scored, chunks, writer, bar, clamped)
+            serve = chunk_job.features.serve  # an --io-workers process asks this one to score
+            with chunked.scoring(chunk_job, warm_up, chunk_label, serve) as scoring:
+                scored = scoring.results(chunks.items())
+                clamped = _write_scored(chunked, scored, chunks, tally, bar, clamped)
                 scoring.finish()
-            writer.finish(run.nbest)
+            tally.finish(run.nbest)
             chunked.complete()
-            chunked.publish(PartPlan(key, sum(chunks.plan), writer.hypotheses, chunks.plan))
-    result = _result(flags.output, writer, time.monotonic() - started, weights, clamped)
+            chunked.publish(PartPlan(key, sum(chunks.plan), tally.hypotheses, chunks.plan))
+    result = _result(flags.output, tally, time.monotonic() - started, weights, clamped)
     result.scoring = options.scoring if run.with_model else None
     result.resumed_hypotheses = resumed
     return result
 
 
-def _write_scored(chunked: ChunkedRun, scored, chunks: ListChunks, writer, bar, clamped: int):
-    """Append each scored chunk (``(pairs, values)`` in input order; None: another shard's) with
-    its new features; returns the model scores clamped so far."""
-    for _, values in scored:
+def _write_scored(chunked: ChunkedRun, scored, chunks: ListChunks, tally, bar, clamped: int):
+    """Append each scored chunk (its :class:`~.chunks.ListChunkOutput`; None: another shard's,
+    whose ids alone are counted) in input order; returns the model scores clamped so far."""
+    for _, out in scored:
         chunk = chunks.pending.popleft()
-        if values is None:
-            writer.skip(chunk.groups)
+        if out is None:
+            tally.skip(spans(chunks.job.groups(chunk)), chunks.job.name)
             continue
-        columns, chunk_clamped = values
-        clamped += chunk_clamped
-        entries = with_features(chunk.entries, writer.names, columns)
-        text = writer.chunk_text(regroup(entries, chunk.groups))
-        totals = {"changed": writer.changed, "clamped": clamped}
-        chunked.append(
-            Written(text.encode("utf-8"), _lines(text), chunk.source, chunks.record(chunk), totals)
-        )
-        bar.update(len(entries))
+        tally.add(out.groups, chunks.job.name, out.changed)
+        clamped += out.clamped
+        totals = {"changed": tally.changed, "clamped": clamped}
+        record = chunks.record(chunk, out.groups)
+        chunked.append(Written(out.data, out.lines, chunk.source, record, totals))
+        bar.update(sum(group.size for group in out.groups))
     return clamped
-
-
-def _lines(text: str) -> int:
-    return text.count("\n")
 
 
 def _output(run: NBestRun, flags: RunFlags, identity: dict, n_sources: int):
@@ -271,95 +280,63 @@ def _read_weights(path: str, names: list[str]) -> dict[str, list[float]]:
     return weights
 
 
-class ListChunk(NamedTuple):
-    """One chunk of the list: whole sentence-id groups."""
-
-    index: int
-    """Its index among all the list's chunks (a shard's own: ``index % N == K - 1``)."""
-    groups: list[list[NBestEntry]]
-    entries: list[NBestEntry]
-    """The groups' entries, in order."""
-    sources: list[str]
-    """The source sentence of each entry."""
-
-    @property
-    def source(self) -> bytes:
-        """The chunk's lines as read (a resume proves them the same by their CRC-32)."""
-        return "".join(entry.line() for entry in self.entries).encode("utf-8")
-
-
-def _grouped(groups: Iterable[list[NBestEntry]], size: int) -> Iterator[list[list[NBestEntry]]]:
-    """The groups gathered into chunks: a chunk ends after the group that brings it to ``size``
-    lines or more."""
-    chunk: list[list[NBestEntry]] = []
-    count = 0
-    for group in groups:
-        chunk.append(group)
-        count += len(group)
-        if count >= size:
-            yield chunk
-            chunk, count = [], 0
-    if chunk:
-        yield chunk
-
-
 class ListChunks:
-    """The list's chunks in input order (:func:`_grouped`), each entry's id checked against the
-    source: the chunks an earlier run wrote read past (:meth:`skip_done`), then the pairs each
-    chunk left scores (:meth:`pairs`; None for another shard's), every chunk kept in
-    :attr:`pending` until its scores come back; the sizes of all chunks in :attr:`plan` (a
-    shard's manifest)."""
+    """The list's chunks in input order (:class:`~.chunks.RawList`), read in this process: the
+    chunks an earlier run wrote read past (:meth:`skip_done`), then each chunk left handed to
+    the map (:meth:`items`; None for another shard's), every chunk kept in :attr:`pending`
+    until its result comes back; the sizes of all chunks in :attr:`plan` (a shard's
+    manifest)."""
 
-    def __init__(self, nbest: str, sources: list[str], source_path: str, size: int, shard):
+    def __init__(self, nbest: str, size: int, shard: Shard | None, job: ListChunkJob):
         self.nbest = nbest
-        self.sources = sources
-        self.source_path = source_path
-        self.size = size
-        self.shard: Shard | None = shard
+        self.shard = shard
+        self.job = job
         self.plan: list[int] = []
-        self.pending: collections.deque[ListChunk] = collections.deque()
-        self.first_chunk = None
-        """Called with the first scored chunk's ``(sources, hypotheses)`` in this process (the
-        models' direction check, :meth:`~phrasescore.jobs.nbest.features.ModelFeatures.warn_direction`)."""
-        self._chunks = self._read()
+        self.pending: collections.deque[RawListChunk] = collections.deque()
+        self._chunks = list_chunks(RawList(nbest), size)
 
-    def _read(self) -> Iterator[ListChunk]:
-        groups = iter_nbest_groups(read_nbest(self.nbest))
-        for index, chunk in enumerate(_grouped(groups, self.size)):
-            entries = [e for group in chunk for e in group]
-            self.plan.append(len(entries))
-            srcs = [_source_of(e, self.sources, self.source_path) for e in entries]
-            yield ListChunk(index, chunk, entries, srcs)
+    def _next(self) -> RawListChunk | None:
+        chunk = next(self._chunks, None)
+        if chunk is not None:
+            self.plan.append(chunk.lines)
+        return chunk
 
-    def _owns(self, chunk: ListChunk) -> bool:
+    def _owns(self, chunk: RawListChunk) -> bool:
         return self.shard is None or self.shard.owns(chunk.index)
 
-    def record(self, chunk: ListChunk) -> dict | None:
-        """A shard's record of its chunk (:func:`~phrasescore.runners.shards.chunk_record`)."""
+    def record(self, chunk: RawListChunk, groups: list[GroupSpan]) -> dict | None:
+        """A shard's record of its chunk (:func:`~phrasescore.runners.shards.runs_record`: its
+        sentence ids are its runs)."""
         if self.shard is None:
             return None
-        return chunk_record(chunk.index, [str(e.id) for e in chunk.entries])
+        if not groups:
+            return runs_record(chunk.index, 0, 0, None, None)
+        lines = sum(group.size for group in groups)
+        first, last = str(groups[0].id).encode(), str(groups[-1].id).encode()
+        return runs_record(chunk.index, lines, len(groups), first, last)
 
-    def skip_done(self, start_line: int, writer: ListWriter, records: list[dict]) -> int:
+    def skip_done(self, start_line: int, tally: ListTally, records: list[dict]) -> int:
         """``--resume``: read past the chunks whose ``start_line`` output lines an earlier run
-        wrote (counted by ``writer``; a shard's records appended to ``records``); the CRC-32
+        wrote (counted by ``tally``; a shard's records appended to ``records``); the CRC-32
         of their input lines."""
         done = input_crc = 0
+        name = self.job.name
         while done < start_line:
-            chunk = next(self._chunks, None)
+            chunk = self._next()
             if chunk is None:
                 raise InputError(
                     f"cannot resume: the list ends before the {start_line} output lines of the "
                     "partial output (run without --resume to start again)",
                     display_name(self.nbest),
                 )
+            groups = spans(self.job.groups(chunk))
             if not self._owns(chunk):
-                writer.skip(chunk.groups)
+                tally.skip(groups, name)
                 continue
-            done += writer.count_done(chunk.groups)
+            done += tally.count_done(groups, name)
             input_crc = zlib.crc32(chunk.source, input_crc)
             if self.shard is not None:
-                records.append(self.record(chunk))
+                records.append(self.record(chunk, groups))
         if done != start_line:
             raise InputError(
                 f"cannot resume: the partial output ends after its line {start_line}, within a "
@@ -370,39 +347,14 @@ class ListChunks:
             log.info("resuming after %d output lines", start_line)
         return input_crc
 
-    def pairs(self) -> Iterator[tuple[list[str], list[str]] | None]:
-        """The ``(sources, hypotheses)`` of each chunk left to score (None for another
-        shard's)."""
-        for chunk in self._chunks:
+    def items(self) -> Iterator[RawListChunk | None]:
+        """Each chunk left to score (None for another shard's), the first marked."""
+        first = True
+        for chunk in iter(self._next, None):
+            if self._owns(chunk) and first:
+                chunk, first = chunk._replace(first=True), False
             self.pending.append(chunk)
-            if not self._owns(chunk):
-                yield None
-                continue
-            hyps = [e.hypothesis for e in chunk.entries]
-            if self.first_chunk is not None:
-                self.first_chunk(chunk.sources, hyps)
-                self.first_chunk = None
-            yield chunk.sources, hyps
-
-
-def _source_of(entry: NBestEntry, sources: list[str], source_path: str) -> str:
-    if entry.id >= len(sources):
-        has = f"{len(sources)} lines (ids 0-{len(sources) - 1})" if sources else "no line"
-        raise InputError(
-            f"sentence id {entry.id} is out of range: the source {display_name(source_path)} has "
-            f"{has}; the list and the source do not match",
-            entry.path,
-            entry.lineno,
-        )
-    text = sources[entry.id]
-    if not text.strip():
-        raise InputError(
-            f"the source sentence of id {entry.id} (line {entry.id + 1} of "
-            f"{display_name(source_path)}) is empty; the list and the source do not match",
-            entry.path,
-            entry.lineno,
-        )
-    return text
+            yield chunk if self._owns(chunk) else None
 
 
 def _manifest_job(
@@ -430,24 +382,24 @@ def _manifest_job(
     }
 
 
-def _result(output: str, writer: ListWriter, seconds: float, weights, clamped: int):
+def _result(output: str, tally: ListTally, seconds: float, weights, clamped: int):
     """The result of a run, logged."""
     reranked = weights is not None
     result = NBestResult(
         "<stdout>" if output == "-" else output,
-        writer.sentences,
-        writer.hypotheses,
+        tally.sentences,
+        tally.hypotheses,
         seconds,
-        writer.changed if reranked else None,
+        tally.changed if reranked else None,
         clamped,
     )
     log.info(
         "%d hypotheses of %d sentences scored in %.1f s (%.0f hypotheses/s)%s",
-        writer.hypotheses,
-        writer.sentences,
+        tally.hypotheses,
+        tally.sentences,
         seconds,
         result.hypotheses_per_second,
-        f"; re-ranking changed the best hypothesis of {writer.changed} sentences"
+        f"; re-ranking changed the best hypothesis of {tally.changed} sentences"
         if reranked
         else "",
     )

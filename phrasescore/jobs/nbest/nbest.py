@@ -69,10 +69,11 @@ The data, top to bottom: :func:`run_nbest` (torchrun: one shard per rank in a
 :class:`~phrasescore.runners.chunked_job.RankRun` block) -> :func:`rescore_nbest` (every check
 before any work) -> :func:`~phrasescore.jobs.nbest.job.score_list`, which drives the chunked
 runner (:class:`~phrasescore.runners.chunked_job.ChunkedRun`) step by step: the features loaded
-(:mod:`.features`), the list read in chunks (:class:`~phrasescore.jobs.nbest.job.ListChunks`,
-:mod:`phrasescore.moses.nbest`), each chunk scored by the workers' map
-(:class:`~phrasescore.jobs.nbest.features.ChunkFeatures` -> the engine), written
-(:mod:`.writer`) and appended to the output.
+(:mod:`.features`), the list read as raw lines in chunks
+(:class:`~phrasescore.jobs.nbest.job.ListChunks`, :mod:`.chunks`), each chunk parsed
+(:mod:`phrasescore.moses.nbest`), scored (:class:`~phrasescore.jobs.nbest.features.ChunkFeatures`
+-> the engine) and formatted (:mod:`.writer`) by the workers' map
+(:class:`~phrasescore.jobs.nbest.chunks.ListChunkJob`), and appended to the output in order.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from phrasescore.errors import InputError
 from phrasescore.files import display_name
@@ -48,55 +49,60 @@ def regroup(entries: list[NBestEntry], groups: list[list[NBestEntry]]) -> list[l
     return cut
 
 
-class ListWriter:
-    """The text of the scored groups: as they are, re-ranked by ``weights``, or the 1-best
-    text of each as ``ID TEXT`` lines, which :class:`OneBestLines` places by id at the end (the
-    ids of a list need not come in order)."""
+class GroupSpan(NamedTuple):
+    """One sentence id's hypotheses in a chunk: what the run's :class:`ListTally` keeps of a
+    group whose lines were formatted elsewhere (a worker process)."""
+
+    id: int
+    lineno: int
+    """The line of its first hypothesis."""
+    size: int
+
+
+def spans(groups: list[list[NBestEntry]]) -> list[GroupSpan]:
+    """The :class:`GroupSpan` of each group."""
+    return [GroupSpan(group[0].id, group[0].lineno, len(group)) for group in groups]
+
+
+class ListFormat:
+    """The text of one chunk's scored groups: as they are, re-ranked by ``weights``, or the
+    1-best text of each as ``ID TEXT`` lines, which :class:`OneBestLines` places by id at the end
+    (the ids of a list need not come in order). It keeps no count: the same text in whichever
+    process formats the chunk."""
 
     def __init__(
-        self,
-        weights: dict | None,
-        weights_path: str | None,
-        one_best: bool,
-        n_sources: int,
-        names: list[str],
+        self, weights: dict | None, weights_path: str | None, one_best: bool, names: list[str]
     ):
         self.names = names
         """The features added to each line, in order."""
         self.weights = weights
         self.weights_path = weights_path
-        self.n_sources = n_sources
         self.one_best = one_best
-        self.sentences = self.hypotheses = self.changed = 0
-        self.last_id = -1
-        self.final_id = -1
-        self.missing: list[int] = []
-        """Ids without a hypothesis before the last id seen (:meth:`finish` warns)."""
-        self.check_weighed = weights is not None and not names
-        """Warn of weights for a feature the list lacks (re-ranking without a model: a feature
-        weighed but missing may be the ``-m`` forgotten)."""
 
-    def chunk_text(self, groups: list[list[NBestEntry]]) -> str:
-        """The output text of one chunk's groups (their new features added)."""
+    def chunk_text(self, groups: list[list[NBestEntry]], first: bool = False) -> tuple[str, int]:
+        """The output text of one chunk's groups (their new features added) and the groups
+        whose best hypothesis the weights changed. ``first``: the run's first chunk, whose
+        first line is checked for the weighed features (re-ranking without a model)."""
         lines: list[str] = []
+        changed = 0
+        if first and groups and self.weights is not None and not self.names:
+            self._check_weighed(groups[0][0])
         for group in groups:
-            self._see(group[0].id)
-            self.sentences += 1
-            self.hypotheses += len(group)
             if self.weights is None:
                 lines.extend(e.line() for e in group)
                 continue
-            if self.check_weighed:
-                self._check_weighed(group[0])
             reranked, best, was_best = rerank(group, self.weights, self.weights_path)
-            self.changed += best.hypothesis != was_best.hypothesis
+            changed += best.hypothesis != was_best.hypothesis
             if self.one_best:
                 lines.append(f"{group[0].id} {best.hypothesis}\n")
             else:
                 lines.extend(reranked)
-        return "".join(lines)
+        return "".join(lines), changed
 
     def _check_weighed(self, entry: NBestEntry) -> None:
+        """Warn of weights for a feature the list lacks (re-ranking without a model: a
+        feature weighed but missing may be the ``-m`` forgotten); one line is enough, every line
+        of a list has the same features."""
         listed = {name for name, _ in parse_features(entry.features, entry.path, entry.lineno)}
         missing = [name for name in self.weights if name not in listed and "_" not in name]
         if missing:  # moses.ini weighs features Moses leaves out of lists (UnknownWordPenalty0)
@@ -106,27 +112,51 @@ class ListWriter:
                 display_name(entry.path),
                 ", ".join(missing),
             )
-        self.check_weighed = False  # one entry is enough: every line of a list has the same
 
-    def skip(self, groups: list[list[NBestEntry]]) -> None:
-        """Groups another shard writes (only their ids count, for :meth:`finish`)."""
+
+class ListTally:
+    """The run's count of the list, chunk after chunk in input order: its sentences and
+    hypotheses, the best hypotheses the weights changed, the ids seen (an id that comes back
+    after another is refused at its line; the ids skipped are missing), and at the end
+    :meth:`finish`'s check against the source."""
+
+    def __init__(self, n_sources: int, one_best: bool):
+        self.n_sources = n_sources
+        self.one_best = one_best
+        self.sentences = self.hypotheses = self.changed = 0
+        self.last_id = -1
+        self.final_id = -1
+        self.seen: set[int] = set()
+        self.missing: list[int] = []
+        """Ids without a hypothesis before the last id seen (:meth:`finish` warns)."""
+
+    def add(self, groups: list[GroupSpan], path: str, changed: int = 0) -> None:
+        """A chunk's groups, written (``changed``: best hypotheses the weights changed)."""
+        self.skip(groups, path)
+        self.sentences += len(groups)
+        self.hypotheses += sum(group.size for group in groups)
+        self.changed += changed
+
+    def skip(self, groups: list[GroupSpan], path: str) -> None:
+        """Groups another shard writes (only their ids count)."""
         for group in groups:
-            self._see(group[0].id)
+            if group.id in self.seen and group.id != self.final_id:
+                raise InputError(
+                    f"the hypotheses of sentence {group.id} are not contiguous "
+                    "(the id comes back after another id)",
+                    path,
+                    group.lineno,
+                )
+            self.seen.add(group.id)
+            self.missing.extend(gap_ids(self.last_id, group.id))
+            self.last_id = max(self.last_id, group.id)
+            self.final_id = group.id
 
-    def count_done(self, groups: list[list[NBestEntry]]) -> int:
+    def count_done(self, groups: list[GroupSpan], path: str) -> int:
         """Groups an earlier run wrote (``--resume``): counted as written; their lines in the
         output."""
-        for group in groups:
-            self._see(group[0].id)
-            self.sentences += 1
-            self.hypotheses += len(group)
-        return len(groups) if self.one_best else sum(len(group) for group in groups)
-
-    def _see(self, sentence_id: int) -> None:
-        """The next group's id: the ids skipped before it are missing."""
-        self.missing.extend(gap_ids(self.last_id, sentence_id))
-        self.last_id = max(self.last_id, sentence_id)
-        self.final_id = sentence_id
+        self.add(groups, path)
+        return len(groups) if self.one_best else sum(group.size for group in groups)
 
     def finish(self, nbest: str) -> None:
         """Refuse a list that ends before the source; warn of ids without a hypothesis."""
