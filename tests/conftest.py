@@ -176,6 +176,21 @@ def tiny_model_path(tmp_path_factory, corpus_files) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_lm_path(tmp_path_factory) -> str:
+    """A tiny CSLM (4-gram) trained for 20 steps on the sample's French side."""
+    from phrasescore.jobs.training.train_lm import run_lm_training
+
+    _, french = sample_pairs(20)
+    folder = tmp_path_factory.mktemp("lm")
+    corpus = write_lines(folder / "corpus.fr", french)
+    path = str(folder / "lm.safetensors")
+    settings = dict(learning_rate=1e-2, epochs=1000, batch_tokens=2000, seed=3, max_steps=20)
+    run_lm_training(path, corpus, valid=corpus, preset="tiny", order=4, device="cpu",
+                    progress=False, overrides=settings)  # fmt: skip
+    return path
+
+
+@pytest.fixture(scope="session")
 def tiny_second_seed_model_path(tmp_path_factory, corpus_files) -> str:
     """The tiny model's recipe with another seed: the same vocabularies, other weights (a
     member of an ensemble with the tiny model)."""

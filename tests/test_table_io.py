@@ -26,7 +26,7 @@ from phrasescore.moses.phrase_table import format_probability, read_phrase_table
 from phrasescore.runners.chunk_pool import IN_FLIGHT_PER_WORKER, ChunkPool
 from phrasescore.runners.shards import Shard
 
-from .conftest import DATA, run_cli, sample_pairs, write_lines
+from .conftest import DATA, run_cli
 
 TABLE = DATA / "moses" / "multi30k.head300.phrase-table.gz"  # 300 lines, 205 distinct sources
 TOOLS = Path(__file__).parent.parent / "tools"
@@ -37,27 +37,13 @@ def _options(level: int = 1, **kw) -> RescoreOptions:
     return RescoreOptions(chunk_lines=40, gzip_level=level, max_phrase_length=3, **kw)
 
 
-@pytest.fixture(scope="module")
-def lm_path(tmp_path_factory) -> str:
-    from phrasescore.jobs.training.train_lm import run_lm_training
-
-    _, french = sample_pairs(20)
-    folder = tmp_path_factory.mktemp("lm")
-    corpus = write_lines(folder / "corpus.fr", french)
-    path = str(folder / "lm.safetensors")
-    settings = dict(learning_rate=1e-2, epochs=1000, batch_tokens=2000, seed=3, max_steps=20)
-    run_lm_training(path, corpus, valid=corpus, preset="tiny", order=4, device="cpu",
-                    progress=False, overrides=settings)  # fmt: skip
-    return path
-
-
 # ---------------------------------------------------------------------------- the same bytes
 @pytest.mark.parametrize("suffix,level", [(".gz", 1), (".gz", 6), ("", 1)])
-def test_io_workers_write_the_bytes_of_one_process(tiny_model_path, lm_path, tmp_path, suffix,
+def test_io_workers_write_the_bytes_of_one_process(tiny_model_path, tiny_lm_path, tmp_path, suffix,
                                                    level):  # fmt: skip
     """Every column kind (model, CSLM, unknown words, too-long pairs): 1, 2 and 3 processes
     that parse and write while this one scores give one process's bytes."""
-    flags = dict(lm_paths=[lm_path], progress=False)
+    flags = dict(lm_paths=[tiny_lm_path], progress=False)
     serial = tmp_path / f"serial{suffix}"
     one = rescore_table(str(TABLE), [tiny_model_path], str(serial), _options(level, unk_column=True),
                         **flags)  # fmt: skip

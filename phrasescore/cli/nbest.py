@@ -8,6 +8,7 @@ from phrasescore.cli.group import cli, echo_on_rank_0
 from phrasescore.cli.options import (
     POSITIVE,
     device_option,
+    io_workers_option,
     no_progress_option,
     resume_option,
     scoring_option,
@@ -71,6 +72,7 @@ from phrasescore.cli.options import (
 @device_option
 @threads_option
 @workers_option
+@io_workers_option
 @resume_option
 @no_progress_option
 def nbest_command(**params):

@@ -243,6 +243,15 @@ workers_option = click.option(
     "One per core uses a multi-core CPU best (docs/scaling.md: Every core of one machine).",
 )
 
+io_workers_option = click.option(
+    "--io-workers",
+    type=click.IntRange(0, MAX_PROCESSES),
+    default=0,
+    show_default=True,
+    help="Processes that parse, look up ids and write while this one scores (for a GPU: one "
+    "per core left; same bytes). Not with --workers.",
+)
+
 
 def model_option(help: str = "Model file."):
     """``-m/--model``: one model file, required."""

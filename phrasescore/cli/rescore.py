@@ -7,11 +7,11 @@ import click
 
 from phrasescore.cli.group import cli, echo, echo_on_rank_0
 from phrasescore.cli.options import (
-    MAX_PROCESSES,
     POSITIVE,
     as_list,
     device_option,
     ini_options,
+    io_workers_option,
     no_progress_option,
     resume_option,
     scoring_option,
@@ -99,14 +99,7 @@ from phrasescore.cli.options import (
 @shard_option
 @threads_option
 @workers_option
-@click.option(
-    "--io-workers",
-    type=click.IntRange(0, MAX_PROCESSES),
-    default=0,
-    show_default=True,
-    help="Processes that parse, look up ids and write while this one scores (for a GPU: one "
-    "per core left; same bytes). Not with --workers.",
-)
+@io_workers_option
 @resume_option
 @no_progress_option
 def rescore_command(**params):

@@ -115,6 +115,7 @@ def rescore_nbest(
     shard: Shard | None = None,
     workers: int = 1,
     resume: bool = False,
+    io_workers: int = 0,
 ) -> NBestResult:
     """Add the models' features (and the CSLM's) to every hypothesis of ``nbest`` (see the
     module docstring); with an ``options.lm`` and no model, the CSLM feature alone. With
@@ -122,13 +123,15 @@ def rescore_nbest(
     (CPU): the chunks are scored in that many forked single-threaded processes
     (:mod:`phrasescore.runners.chunk_pool`), with the bytes of one process. ``resume``: go on
     after the last chunk an interrupted run wrote (:mod:`phrasescore.runners.partial`), the
-    bytes those of an uninterrupted run.
+    bytes those of an uninterrupted run. ``io_workers`` > 0 (any device): that many forked
+    processes parse, look up ids and format the chunks while this process scores them (the one
+    that owns the networks: a GPU), with the bytes of one process.
 
     ``model_path``: the ``-m`` values, plain model files (one feature named ``options.name``;
     several: their ensemble, :class:`~phrasescore.engine.scoring.EnsembleScorer`) or
     ``NAME=MODEL[,MODEL]`` specs (one feature each; with ``options.inverse_models``)."""
     options = options or NBestOptions()
-    flags = RunFlags(output, device, resume, progress, shard, workers)
+    flags = RunFlags(output, device, resume, progress, shard, workers, io_workers)
     return score_list(_checked_run(nbest, source, model_path, options, flags), flags)
 
 
@@ -163,6 +166,7 @@ def run_nbest(
     shard: Shard | None = None,
     workers: int = 1,
     resume: bool = False,
+    io_workers: int = 0,
 ) -> NBestResult:
     """``phrasescore nbest``: :func:`rescore_nbest`, or under torchrun (``WORLD_SIZE`` > 1)
     one shard per rank into a hidden part beside the output, merged by rank 0
@@ -181,6 +185,7 @@ def run_nbest(
             shard=shard,
             workers=workers,
             resume=resume,
+            io_workers=io_workers,
         )
     check_torchrun_options(launch, shard, workers)
     if source == "-":
@@ -189,7 +194,7 @@ def run_nbest(
     _check_shard(nbest, output, options)
     check_output_path(output)
     started = time.monotonic()
-    flags = RunFlags(output, device, resume, progress)
+    flags = RunFlags(output, device, resume, progress, io_workers=io_workers)
     with RankRun(launch, flags, nbest) as rank:
         result = None
         if not rank.finished:
