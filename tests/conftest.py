@@ -175,6 +175,21 @@ def tiny_model_path(tmp_path_factory, corpus_files) -> str:
     return str(path)
 
 
+def interrupt_at_call(monkeypatch, owner, name: str, call: int) -> None:
+    """``owner.name`` (a method) raises KeyboardInterrupt (Ctrl-C) at its ``call``-th call and
+    runs as before otherwise (``monkeypatch.undo()`` puts it back)."""
+    original = getattr(owner, name)
+    calls = []
+
+    def interrupted(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == call:
+            raise KeyboardInterrupt
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(owner, name, interrupted)
+
+
 @pytest.fixture(scope="session")
 def tiny_lm_path(tmp_path_factory) -> str:
     """A tiny CSLM (4-gram) trained for 20 steps on the sample's French side."""

@@ -18,7 +18,7 @@ from phrasescore.jobs.nbest.nbest import NBestOptions, rescore_nbest
 from phrasescore.moses.nbest import iter_nbest_groups, read_nbest
 from phrasescore.runners.shards import Shard
 
-from .conftest import DATA, run_cli
+from .conftest import DATA, interrupt_at_call, run_cli
 from .test_nbest import weights_file
 
 LIST = DATA / "nbest" / "multi30k.test2016.ids0-4.100best.nbest.gz"
@@ -109,17 +109,8 @@ def test_io_workers_resume_after_an_interruption(tiny_model_path, tmp_path, monk
     --resume with 3: one uninterrupted run's bytes. One worker has at most 2 chunks in flight,
     so the 3rd is sent only once the 1st is written (100 hypotheses; the 2nd may be too)."""
     _run(tmp_path / "full.gz", tiny_model_path)
-    original = ChunkFeatures.serve
-    calls = []
-
-    def interrupted(self, request):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return original(self, request)
-
     out = tmp_path / "out.gz"
-    monkeypatch.setattr(ChunkFeatures, "serve", interrupted)
+    interrupt_at_call(monkeypatch, ChunkFeatures, "serve", 3)
     with pytest.raises(KeyboardInterrupt):
         _run(out, tiny_model_path, io_workers=1)
     monkeypatch.undo()

@@ -26,7 +26,7 @@ from phrasescore.moses.phrase_table import format_probability, read_phrase_table
 from phrasescore.runners.chunk_pool import IN_FLIGHT_PER_WORKER, ChunkPool
 from phrasescore.runners.shards import Shard
 
-from .conftest import DATA, run_cli
+from .conftest import DATA, interrupt_at_call, run_cli
 
 TABLE = DATA / "moses" / "multi30k.head300.phrase-table.gz"  # 300 lines, 205 distinct sources
 TOOLS = Path(__file__).parent.parent / "tools"
@@ -97,17 +97,8 @@ def test_io_workers_resume_after_an_interruption(tiny_model_path, tmp_path, monk
     more than 4 (2 per worker) are in flight: chunks 1 and 2 at least are written."""
     full = tmp_path / "full.gz"
     rescore_table(str(TABLE), [tiny_model_path], str(full), _options(), progress=False)
-    original = NewColumns.score_request
-    calls = []
-
-    def interrupted(self, request):
-        calls.append(1)
-        if len(calls) == 6:
-            raise KeyboardInterrupt
-        return original(self, request)
-
     out = tmp_path / "out.gz"
-    monkeypatch.setattr(NewColumns, "score_request", interrupted)
+    interrupt_at_call(monkeypatch, NewColumns, "score_request", 6)
     with pytest.raises(KeyboardInterrupt):
         rescore_table(str(TABLE), [tiny_model_path], str(out), _options(), progress=False,
                       io_workers=2)  # fmt: skip
