@@ -12,17 +12,19 @@ import gzip
 import json
 import os
 import shutil
+import zlib
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from phrasescore.cli import cli
+from phrasescore.compression import gzip_writer
 from phrasescore.jobs.nbest.nbest import NBestOptions, rescore_nbest
 from phrasescore.jobs.rescore.rescore import RescoreOptions, rescore_table
 from phrasescore.moses.nbest import iter_nbest_groups, read_nbest
 from phrasescore.runners.merge import merge_shards
-from phrasescore.runners.shards import Shard
+from phrasescore.runners.shards import Shard, file_sha256
 
 from .conftest import DATA, write_lines
 
@@ -105,6 +107,41 @@ def test_merged_parts_are_byte_identical_to_one_process(
     assert (gzip.decompress(text) if not suffix else text) == (
         gzip.decompress(plain) if suffix else plain
     )
+
+
+def _members(data: bytes) -> int:
+    """The gzip members in ``data``."""
+    count = 0
+    while data:
+        member = zlib.decompressobj(wbits=31)
+        member.decompress(data)
+        data, count = member.unused_data, count + 1
+    return count
+
+
+def test_a_gz_list_is_one_member_a_chunk_and_parts_of_an_earlier_version_still_merge(
+    parts, tiny_model_path, tmp_path
+):
+    """A ``.gz`` list is written one gzip member a chunk (compressed where the chunk is
+    formatted); parts an earlier phrasescore wrote as one gzip stream (their manifests without
+    the gzip level) merge as it wrote them: one stream of the same text."""
+    one = tmp_path / "one.gz"
+    _nbest(tiny_model_path, one)
+    assert _members(one.read_bytes()) == 4
+    earlier = []
+    for part in parts:
+        old = tmp_path / Path(part).name
+        with open(old, "wb") as raw, gzip_writer(raw, 6) as out:
+            out.write(gzip.decompress(Path(part).read_bytes()))
+        manifest = json.loads(Path(part + ".manifest.json").read_text())
+        del manifest["job"]["options"]["gzip_level"]
+        manifest["part"].update(size=old.stat().st_size, sha256=file_sha256(str(old)))
+        Path(str(old) + ".manifest.json").write_text(json.dumps(manifest))
+        earlier.append(str(old))
+    merged = tmp_path / "merged.gz"
+    assert merge_shards(earlier, str(merged)).lines == 324
+    assert _members(merged.read_bytes()) == 1
+    assert gzip.decompress(merged.read_bytes()) == gzip.decompress(one.read_bytes())
 
 
 def test_missing_duplicated_truncated_or_foreign_parts_are_refused(

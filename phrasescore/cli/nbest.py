@@ -8,6 +8,7 @@ from phrasescore.cli.group import cli, echo_on_rank_0
 from phrasescore.cli.options import (
     POSITIVE,
     device_option,
+    gzip_level_option,
     io_workers_option,
     no_progress_option,
     resume_option,
@@ -73,6 +74,7 @@ from phrasescore.cli.options import (
 @threads_option
 @workers_option
 @io_workers_option
+@gzip_level_option
 @resume_option
 @no_progress_option
 def nbest_command(**params):

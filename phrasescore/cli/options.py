@@ -243,6 +243,15 @@ workers_option = click.option(
     "One per core uses a multi-core CPU best (docs/scaling.md: Every core of one machine).",
 )
 
+gzip_level_option = click.option(
+    "--gzip-level",
+    type=click.IntRange(0, 9),
+    default=1,
+    show_default=True,
+    help="Compression of a .gz output: 0-3 ISA-L's levels (fast), 4-9 zlib's (6: gzip's "
+    "default, ~17x slower than 1, 28% smaller); docs/benchmarks.md: Table I/O.",
+)
+
 io_workers_option = click.option(
     "--io-workers",
     type=click.IntRange(0, MAX_PROCESSES),

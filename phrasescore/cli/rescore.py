@@ -10,6 +10,7 @@ from phrasescore.cli.options import (
     POSITIVE,
     as_list,
     device_option,
+    gzip_level_option,
     ini_options,
     io_workers_option,
     no_progress_option,
@@ -88,14 +89,7 @@ from phrasescore.cli.options import (
     show_default=True,
     help="Pairs with a longer phrase (tokens) get the floor value exp(-100) unscored.",
 )
-@click.option(
-    "--gzip-level",
-    type=click.IntRange(0, 9),
-    default=1,
-    show_default=True,
-    help="Compression of a .gz output: 0-3 ISA-L's levels (fast), 4-9 zlib's (6: gzip's "
-    "default, ~17x slower than 1, 28% smaller); docs/benchmarks.md: Table I/O.",
-)
+@gzip_level_option
 @shard_option
 @threads_option
 @workers_option

@@ -251,18 +251,25 @@ def check_parts(parts: list[str]) -> list[tuple[str, dict]]:
     return sorted(loaded, key=lambda item: item[1]["shard"])
 
 
+def in_members(manifest: dict) -> bool:
+    """Whether the job writes a ``.gz`` output one gzip member a chunk: a phrase table always,
+    an n-best list since its manifest gives the gzip level (before, one gzip stream)."""
+    return part_kind(manifest) == PHRASE_TABLE or "gzip_level" in manifest["job"].get("options", {})
+
+
 class _PartReader:
     """The chunks of one part in order, as (text bytes, gzip member bytes or None), checked
     against the manifest: SHA-256 of the whole file, lines per chunk, complete gzip members.
 
-    A phrase-table part holds one gzip member per chunk (copied as they are); an n-best part,
-    like ``nbest``'s own output, is one gzip stream, read as text (``members`` False)."""
+    A gzip part holds one gzip member per chunk (copied as they are); an n-best part written
+    before n-best lists were compressed chunk by chunk is one gzip stream, read as text
+    (``members`` False: :func:`in_members`)."""
 
     def __init__(self, part: str, manifest: dict):
         self.part = part
         self.manifest = manifest
         self.gzip = manifest["part"]["gzip"]
-        self.members = self.gzip and part_kind(manifest) == PHRASE_TABLE
+        self.members = self.gzip and in_members(manifest)
         self.digest = hashlib.sha256()
         self.handle = open(part, "rb")
         self.lines_read = 0
@@ -443,9 +450,10 @@ def check_not_a_part(output: str | None, parts: list[str], what: str = "output")
 def merge_shards(parts: list[str], output: str) -> MergeResult:
     """Check ``parts`` and write their chunks in plan order to ``output`` (atomically).
 
-    A phrase table's gzip members are copied as they are (a ``.gz`` output from plain parts
-    gets one member per chunk, as ``rescore`` writes it); an n-best list is written as
-    ``nbest`` writes it: plain text, or one gzip stream for a ``.gz`` output."""
+    The gzip members of a phrase table or an n-best list are copied as they are (a ``.gz``
+    output from plain parts gets one member per chunk, as ``rescore`` and ``nbest`` write it);
+    an n-best list of an earlier phrasescore is written as its ``nbest`` wrote it: plain text,
+    or one gzip stream for a ``.gz`` output."""
     ordered = check_parts(parts)
     manifest = ordered[0][1]
     count = manifest["of"]
@@ -459,10 +467,10 @@ def merge_shards(parts: list[str], output: str) -> MergeResult:
             remove_stale_temporaries(output)  # of a merge killed before (kill -9)
         readers = [_PartReader(part, m) for part, m in ordered]
         try:
-            if part_kind(manifest) == PHRASE_TABLE:
-                # the level rescore wrote with (a part whose manifest has none was written at gzip's 6)
+            if in_members(manifest):
+                # the level the job wrote with (a table whose manifest has none: gzip's 6)
                 level = manifest["job"].get("options", {}).get("gzip_level", ZLIB_LEVEL)
-                _merge_table(readers, sizes, output, level)
+                _merge_members(readers, sizes, output, level)
             else:
                 _merge_text(readers, sizes, output)
         finally:
@@ -478,9 +486,10 @@ def merge_shards(parts: list[str], output: str) -> MergeResult:
     return MergeResult(output, total, count, chunks, manifest, groups)
 
 
-def _merge_table(readers: list[_PartReader], sizes: list[int], output: str, level: int) -> None:
-    """A phrase table: gzip members copied as they are; a ``.gz`` output from plain parts gets
-    one member per chunk, as ``rescore`` writes it (gzip ``level``: the job's)."""
+def _merge_members(readers: list[_PartReader], sizes: list[int], output: str, level: int) -> None:
+    """A phrase table or an n-best list: gzip members copied as they are; a ``.gz`` output from
+    plain parts gets one member per chunk, as ``rescore`` and ``nbest`` write it (gzip
+    ``level``: the job's)."""
     compress = output.endswith(".gz")
     with AtomicOutput(output, binary=True, compress=False) as out:
         for i, n_lines in enumerate(sizes):
@@ -498,8 +507,9 @@ def _merge_table(readers: list[_PartReader], sizes: list[int], output: str, leve
 
 
 def _merge_text(readers: list[_PartReader], sizes: list[int], output: str) -> None:
-    """An n-best list: the text written through the very writer ``nbest`` writes with (a text
-    :class:`AtomicOutput`, one gzip stream for ``.gz``), so that the bytes are the same."""
+    """An n-best list of an earlier phrasescore: the text written through the very writer its
+    ``nbest`` wrote with (a text :class:`AtomicOutput`, one gzip stream for ``.gz``), so that
+    the bytes are the same."""
     with AtomicOutput(output) as out:
         for i, n_lines in enumerate(sizes):
             reader = readers[i % len(readers)]

@@ -27,6 +27,7 @@ from phrasescore.moses.nbest import (
     line_sentence_id,
     parse_nbest_lines,
 )
+from phrasescore.runners.partial import chunk_bytes
 
 
 class RawListChunk(NamedTuple):
@@ -131,6 +132,8 @@ class ListChunkJob:
     features: ChunkFeatures
     scorer: ModelFeatures | None
     format: ListFormat
+    gzip_level: int | None = None
+    """Each chunk's text as one gzip member at this level (a ``.gz`` list); None: as text."""
 
     def __call__(self, chunk: RawListChunk | None, ask=None) -> ListChunkOutput | None:
         """The chunk's output; None for a chunk another shard scores."""
@@ -145,9 +148,8 @@ class ListChunkJob:
         values, clamped = self.features(srcs, hyps, ask)
         entries = with_features(entries, self.format.names, values)
         text, changed = self.format.chunk_text(regroup(entries, groups), chunk.first)
-        return ListChunkOutput(
-            text.encode("utf-8"), text.count("\n"), spans(groups), changed, clamped
-        )
+        data = chunk_bytes(text, self.gzip_level)
+        return ListChunkOutput(data, text.count("\n"), spans(groups), changed, clamped)
 
     def groups(self, chunk: RawListChunk) -> list[list[NBestEntry]]:
         """The chunk's groups, each id checked against the source."""

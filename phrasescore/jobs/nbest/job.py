@@ -18,6 +18,7 @@ import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from phrasescore.compression import TABLE_LEVEL, compressor
 from phrasescore.errors import InputError
 from phrasescore.files import display_name, iter_lines
 from phrasescore.jobs.feature_specs import FeatureModel
@@ -64,6 +65,9 @@ class NBestOptions:
     shared_prefixes: bool | None = None
     """Score each distinct (source, prefix, word) once
     (:mod:`phrasescore.engine.prefix_scoring`); None: on the CPU only."""
+    gzip_level: int = TABLE_LEVEL
+    """A ``.gz`` list's compression (:mod:`phrasescore.compression`): each chunk one gzip
+    member, compressed where the chunk is formatted."""
 
 
 @dataclass
@@ -153,6 +157,7 @@ def score_list(run: NBestRun, flags: RunFlags) -> NBestResult:
             return _finished(flags.output, done, options.scoring if run.with_model else None)
         names = [name for name, _ in features]
         list_format = ListFormat(weights, options.weights, options.one_best, names)
+        sink = _output(run, flags, _identity(run, flags, job), len(sources))
         chunk_job = ListChunkJob(
             display_name(run.nbest),
             sources,
@@ -160,10 +165,11 @@ def score_list(run: NBestRun, flags: RunFlags) -> NBestResult:
             ChunkFeatures(features, scorer),
             scorer,
             list_format,
+            sink.gzip_level if isinstance(sink, PartialOutput) else None,
         )
         chunks = ListChunks(run.nbest, options.chunk_lines, flags.shard, chunk_job)
         tally = ListTally(len(sources), options.one_best)
-        start_line = chunked.open(_output(run, flags, _identity(run, flags, job), len(sources)))
+        start_line = chunked.open(sink)
         log_startup(log, "the source read, the models loaded")
         started = time.monotonic()
         with progress_bar(flags.progress, unit=" hyps", unit_scale=True) as bar:
@@ -207,12 +213,16 @@ def _write_scored(chunked: ChunkedRun, scored, chunks: ListChunks, tally, bar, c
 
 
 def _output(run: NBestRun, flags: RunFlags, identity: dict, n_sources: int):
-    """The list's output: a partial file and its state (``--resume``), published whole (one
-    gzip stream for ``.gz``; ``--one-best``: the best texts placed by id), or a stream."""
+    """The list's output: a partial file and its state (``--resume``) that holds the output's
+    bytes (a ``.gz`` list's gzip members, one a chunk) and takes its name when whole; with
+    ``--one-best`` plain text whose best lines are placed by id when it is published (one gzip
+    stream for ``.gz``); or a stream."""
     final = OneBestLines(n_sources) if run.options.one_best else None
     if flags.stream:
         return WholeOutput(flags.output, final)
-    return PartialOutput(flags.output, identity, text=TextPublish(final))
+    if final is not None:
+        return PartialOutput(flags.output, identity, text=TextPublish(final))
+    return PartialOutput(flags.output, identity, run.options.gzip_level)
 
 
 def _identity(run: NBestRun, flags: RunFlags, job: dict) -> dict:
@@ -230,8 +240,10 @@ def _identity(run: NBestRun, flags: RunFlags, job: dict) -> dict:
             "one_best": options.one_best,
             "chunk_lines": options.chunk_lines,
         },
-        "version": 1,
+        "version": 2,
     }
+    if flags.output.endswith(".gz") and not options.one_best:  # the bytes depend on the library
+        identity["gzip"] = compressor(options.gzip_level)
     if flags.shard is not None:
         identity["shard"] = [flags.shard.index, flags.shard.count]
         log.info(
@@ -373,6 +385,7 @@ def _manifest_job(
             "scoring": options.scoring,
             "shared_prefixes": shared_prefixes,
             "weights": weights,
+            "gzip_level": options.gzip_level,
             **({"inverse": inverse} if inverse else {}),
         },
         "source": {
