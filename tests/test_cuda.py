@@ -157,16 +157,21 @@ def test_rescore_on_the_gpu_matches_the_cpu_and_repeats_its_bytes(tmp_path, tiny
 
 
 def test_nbest_feature_on_the_gpu_matches_the_cpu(tmp_path, tiny_model_path):
+    """The device's values are the CPU's within 1e-4; io-workers (which never touch the
+    device) feeding the GPU give the bytes of the GPU run without them."""
     features = {}
-    for device in ("cpu", DEVICE):
-        out = tmp_path / f"{device}.nbest"
+    for name, device, extra in (("cpu", "cpu", []), ("device", DEVICE, []),
+                                ("io", DEVICE, ["--io-workers", "2"])):  # fmt: skip
+        out = tmp_path / f"{name}.nbest"
         proc = run_cli("nbest", NBEST_LIST, "--source", NBEST_SRC, "-m", tiny_model_path,
-                       "--device", device, "-o", out, "--no-progress")  # fmt: skip
+                       "--device", device, "-o", out, "--no-progress", "--chunk-lines", "50",
+                       *extra)  # fmt: skip
         assert proc.returncode == 0, proc.stderr
         entries = list(read_nbest(str(out)))
         assert len(entries) == 324  # the 5 sentences' distinct hypotheses
-        features[device] = np.array([e.parsed_features()[-1][1][0] for e in entries])
-    np.testing.assert_allclose(features[DEVICE], features["cpu"], rtol=1e-4, atol=1e-4)
+        features[name] = np.array([e.parsed_features()[-1][1][0] for e in entries])
+    np.testing.assert_allclose(features["device"], features["cpu"], rtol=1e-4, atol=1e-4)
+    assert (tmp_path / "io.nbest").read_bytes() == (tmp_path / "device.nbest").read_bytes()
 
 
 def test_translate_on_the_gpu_gives_hypotheses_whose_scores_the_cpu_confirms(
