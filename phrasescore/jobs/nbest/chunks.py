@@ -58,7 +58,6 @@ class RawList:
     groups (module docstring)."""
 
     def __init__(self, nbest: str):
-        self.name = display_name(nbest)
         self.blocks = LineBlocks(nbest)
         self.lineno = 0
         """Lines read so far (the line held back included)."""
