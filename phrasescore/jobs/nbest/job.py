@@ -230,17 +230,18 @@ def _identity(run: NBestRun, flags: RunFlags, job: dict) -> dict:
     features' models and the flags that change the bytes, the shard."""
     options = run.options
     identity = {
+        # first: a partial output of another version is refused as such, whatever else differs
+        "version": 2,
         "input": file_identity(run.nbest),
         "source": job["source"],
         "features": job["features"],
         "models": job["models"],
         "lms": job["lms"],
         "options": {
-            **job["options"],
+            **{key: value for key, value in job["options"].items() if key != "gzip_level"},
             "one_best": options.one_best,
             "chunk_lines": options.chunk_lines,
         },
-        "version": 2,
     }
     if flags.output.endswith(".gz") and not options.one_best:  # the bytes depend on the library
         identity["gzip"] = compressor(options.gzip_level)
