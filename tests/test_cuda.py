@@ -301,6 +301,7 @@ def test_the_gpu_engine_replays_its_graphs_as_the_cpu_scores(arch):
     np.testing.assert_allclose(first, expected, rtol=1e-4, atol=1e-4)
     eager = CudaGraphScorer(table_model(arch, "written"), device=DEVICE, graphs=False)
     np.testing.assert_allclose(eager.score_phrases(src, tgt).logprob, first, rtol=1e-5, atol=1e-5)
+    assert not eager.captured.graphs
     if DEVICE != "cuda":
         return
     assert len(engine.captured.graphs) >= 4

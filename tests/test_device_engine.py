@@ -15,7 +15,7 @@ import torch
 from phrasescore.bundle import TrainedModel, load_model
 from phrasescore.cuda_graphs import CapturedShapes
 from phrasescore.engine.batching import MIN_ROWS, FixedShapeBuckets, IdPairs, fixed_rows
-from phrasescore.engine.graph_scoring import CudaGraphScorer
+from phrasescore.engine.graph_scoring import NO_GRAPHS, CudaGraphScorer
 from phrasescore.engine.protocol import ENGINES, IdScorer
 from phrasescore.engine.scoring import CpuScorer
 from phrasescore.model.base import select_rows
@@ -212,6 +212,16 @@ def test_the_gpu_engine_is_the_cuda_engine_and_captures_only_on_cuda():
     assert not CapturedShapes(torch.device("cpu")).enabled
     with pytest.raises(TypeError):
         CudaGraphScorer(table_model("cho", "written"), device="cpu", buckets=object())
+
+
+def test_the_environment_turns_the_graphs_off(monkeypatch):
+    """``PHRASESCORE_NO_CUDA_GRAPHS=1``: the engine asks for no capture (the run a command's
+    figures without graphs come from); unset, it captures unless told ``graphs=False``."""
+    model = table_model("cho", "written")
+    assert CudaGraphScorer(model, device="cpu").graphs
+    assert not CudaGraphScorer(model, device="cpu", graphs=False).graphs
+    monkeypatch.setenv(NO_GRAPHS, "1")
+    assert not CudaGraphScorer(model, device="cpu").graphs
 
 
 class ReplayOnTheCpu(CapturedShapes):

@@ -21,7 +21,9 @@ checks of values would make the host wait for the device several times a batch. 
 3. the scores stay on the device and come back in one copy per block.
 
 The same function runs without capture on the CPU (how the tests check it), on a device that is
-neither CPU nor CUDA, and where capture is off (``graphs=False``, the figures' eager baseline).
+neither CPU nor CUDA, and where capture is off (``graphs=False``, the figures' eager baseline;
+``PHRASESCORE_NO_CUDA_GRAPHS=1`` turns it off for every command, what gpu-check's n-best row
+without graphs times).
 Scores equal the CPU engine's within the engine's tolerance (float32 sums over other batch
 shapes, and the log-sum-exp shifted by the row's maximum: < 1e-4 in log p,
 tests/test_device_engine.py).
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 from collections.abc import Sequence
 from functools import partial
 
@@ -65,6 +68,12 @@ def check_output_kernel(kernel: str, device: torch.device, scoring: str) -> None
     module = OUTPUT_KERNEL_PACKAGES[kernel]
     if importlib.util.find_spec(module) is None:
         raise ValueError(f"the output kernel {kernel!r} needs the package {module}")
+
+
+NO_GRAPHS = "PHRASESCORE_NO_CUDA_GRAPHS"
+"""An environment variable: set (``=1``), the engine captures nothing and runs each batch's
+work as it is (a command's figures with and without graphs; the bytes may differ from a run
+with graphs in the last digits, as the eager baseline's do)."""
 
 
 class CudaGraphScorer(BlockScorer):
@@ -111,7 +120,9 @@ class CudaGraphScorer(BlockScorer):
             buckets,
             shared_prefixes,
         )
-        self.captured = CapturedShapes(self.device, graphs)
+        self.graphs = graphs and not os.environ.get(NO_GRAPHS)
+        """Whether batches are captured (on CUDA): ``graphs``, unless :data:`NO_GRAPHS` is set."""
+        self.captured = CapturedShapes(self.device, self.graphs)
 
     @property
     def graph_failure(self) -> str | None:
