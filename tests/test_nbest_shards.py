@@ -248,8 +248,10 @@ def test_shard_needs_files_and_a_list_output(
     assert not list(tmp_path.iterdir())
 
 
-def test_torchrun_nbest_is_byte_identical_to_one_process(tiny_model_path, tmp_path):
-    """The same --threads on both sides: the thread count changes the last float digits."""
+@pytest.mark.parametrize("io_workers", [[], ["--io-workers", "1"]], ids=["", "io-workers"])
+def test_torchrun_nbest_is_byte_identical_to_one_process(tiny_model_path, tmp_path, io_workers):
+    """The same --threads on both sides: the thread count changes the last float digits. Each
+    rank may have its io-workers."""
     from .test_distributed import run_cli, torchrun
 
     args = ["nbest", LIST, "--source", SOURCE, "-m", tiny_model_path, "--device", "cpu"]
@@ -257,7 +259,7 @@ def test_torchrun_nbest_is_byte_identical_to_one_process(tiny_model_path, tmp_pa
     one = run_cli(*args, "-o", tmp_path / "one.gz", *flags)
     assert one.returncode == 0, one.stderr
     out = tmp_path / "torchrun.gz"
-    result = torchrun("-m", "phrasescore", *args, "-o", out, *flags)
+    result = torchrun("-m", "phrasescore", *args, "-o", out, *flags, *io_workers)
     assert result.returncode == 0, result.stderr
     assert out.read_bytes() == (tmp_path / "one.gz").read_bytes()
     assert sorted(os.listdir(tmp_path)) == ["one.gz", "torchrun.gz"]  # parts removed
