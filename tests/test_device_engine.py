@@ -328,6 +328,35 @@ def test_replayed_shapes_score_as_the_engine_without_capture(arch, recurrence):
     assert all(captured.arenas[name].numel() <= 2 * n for name, n in largest.items())
 
 
+def test_the_graphs_a_run_captured_are_logged_for_every_engine_of_it(caplog):
+    """An ensemble's members and a single model, each with its graphs (a replay standing in):
+    one line with their captures and drops summed; the CPU engine and an engine told not to
+    capture count for nothing."""
+    from phrasescore.engine.graph_scoring import log_captured_graphs
+    from phrasescore.engine.scoring import EnsembleScorer
+
+    model = table_model("cho", "written")
+    src, tgt = table_pairs()
+    engines = [CudaGraphScorer(model, device="cpu", buckets=FixedShapeBuckets(batch_pairs=32))
+               for _ in range(3)]  # fmt: skip
+    for engine in engines:
+        engine.captured = ReplayOnTheCpu()
+        engine.score_phrases(src[:40], tgt[:40])
+        engine.score_phrases(src, tgt)
+        engine.device = torch.device("cuda")  # what the log looks at: the engine's device
+    eager = CudaGraphScorer(model, device="cpu", graphs=False)
+    scorers = [EnsembleScorer(engines[:2]), engines[2], CpuScorer(model), eager]
+    with caplog.at_level("INFO", logger="phrasescore.engine.graph_scoring"):
+        log_captured_graphs(scorers)
+        log_captured_graphs([CpuScorer(model), eager])
+    captures = sum(engine.captured.captures for engine in engines)
+    drops = sum(engine.captured.drops for engine in engines)
+    assert captures >= 12 and drops >= 3
+    assert [record.getMessage() for record in caplog.records] == [
+        f"CUDA graphs: {captures} captured, dropped {drops} times when an input buffer grew"
+    ]
+
+
 @pytest.mark.parametrize("arch", ["cho", "attention"])
 def test_empty_and_very_long_phrases_score_as_the_cpu_engine(arch):
     """An n-best list can hold an empty hypothesis, and a sentence can be longer than the last

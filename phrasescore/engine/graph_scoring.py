@@ -175,3 +175,21 @@ class CudaGraphScorer(BlockScorer):
         ).view(tgt_out.shape)
         values = torch.where(real, values, 0.0)
         return torch.where(summed, values, 0.0).double().sum(1), values
+
+
+def log_captured_graphs(scorers: Sequence) -> None:
+    """Log how many CUDA graphs the GPU engines among ``scorers`` (an ensemble's members
+    included) captured and how often a buffer's growth dropped them: each capture cost a warm-up
+    run and the capture, what a short command's time may hold."""
+    engines = [member for scorer in scorers for member in getattr(scorer, "scorers", [scorer])]
+    captured = [
+        engine.captured
+        for engine in engines
+        if isinstance(engine, CudaGraphScorer) and engine.graphs and engine.device.type == "cuda"
+    ]
+    if captured:
+        log.info(
+            "CUDA graphs: %d captured, dropped %d times when an input buffer grew",
+            sum(graphs.captures for graphs in captured),
+            sum(graphs.drops for graphs in captured),
+        )

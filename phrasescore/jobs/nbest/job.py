@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from phrasescore.compression import TABLE_LEVEL, compressor
+from phrasescore.engine.graph_scoring import log_captured_graphs
 from phrasescore.errors import InputError
 from phrasescore.files import display_name, iter_lines
 from phrasescore.jobs.feature_specs import FeatureModel
@@ -186,6 +187,8 @@ def score_list(run: NBestRun, flags: RunFlags) -> NBestResult:
                 scored = scoring.results(chunks.items())
                 clamped = _write_scored(chunked, scored, chunks, tally, bar, clamped)
                 scoring.finish()
+            if scorer is not None:
+                log_captured_graphs(scorer.scorers)
             tally.finish(run.nbest)
             chunked.complete()
             chunked.publish(PartPlan(key, sum(chunks.plan), tally.hypotheses, chunks.plan))

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from phrasescore.compression import compressor
+from phrasescore.engine.graph_scoring import log_captured_graphs
 from phrasescore.files import ReadPosition
 from phrasescore.hardware import resolve_dtype
 from phrasescore.jobs.rescore.chunks import (
@@ -155,6 +156,7 @@ def score_table(
                     clamped += out.clamped
                     counter.update(out.record, out.too_long)
                 scoring.finish()
+            log_captured_graphs(columns.scorers)
             chunked.complete()
             counter.close()
             result = RescoreResult(
