@@ -138,9 +138,10 @@ class ListChunkJob:
         """The chunk's output; None for a chunk another shard scores."""
         if chunk is None:
             return None
-        groups = self.groups(chunk)
+        groups = parse_groups(chunk, self.name)
         entries = [entry for group in groups for entry in group]
-        srcs = [self.source_of(entry) for entry in entries]
+        # one look-up a sentence: every hypothesis of a group has its id
+        srcs = [self.source_of(group[0]) for group in groups for _ in group]
         hyps = [entry.hypothesis for entry in entries]
         if chunk.first and self.scorer is not None:
             self.scorer.warn_direction(srcs, hyps)

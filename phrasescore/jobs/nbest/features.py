@@ -133,7 +133,7 @@ class ModelFeatures:
             scorer.warm_up()
 
     def scorer_features(self, normalize: bool) -> list[tuple[str, ModelFeature]]:
-        """``(name, score(sources, hypotheses) -> values)`` of each feature, in order."""
+        """``(name, feature)`` of each feature, in order (:class:`ModelFeature`)."""
         return [
             (feature.name, ModelFeature(scorer, normalize, feature.inverse))
             for feature, scorer in zip(self.features, self.scorers, strict=True)
@@ -181,9 +181,6 @@ class ModelFeature:
         scored = self.scorer.score_encoded(ids)
         return scored.logprob / scored.n_tokens if self.normalize else scored.logprob
 
-    def __call__(self, srcs: list[str], hyps: list[str]) -> np.ndarray:
-        return self.score(self.encode(srcs, hyps))
-
 
 def load_features(
     features: Sequence[FeatureModel],
@@ -195,7 +192,8 @@ def load_features(
     normalize: bool,
     shared_prefixes: bool | None = None,
 ) -> tuple[list, dict[str, list[str]], ModelFeatures | None]:
-    """(name, score(sources, hypotheses) -> values) of each feature to add, in line order:
+    """(name, feature) of each feature to add, in line order (each feature's ``encode`` and
+    ``score``, :class:`ChunkFeatures`):
     the CSLM's first (``lm_path``, feature ``lm_name``), then the models' (:class:`ModelFeatures`,
     one feature per :class:`FeatureModel`); the signatures of the LM and models; and the models'
     scorers (None without a model)."""
@@ -226,9 +224,6 @@ class LMFeature:
 
     def score(self, ids: list[list[int]]) -> np.ndarray:
         return self.scorer.score_ids(ids, True)[0]
-
-    def __call__(self, srcs: list[str], hyps: list[str]) -> np.ndarray:
-        return self.score(self.encode(srcs, hyps))
 
 
 @dataclass
